@@ -1,0 +1,137 @@
+#include "common/env.hpp"
+
+#include <cstdlib>
+#include <stdexcept>
+
+namespace strata {
+namespace env_detail {
+
+std::optional<size_t> parse_size(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (end == s.c_str()) return std::nullopt;
+  std::string suf(end);
+  size_t mul = 1;
+  if (suf.empty() || suf == "B") mul = 1;
+  else if (suf == "K" || suf == "k" || suf == "KiB") mul = size_t{1} << 10;
+  else if (suf == "M" || suf == "m" || suf == "MiB") mul = size_t{1} << 20;
+  else if (suf == "G" || suf == "g" || suf == "GiB") mul = size_t{1} << 30;
+  else return std::nullopt;
+  return static_cast<size_t>(v) * mul;
+}
+
+std::optional<std::chrono::milliseconds> parse_duration(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || v < 0) return std::nullopt;
+  std::string suf(end);
+  double ms = v;
+  if (suf.empty() || suf == "ms") ms = v;
+  else if (suf == "s") ms = v * 1000;
+  else if (suf == "m" || suf == "min") ms = v * 60000;
+  else return std::nullopt;
+  return std::chrono::milliseconds(static_cast<int64_t>(ms));
+}
+
+namespace {
+
+std::optional<int> to_int(const std::optional<std::string>& s) {
+  if (!s || s->empty()) return std::nullopt;
+  char* end = nullptr;
+  long v = std::strtol(s->c_str(), &end, 10);
+  if (*end != '\0') return std::nullopt;
+  return static_cast<int>(v);
+}
+
+bool to_bool(const std::optional<std::string>& s, bool dflt) {
+  if (!s || s->empty()) return dflt;
+  return !(*s == "0" || *s == "false" || *s == "no" || *s == "off");
+}
+
+}  // namespace
+
+Env parse(Lookup lookup, void* ctx) {
+  auto get = [&](const char* k) { return lookup(k, ctx); };
+  Env e;
+  auto first_int = [&](std::initializer_list<const char*> keys) -> std::optional<int> {
+    for (const char* k : keys)
+      if (auto v = to_int(get(k))) return v;
+    return std::nullopt;
+  };
+  if (get("STRATA_RANK")) e.launcher = "strata";
+  else if (get("RANK") && get("WORLD_SIZE")) e.launcher = "torchrun";
+  else if (get("OMPI_COMM_WORLD_RANK")) e.launcher = "mpirun";
+  else if (get("SLURM_PROCID")) e.launcher = "slurm";
+
+  if (e.launcher == "strata") {
+    e.rank = first_int({"STRATA_RANK"});
+    e.world_size = first_int({"STRATA_WORLD_SIZE"});
+    e.local_rank = first_int({"STRATA_LOCAL_RANK"});
+    e.local_size = first_int({"STRATA_LOCAL_SIZE"});
+  } else if (e.launcher == "torchrun") {
+    e.rank = first_int({"RANK"});
+    e.world_size = first_int({"WORLD_SIZE"});
+    e.local_rank = first_int({"LOCAL_RANK"});
+    e.local_size = first_int({"LOCAL_WORLD_SIZE"});
+  } else if (e.launcher == "mpirun") {
+    e.rank = first_int({"OMPI_COMM_WORLD_RANK"});
+    e.world_size = first_int({"OMPI_COMM_WORLD_SIZE"});
+    e.local_rank = first_int({"OMPI_COMM_WORLD_LOCAL_RANK"});
+    e.local_size = first_int({"OMPI_COMM_WORLD_LOCAL_SIZE"});
+  } else if (e.launcher == "slurm") {
+    e.rank = first_int({"SLURM_PROCID"});
+    e.world_size = first_int({"SLURM_NTASKS"});
+    e.local_rank = first_int({"SLURM_LOCALID"});
+    e.local_size = first_int({"SLURM_NTASKS_PER_NODE"});
+  }
+
+  if (auto s = get("STRATA_STORE"); s && !s->empty()) {
+    e.store = *s;
+  } else if (auto a = get("MASTER_ADDR"); a && !a->empty()) {
+    auto p = get("MASTER_PORT");
+    e.store = *a + ":" + (p ? *p : std::string("29500"));
+  }
+  if (auto s = get("STRATA_JOB_TOKEN")) e.job_token = *s;
+  if (auto s = get("STRATA_JOB_ID")) e.job_id = *s;
+  else if (auto t = get("TORCHELASTIC_RUN_ID")) e.job_id = *t;
+  else if (auto t = get("SLURM_JOB_ID")) e.job_id = *t;
+  if (auto s = get("STRATA_HOST_ID")) e.host_id = *s;
+
+  if (auto s = get("STRATA_TIMEOUT"))
+    if (auto d = parse_duration(*s)) e.timeout = *d;
+  if (auto s = get("STRATA_STORE_TIMEOUT"))
+    if (auto d = parse_duration(*s)) e.store_connect_timeout = *d;
+  if (auto v = to_int(get("STRATA_SPIN")); v && *v >= 0) e.spin_count = static_cast<uint32_t>(*v);
+  if (auto s = get("STRATA_ONESHOT_MAX_BYTES"))
+    if (auto v = parse_size(*s)) e.oneshot_max_bytes = *v;
+  if (auto s = get("STRATA_LOG")) e.log_level = *s;
+  if (auto s = get("STRATA_HEAP_SEGMENT_SIZE"))
+    if (auto v = parse_size(*s)) e.heap_segment_size = *v;
+  if (auto s = get("STRATA_HEAP_MAX_SIZE"))
+    if (auto v = parse_size(*s)) e.heap_max_size = *v;
+  if (auto s = get("STRATA_HEAP_SYMMETRIC_SIZE"))
+    if (auto v = parse_size(*s)) e.heap_symmetric_size = *v;
+  e.heap_huge_pages = to_bool(get("STRATA_HEAP_HUGE_PAGES"), false);
+  e.heap_prefault = to_bool(get("STRATA_HEAP_PREFAULT"), false);
+  e.cma = to_bool(get("STRATA_CMA"), true);
+  return e;
+}
+
+}  // namespace env_detail
+
+Env Env::from_process() {
+  return from_lookup([](const char* k) -> std::optional<std::string> {
+    const char* v = std::getenv(k);
+    if (!v) return std::nullopt;
+    return std::string(v);
+  });
+}
+
+const Env& Env::get() {
+  static const Env env = from_process();
+  return env;
+}
+
+}  // namespace strata

@@ -1,0 +1,65 @@
+#pragma once
+// The one typed view of every STRATA_* setting (and of the launcher variables of torchrun,
+// Open MPI and Slurm). Nothing else in the library calls getenv.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace strata {
+
+struct Env {
+  // Job placement. Filled from STRATA_* first, then torchrun, Open MPI, Slurm.
+  std::optional<int> rank;         // STRATA_RANK | RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID
+  std::optional<int> world_size;   // STRATA_WORLD_SIZE | WORLD_SIZE | OMPI_COMM_WORLD_SIZE | SLURM_NTASKS
+  std::optional<int> local_rank;   // STRATA_LOCAL_RANK | LOCAL_RANK | OMPI_COMM_WORLD_LOCAL_RANK | SLURM_LOCALID
+  std::optional<int> local_size;   // STRATA_LOCAL_SIZE | LOCAL_WORLD_SIZE | OMPI_COMM_WORLD_LOCAL_SIZE
+  std::string store;               // STRATA_STORE host:port | MASTER_ADDR:MASTER_PORT
+  std::string job_token;           // STRATA_JOB_TOKEN: secret the store requires on connect
+  std::string job_id;              // STRATA_JOB_ID | TORCHELASTIC_RUN_ID | SLURM_JOB_ID
+  std::string host_id;             // STRATA_HOST_ID: overrides hostname + boot id
+  std::string launcher;            // which variables were found: "strata", "torchrun", "mpirun", "slurm", ""
+
+  // Behaviour.
+  std::chrono::milliseconds timeout{300000};          // STRATA_TIMEOUT (ms, or with s/ms/m suffix)
+  std::chrono::milliseconds store_connect_timeout{60000};  // STRATA_STORE_TIMEOUT
+  uint32_t spin_count = 2000;                         // STRATA_SPIN: polls before sleeping on a futex
+  size_t oneshot_max_bytes = 64 * 1024;               // STRATA_ONESHOT_MAX_BYTES: one-shot vs two-shot all_reduce
+  std::string log_level = "warn";                     // STRATA_LOG: error|warn|info|debug
+
+  // Heap.
+  size_t heap_segment_size = size_t{1} << 30;         // STRATA_HEAP_SEGMENT_SIZE: bytes per memfd segment (virtual)
+  size_t heap_max_size = size_t{64} << 30;            // STRATA_HEAP_MAX_SIZE: total heap limit per rank
+  size_t heap_symmetric_size = size_t{1} << 30;       // STRATA_HEAP_SYMMETRIC_SIZE: symmetric arena per rank
+  bool heap_huge_pages = false;                       // STRATA_HEAP_HUGE_PAGES: MFD_HUGETLB segments
+  bool heap_prefault = false;                         // STRATA_HEAP_PREFAULT: touch pages when a segment is made
+  bool cma = true;                                    // STRATA_CMA=0 disables process_vm_readv/writev
+
+  /// Reads the process environment.
+  static Env from_process();
+  /// Reads from a lookup function (tests use this to avoid touching the real environment).
+  template <class F>
+  static Env from_lookup(F&& lookup);
+  /// The process-wide Env, read once on first use.
+  static const Env& get();
+};
+
+namespace env_detail {
+using Lookup = std::optional<std::string> (*)(const char*, void*);
+Env parse(Lookup lookup, void* ctx);
+/// Parses sizes such as "64M", "1G", "4096".
+std::optional<size_t> parse_size(const std::string& s);
+/// Parses durations such as "500ms", "2s", "1m", "1500" (ms).
+std::optional<std::chrono::milliseconds> parse_duration(const std::string& s);
+}  // namespace env_detail
+
+template <class F>
+Env Env::from_lookup(F&& lookup) {
+  return env_detail::parse(
+      [](const char* k, void* c) -> std::optional<std::string> { return (*static_cast<F*>(c))(k); },
+      &lookup);
+}
+
+}  // namespace strata

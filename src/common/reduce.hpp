@@ -1,0 +1,22 @@
+#pragma once
+// Element-wise reduction kernels used by every reducing collective.
+
+#include <cstddef>
+#include <strata/types.hpp>
+
+namespace strata::kernels {
+
+/// dst[i] = op(srcs[0][i], ..., srcs[nsrcs-1][i]) for i < count.
+/// Avg sums and divides by `avg_divisor` (the number of ranks), floating types only.
+/// float16/bfloat16 accumulate in float32 over all sources and are rounded once.
+/// dst may alias any source exactly (not partially overlap).
+void reduce(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int nsrcs, size_t count,
+            int avg_divisor);
+
+/// Copies bytes; used for every data move so the copy kernel can be tuned in one place.
+void copy(void* dst, const void* src, size_t bytes);
+
+/// The instruction set the kernels dispatched to on this CPU ("avx512", "avx2", "scalar").
+const char* isa();
+
+}  // namespace strata::kernels

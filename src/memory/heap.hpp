@@ -1,0 +1,99 @@
+#pragma once
+// One rank's shared heap (memfd segments) and its views of the local peers' heaps.
+//
+// Segments are memfd files mapped MAP_SHARED. A peer obtains a segment's fd from the owner
+// over the owner's abstract Unix socket "strata.<job_key>.<rank>" (SCM_RIGHTS) and maps
+// it the first time it meets an address in that segment. Nothing touches /dev/shm or disk,
+// so nothing is left behind when a process dies.
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/deadline.hpp"
+#include "common/env.hpp"
+#include "common/status.hpp"
+
+namespace strata::memory {
+
+/// A location inside one rank's heap: (segment id, byte offset). Segment ids are dense,
+/// start at 0 and are never reused within a heap's lifetime.
+struct SegRef {
+  uint32_t seg = 0;
+  uint64_t offset = 0;
+};
+
+struct HeapOptions {
+  size_t segment_size = size_t{1} << 30;   // virtual size of a regular segment
+  size_t max_size = size_t{64} << 30;      // limit on the sum of own segment sizes
+  size_t symmetric_size = size_t{1} << 30; // size of the symmetric arena (its own segment)
+  bool huge_pages = false;                 // MFD_HUGETLB (falls back with a warning)
+  bool prefault = false;                   // touch every page when a segment is created
+  static HeapOptions from_env(const Env& e);
+};
+
+/// Thread-safe.
+class Heap {
+ public:
+  /// Creates the heap (no segment yet) and starts the fd server thread.
+  static Result<std::unique_ptr<Heap>> create(const HeapOptions& opts, const std::string& job_key, int rank);
+  ~Heap();
+  Heap(const Heap&) = delete;
+  Heap& operator=(const Heap&) = delete;
+
+  int rank() const;
+
+  /// Local, non-collective allocation. Memory is zero on first use of a page and is never
+  /// returned to the kernel while the heap lives (pages are recycled: first touch is slow).
+  /// Large requests may get a segment of their own.
+  Result<void*> alloc(size_t bytes, size_t alignment = 64);
+  /// Frees a block from alloc(). InvalidArgument for a pointer that alloc() did not return.
+  Status free(void* p);
+
+  /// Allocation in the symmetric arena. The arena's allocator is deterministic: the same
+  /// sequence of alloc_symmetric/free_symmetric calls gives the same offsets on every rank,
+  /// which the caller (a collective) verifies.
+  Result<void*> alloc_symmetric(size_t bytes, size_t alignment = 64);
+  Status free_symmetric(void* p);
+  /// Segment id of the symmetric arena.
+  uint32_t symmetric_segment() const;
+
+  /// Where [p, p+bytes) lies in this heap; nullopt when it is not entirely inside one
+  /// of this heap's segments.
+  std::optional<SegRef> locate(const void* p, size_t bytes) const;
+
+  /// Address of [ref.offset, ref.offset + bytes) in `peer`'s segment ref.seg, mapping the
+  /// segment first if needed (fd fetched from the peer's socket, retried until deadline).
+  /// Fast once mapped (no lock on the hit path). InvalidArgument if the range is outside
+  /// the segment; Unavailable/Timeout if the peer cannot be reached.
+  Result<void*> peer_ptr(int peer, SegRef ref, size_t bytes, Deadline deadline);
+
+  /// Process id of a peer, learned when its first segment was fetched (0 before).
+  pid_t peer_pid(int peer) const;
+
+  /// Unmaps everything of `peer` (used when a failed peer is replaced).
+  void drop_peer(int peer);
+
+  /// Sum of own segment sizes.
+  size_t reserved_bytes() const;
+
+  struct Impl;
+
+ private:
+  explicit Heap(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// True when this process can read `bytes` at `remote` in process `pid` with
+/// process_vm_readv (the CMA probe). Used once per peer at communicator init.
+bool cma_probe(pid_t pid, const void* remote, size_t bytes);
+/// process_vm_readv / process_vm_writev of one contiguous range, looping over partial
+/// transfers. PeerFailed when the process is gone.
+Status cma_read(pid_t pid, const void* remote, void* local, size_t bytes);
+Status cma_write(pid_t pid, void* remote, const void* local, size_t bytes);
+
+}  // namespace strata::memory
