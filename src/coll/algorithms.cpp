@@ -1,1 +1,614 @@
-// placeholder, being written
+// Intra-host collective algorithms over the shared heap. Every rank publishes a descriptor
+// of its buffers, peers translate those into their own mappings and move data directly
+// between the ranks' own buffers; external buffers are staged through heap scratch first.
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <sstream>
+
+#include "coll/comm_impl.hpp"
+#include "common/reduce.hpp"
+
+namespace strata::coll {
+
+const char* to_string(OpKind k) {
+  switch (k) {
+    case OpKind::AllReduce: return "all_reduce";
+    case OpKind::Reduce: return "reduce";
+    case OpKind::Broadcast: return "broadcast";
+    case OpKind::AllGather: return "all_gather";
+    case OpKind::AllGatherV: return "all_gather_v";
+    case OpKind::ReduceScatter: return "reduce_scatter";
+    case OpKind::ReduceScatterV: return "reduce_scatter_v";
+    case OpKind::AllToAll: return "all_to_all";
+    case OpKind::AllToAllV: return "all_to_all_v";
+    case OpKind::Gather: return "gather";
+    case OpKind::Scatter: return "scatter";
+    case OpKind::Barrier: return "barrier";
+    case OpKind::Send: return "send";
+    case OpKind::Recv: return "recv";
+    case OpKind::Internal: return "internal";
+  }
+  return "unknown";
+}
+
+std::string describe(const OpDesc& d) {
+  auto k = static_cast<OpKind>(d.kind);
+  std::ostringstream os;
+  os << to_string(k) << "(";
+  const char* sep = "";
+  if (has_count(k)) {
+    os << "count=" << d.count;
+    sep = ", ";
+  }
+  if (k != OpKind::Barrier) {
+    os << sep << "dtype=" << to_string(static_cast<DataType>(d.dtype));
+    sep = ", ";
+  }
+  if (reducing(k)) os << sep << "op=" << to_string(static_cast<ReduceOp>(d.rop));
+  if (rooted(k)) os << sep << "root=" << d.root;
+  if (k == OpKind::AllReduce) os << sep << "algorithm=" << (d.algo == 1 ? "one_shot" : "two_shot");
+  os << ")";
+  return os.str();
+}
+
+}  // namespace strata::coll
+
+namespace strata::detail {
+
+using coll::Op;
+using coll::OpDesc;
+using coll::OpKind;
+using coll::has_count;
+using coll::reducing;
+using coll::rooted;
+
+namespace {
+
+constexpr uint8_t kOneShot = 1, kTwoShot = 2;
+
+size_t sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t{0}); }
+
+std::vector<size_t> prefix(const std::vector<size_t>& v) {
+  std::vector<size_t> d(v.size(), 0);
+  for (size_t i = 1; i < v.size(); ++i) d[i] = d[i - 1] + v[i - 1];
+  return d;
+}
+
+size_t max_end(const std::vector<size_t>& counts, const std::vector<size_t>& displs) {
+  size_t m = 0;
+  for (size_t i = 0; i < counts.size(); ++i)
+    if (counts[i]) m = std::max(m, displs[i] + counts[i]);
+  return m;
+}
+
+/// Bytes this rank reads from `in` and writes to `out`.
+struct Extent {
+  size_t in = 0, out = 0;
+};
+
+Extent extent(const CommImpl& c, const Op& op) {
+  const size_t e = dtype_size(op.dtype);
+  const size_t n = static_cast<size_t>(c.size);
+  const bool root = c.rank == op.root;
+  switch (op.kind) {
+    case OpKind::AllReduce: return {op.count * e, op.count * e};
+    case OpKind::Reduce: return {op.count * e, root ? op.count * e : 0};
+    case OpKind::Broadcast: return {root ? op.count * e : 0, op.count * e};
+    case OpKind::AllGather: return {op.count * e, n * op.count * e};
+    case OpKind::AllGatherV: return {op.counts[c.rank] * e, sum(op.counts) * e};
+    case OpKind::ReduceScatter: return {n * op.count * e, op.count * e};
+    case OpKind::ReduceScatterV: return {sum(op.counts) * e, op.counts[c.rank] * e};
+    case OpKind::AllToAll: return {n * op.count * e, n * op.count * e};
+    case OpKind::AllToAllV: return {max_end(op.counts, op.sdispls) * e, max_end(op.rcounts, op.rdispls) * e};
+    case OpKind::Gather: return {op.count * e, root ? n * op.count * e : 0};
+    case OpKind::Scatter: return {root ? n * op.count * e : 0, op.count * e};
+    default: return {0, 0};
+  }
+}
+
+bool overlap(const void* a, size_t na, const void* b, size_t nb) {
+  if (!na || !nb) return false;
+  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  return pa < pb + nb && pb < pa + na;
+}
+
+/// The in-place layout each collective accepts when in and out overlap.
+bool canonical_in_place(const CommImpl& c, const Op& op) {
+  const size_t e = dtype_size(op.dtype);
+  auto in = reinterpret_cast<uintptr_t>(op.in), out = reinterpret_cast<uintptr_t>(op.out);
+  switch (op.kind) {
+    case OpKind::AllReduce:
+    case OpKind::Reduce:
+    case OpKind::Broadcast:
+    case OpKind::AllToAll:
+    case OpKind::AllToAllV: return in == out;
+    case OpKind::AllGather: return in == out + c.rank * op.count * e;
+    case OpKind::AllGatherV: return in == out + prefix(op.counts)[c.rank] * e;
+    case OpKind::ReduceScatter: return out == in + c.rank * op.count * e;
+    case OpKind::ReduceScatterV: return out == in + prefix(op.counts)[c.rank] * e;
+    case OpKind::Gather: return in == out + op.root * op.count * e;
+    case OpKind::Scatter: return out == in + op.root * op.count * e;
+    default: return false;
+  }
+}
+
+std::string ptr_str(const void* p) {
+  std::ostringstream os;
+  os << p;
+  return os.str();
+}
+
+/// Everything one collective needs while it runs on this rank.
+struct Exec {
+  CommImpl& c;
+  const Op& op;
+  Deadline deadline;
+  char* in = nullptr;   // this rank's effective (heap) buffers
+  char* out = nullptr;
+  size_t esz = 0;
+
+  const OpDesc& desc(int r) const { return c.peers[r].hdr()->desc; }
+
+  Result<char*> peer_in(int r, size_t offset, size_t bytes) {
+    if (r == c.rank) return in + offset;
+    if (!bytes) return static_cast<char*>(nullptr);
+    const OpDesc& d = desc(r);
+    if (!(d.flags & OpDesc::kHasIn)) return internal_error("rank " + std::to_string(r) + " published no input buffer");
+    STRATA_ASSIGN_OR_RETURN(void* p, c.ctx->heap->peer_ptr(c.members[r], {d.in_seg, d.in_off + offset}, bytes, deadline));
+    return static_cast<char*>(p);
+  }
+  Result<char*> peer_out(int r, size_t offset, size_t bytes) {
+    if (r == c.rank) return out + offset;
+    if (!bytes) return static_cast<char*>(nullptr);
+    const OpDesc& d = desc(r);
+    if (!(d.flags & OpDesc::kHasOut)) return internal_error("rank " + std::to_string(r) + " published no output buffer");
+    STRATA_ASSIGN_OR_RETURN(void* p, c.ctx->heap->peer_ptr(c.members[r], {d.out_seg, d.out_off + offset}, bytes, deadline));
+    return static_cast<char*>(p);
+  }
+  void copy(void* dst, const void* src, size_t bytes) {
+    if (!bytes || dst == src) return;
+    kernels::copy(dst, src, bytes);
+    c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  Status sync(const char* what) { return c.sync(deadline, what); }
+};
+
+/// Balanced, cache-line aligned slice `i` of `count` elements over `n` parts.
+std::pair<size_t, size_t> slice(size_t count, int n, int i, size_t esz) {
+  size_t per_line = std::max<size_t>(1, 64 / esz);
+  size_t chunk = (count + n - 1) / n;
+  chunk = (chunk + per_line - 1) / per_line * per_line;
+  size_t lo = std::min(count, chunk * i);
+  size_t hi = std::min(count, lo + chunk);
+  return {lo, hi};
+}
+
+int divisor(const Exec& x) { return x.c.size; }
+
+Status all_reduce(Exec& x, uint8_t algo, void* tmp) {
+  const int n = x.c.size, me = x.c.rank;
+  const size_t count = x.op.count, e = x.esz;
+  std::vector<const void*> srcs(n);
+  if (algo == kOneShot) {
+    for (int k = 0; k < n; ++k) {
+      int r = (me + k) % n;
+      STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, 0, count * e));
+      srcs[k] = p;
+    }
+    // In place, peers still read our buffer: reduce into a temporary, write after they finish.
+    char* dst = x.in == x.out ? static_cast<char*>(tmp) : x.out;
+    kernels::reduce(x.op.dtype, x.op.rop, dst, srcs.data(), n, count, divisor(x));
+    STRATA_RETURN_IF_ERROR(x.sync("all_reduce"));
+    if (dst != x.out) {
+      kernels::copy(x.out, dst, count * e);
+      x.c.staged_bytes.fetch_add(count * e, std::memory_order_relaxed);
+    }
+    return Status::ok();
+  }
+  // Two-shot: reduce-scatter straight into each rank's own output slice, then all-gather.
+  auto [lo, hi] = slice(count, n, me, e);
+  if (hi > lo) {
+    for (int k = 0; k < n; ++k) {
+      int r = (me + k) % n;
+      STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, lo * e, (hi - lo) * e));
+      srcs[k] = p;
+    }
+    kernels::reduce(x.op.dtype, x.op.rop, x.out + lo * e, srcs.data(), n, hi - lo, divisor(x));
+  }
+  STRATA_RETURN_IF_ERROR(x.sync("all_reduce"));
+  for (int k = 1; k < n; ++k) {
+    int r = (me + k) % n;
+    auto [rlo, rhi] = slice(count, n, r, e);
+    if (rhi <= rlo) continue;
+    STRATA_ASSIGN_OR_RETURN(char* p, x.peer_out(r, rlo * e, (rhi - rlo) * e));
+    x.copy(x.out + rlo * e, p, (rhi - rlo) * e);
+  }
+  return x.sync("all_reduce");
+}
+
+Status reduce(Exec& x) {
+  const int n = x.c.size, me = x.c.rank;
+  const size_t e = x.esz;
+  auto [lo, hi] = slice(x.op.count, n, me, e);
+  if (hi > lo) {
+    std::vector<const void*> srcs(n);
+    for (int k = 0; k < n; ++k) {
+      int r = (me + k) % n;
+      STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, lo * e, (hi - lo) * e));
+      srcs[k] = p;
+    }
+    STRATA_ASSIGN_OR_RETURN(char* dst, x.peer_out(x.op.root, lo * e, (hi - lo) * e));
+    kernels::reduce(x.op.dtype, x.op.rop, dst, srcs.data(), n, hi - lo, divisor(x));
+  }
+  return x.sync("reduce");
+}
+
+Status reduce_scatter(Exec& x, const std::vector<size_t>& counts) {
+  const int n = x.c.size, me = x.c.rank;
+  const size_t e = x.esz;
+  std::vector<size_t> displ = prefix(counts);
+  size_t mine = counts[me];
+  std::vector<const void*> srcs(n);
+  if (mine) {
+    for (int k = 0; k < n; ++k) {
+      int r = (me + k) % n;
+      STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, displ[me] * e, mine * e));
+      srcs[k] = p;
+    }
+  }
+  // In place, out is our own block of in, which no peer reads: safe to write directly.
+  if (mine) kernels::reduce(x.op.dtype, x.op.rop, x.out, srcs.data(), n, mine, divisor(x));
+  return x.sync("reduce_scatter");
+}
+
+Status all_gather(Exec& x, const std::vector<size_t>& counts) {
+  const int n = x.c.size, me = x.c.rank;
+  const size_t e = x.esz;
+  std::vector<size_t> displ = prefix(counts);
+  for (int k = 0; k < n; ++k) {
+    int r = (me + k) % n;
+    if (!counts[r]) continue;
+    STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, 0, counts[r] * e));
+    x.copy(x.out + displ[r] * e, p, counts[r] * e);
+  }
+  return x.sync("all_gather");
+}
+
+Status all_to_all(Exec& x, void* tmp) {
+  const int n = x.c.size, me = x.c.rank;
+  const size_t e = x.esz;
+  const bool v = x.op.kind == OpKind::AllToAllV;
+  const size_t out_bytes = v ? max_end(x.op.rcounts, x.op.rdispls) * e : n * x.op.count * e;
+  // In place, peers read the blocks we would overwrite: land in a temporary first.
+  char* dst = x.out;
+  if (x.in == x.out && out_bytes) {
+    dst = static_cast<char*>(tmp);
+    kernels::copy(dst, x.out, out_bytes);
+  }
+  for (int k = 0; k < n; ++k) {
+    int r = (me + k) % n;
+    size_t cnt, src_off, dst_off;
+    if (v) {
+      const uint64_t* pv = x.c.peers[r].vec();  // peer r's send counts and displacements
+      cnt = x.op.rcounts[r];
+      src_off = pv[n + me];
+      dst_off = x.op.rdispls[r];
+    } else {
+      cnt = x.op.count;
+      src_off = me * x.op.count;
+      dst_off = r * x.op.count;
+    }
+    if (!cnt) continue;
+    STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, src_off * e, cnt * e));
+    x.copy(dst + dst_off * e, p, cnt * e);
+  }
+  STRATA_RETURN_IF_ERROR(x.sync("all_to_all"));
+  if (dst != x.out) {
+    kernels::copy(x.out, dst, out_bytes);
+    x.c.staged_bytes.fetch_add(out_bytes, std::memory_order_relaxed);
+  }
+  return Status::ok();
+}
+
+Status broadcast(Exec& x) {
+  const size_t bytes = x.op.count * x.esz;
+  if (bytes) {
+    STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(x.op.root, 0, bytes));
+    x.copy(x.out, p, bytes);
+  }
+  return x.sync("broadcast");
+}
+
+Status gather(Exec& x) {
+  const size_t bytes = x.op.count * x.esz;
+  if (bytes) {
+    // Push: every rank writes its block straight into the root's output.
+    STRATA_ASSIGN_OR_RETURN(char* dst, x.peer_out(x.op.root, x.c.rank * bytes, bytes));
+    x.copy(dst, x.in, bytes);
+  }
+  return x.sync("gather");
+}
+
+Status scatter(Exec& x) {
+  const size_t bytes = x.op.count * x.esz;
+  if (bytes) {
+    STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(x.op.root, x.c.rank * bytes, bytes));
+    x.copy(x.out, p, bytes);
+  }
+  return x.sync("scatter");
+}
+
+/// Compares every peer's descriptor with ours; all ranks reach the same verdict because they
+/// all see the same descriptors.
+Status check_descriptors(const CommImpl& c, const Op& op) {
+  const OpDesc& mine = c.self.hdr()->desc;
+  const int n = c.size;
+  auto kind = static_cast<OpKind>(mine.kind);
+  for (int k = 1; k < n; ++k) {
+    int r = (c.rank + k) % n;
+    const OpDesc& d = c.peers[r].hdr()->desc;
+    bool same = d.kind == mine.kind && d.seq == mine.seq;
+    if (same && kind != OpKind::Barrier) same = d.dtype == mine.dtype;
+    if (same && has_count(kind)) same = d.count == mine.count;
+    if (same && reducing(kind)) same = d.rop == mine.rop;
+    if (same && rooted(kind)) same = d.root == mine.root;
+    if (same && kind == OpKind::AllReduce) same = d.algo == mine.algo;
+    std::string extra;
+    if (same && (kind == OpKind::AllGatherV || kind == OpKind::ReduceScatterV)) {
+      const uint64_t* pv = c.peers[r].vec();
+      for (int j = 0; j < n && same; ++j)
+        if (pv[j] != op.counts[j]) {
+          same = false;
+          extra = " (counts[" + std::to_string(j) + "] is " + std::to_string(op.counts[j]) + " on rank " +
+                  std::to_string(c.rank) + " but " + std::to_string(pv[j]) + " on rank " + std::to_string(r) + ")";
+        }
+    }
+    if (same && kind == OpKind::AllToAllV) {
+      const uint64_t* pv = c.peers[r].vec();
+      if (pv[c.rank] != op.rcounts[r]) {
+        same = false;
+        extra = " (rank " + std::to_string(r) + " sends " + std::to_string(pv[c.rank]) + " elements to rank " +
+                std::to_string(c.rank) + ", which expects recv_counts[" + std::to_string(r) +
+                "]=" + std::to_string(op.rcounts[r]) + ")";
+      }
+    }
+    if (!same) {
+      return Status(Code::InvalidArgument,
+                    "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " +
+                        std::to_string(c.rank) + " called " + coll::describe(mine) + " but rank " +
+                        std::to_string(r) + " called " + coll::describe(d) + extra,
+                    r);
+    }
+  }
+  return Status::ok();
+}
+
+uint8_t pick_algorithm(const CommImpl& c, const Op& op) {
+  if (op.kind != OpKind::AllReduce) return 0;
+  if (op.opts.algorithm == Algorithm::OneShot) return kOneShot;
+  if (op.opts.algorithm == Algorithm::TwoShot) return kTwoShot;
+  size_t bytes = op.count * dtype_size(op.dtype);
+  return bytes <= c.ctx->env.oneshot_max_bytes ? kOneShot : kTwoShot;
+}
+
+}  // namespace
+
+Status validate(const CommImpl& c, const Op& op) {
+  const std::string name = coll::to_string(op.kind);
+  const int n = c.size;
+  if (static_cast<unsigned>(op.dtype) > static_cast<unsigned>(DataType::Float64))
+    return invalid_argument(name + ": invalid dtype " + std::to_string(static_cast<int>(op.dtype)));
+  if (reducing(op.kind)) {
+    if (static_cast<unsigned>(op.rop) > static_cast<unsigned>(ReduceOp::Avg))
+      return invalid_argument(name + ": invalid reduce op " + std::to_string(static_cast<int>(op.rop)));
+    if (op.rop == ReduceOp::Avg && !is_floating(op.dtype))
+      return invalid_argument(name + ": op avg is defined for floating types only, not " +
+                              std::string(to_string(op.dtype)));
+  }
+  if (rooted(op.kind) && (op.root < 0 || op.root >= n))
+    return invalid_argument(name + ": root " + std::to_string(op.root) + " is out of range for a communicator of " +
+                            std::to_string(n) + " ranks");
+  const size_t e = dtype_size(op.dtype);
+  const size_t limit = (size_t{1} << 62) / e / static_cast<size_t>(n);
+  auto check_count = [&](size_t v, const std::string& what) -> Status {
+    if (v > limit) return invalid_argument(name + ": " + what + " " + std::to_string(v) + " overflows the byte size");
+    return Status::ok();
+  };
+  STRATA_RETURN_IF_ERROR(check_count(op.count, "count"));
+  if (op.kind == OpKind::AllGatherV || op.kind == OpKind::ReduceScatterV) {
+    if (op.counts.size() != static_cast<size_t>(n)) return invalid_argument(name + ": counts is null");
+    size_t total = 0;
+    for (size_t v : op.counts) {
+      STRATA_RETURN_IF_ERROR(check_count(v, "counts entry"));
+      total += v;
+    }
+    STRATA_RETURN_IF_ERROR(check_count(total, "sum of counts"));
+  }
+  if (op.kind == OpKind::AllToAllV) {
+    if (op.counts.size() != static_cast<size_t>(n) || op.sdispls.size() != static_cast<size_t>(n) ||
+        op.rcounts.size() != static_cast<size_t>(n) || op.rdispls.size() != static_cast<size_t>(n))
+      return invalid_argument(name + ": send/recv counts or displacements are null");
+    for (int j = 0; j < n; ++j) {
+      STRATA_RETURN_IF_ERROR(check_count(op.counts[j], "send_counts entry"));
+      STRATA_RETURN_IF_ERROR(check_count(op.sdispls[j], "send_displs entry"));
+      STRATA_RETURN_IF_ERROR(check_count(op.rcounts[j], "recv_counts entry"));
+      STRATA_RETURN_IF_ERROR(check_count(op.rdispls[j], "recv_displs entry"));
+    }
+    // Receive ranges must not overlap each other, or two peers would write the same bytes.
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (int j = 0; j < n; ++j)
+      if (op.rcounts[j]) ranges.emplace_back(op.rdispls[j], op.rdispls[j] + op.rcounts[j]);
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i)
+      if (ranges[i].first < ranges[i - 1].second)
+        return invalid_argument(name + ": receive ranges overlap at element " + std::to_string(ranges[i].first));
+  }
+  Extent x = extent(c, op);
+  if (x.in && !op.in) return invalid_argument(name + ": in is null but " + std::to_string(x.in) + " bytes are to be read");
+  if (x.out && !op.out)
+    return invalid_argument(name + ": out is null but " + std::to_string(x.out) + " bytes are to be written");
+  if (overlap(op.in, x.in, op.out, x.out) && !canonical_in_place(c, op))
+    return invalid_argument(name + ": in " + ptr_str(op.in) + " and out " + ptr_str(op.out) +
+                            " overlap but are not the in-place layout of " + name);
+  for (auto [p, bytes, what] : {std::tuple<const void*, size_t, const char*>{op.in, x.in, "in"},
+                                std::tuple<const void*, size_t, const char*>{op.out, x.out, "out"}}) {
+    if (!bytes) continue;
+    if (c.ctx->heap->locate(p, bytes)) continue;
+    if (c.ctx->heap->locate(p, 1))
+      return invalid_argument(name + ": " + what + " [" + ptr_str(p) + ", +" + std::to_string(bytes) +
+                              " bytes) runs past the end of its heap segment");
+    if (const memory::Heap* owner = memory::Heap::find_owner(p); owner && owner != c.ctx->heap.get())
+      return invalid_argument(name + ": " + what + " " + ptr_str(p) + " belongs to the heap of another communicator (rank " +
+                              std::to_string(owner->rank()) + "), not to rank " + std::to_string(c.ctx->job.rank) +
+                              "'s");
+  }
+  return Status::ok();
+}
+
+Status run_collective(CommImpl& c, Op& op) {
+  STRATA_RETURN_IF_ERROR(c.broken());
+  auto timeout = op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout;
+  Exec x{c, op, Deadline::after(timeout)};
+  x.esz = dtype_size(op.dtype);
+  memory::Heap& heap = *c.ctx->heap;
+  const int n = c.size;
+
+  // Stage external buffers into heap scratch (the only copies made on their behalf).
+  Extent ext = extent(c, op);
+  char* in = const_cast<char*>(static_cast<const char*>(op.in));
+  char* out = static_cast<char*>(op.out);
+  struct CopyBack {
+    char* dst = nullptr;
+    const char* src = nullptr;
+    size_t bytes = 0;
+  } back;
+  bool in_ext = ext.in && !heap.locate(in, ext.in);
+  bool out_ext = ext.out && !heap.locate(out, ext.out);
+  if (overlap(in, ext.in, out, ext.out) && (in_ext || out_ext)) {
+    auto lo = std::min(in, out);
+    auto hi = std::max(in + ext.in, out + ext.out);
+    size_t bytes = static_cast<size_t>(hi - lo);
+    STRATA_ASSIGN_OR_RETURN(void* s, c.scratch_block(0, bytes));
+    kernels::copy(s, lo, bytes);
+    in = static_cast<char*>(s) + (in - lo);
+    out = static_cast<char*>(s) + (out - lo);
+    back = {lo, static_cast<char*>(s), bytes};
+    c.staged_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  } else {
+    if (in_ext) {
+      STRATA_ASSIGN_OR_RETURN(void* s, c.scratch_block(0, ext.in));
+      kernels::copy(s, in, ext.in);
+      c.staged_bytes.fetch_add(ext.in, std::memory_order_relaxed);
+      in = static_cast<char*>(s);
+    }
+    if (out_ext) {
+      STRATA_ASSIGN_OR_RETURN(void* s, c.scratch_block(1, ext.out));
+      // all_to_all_v writes only the receive ranges; keep the rest of out as it was.
+      if (op.kind == OpKind::AllToAllV) {
+        kernels::copy(s, out, ext.out);
+        c.staged_bytes.fetch_add(ext.out, std::memory_order_relaxed);
+      }
+      back = {out, static_cast<char*>(s), ext.out};
+      out = static_cast<char*>(s);
+    }
+  }
+  x.in = in;
+  x.out = out;
+
+  // In place, one-shot all_reduce and all_to_all land in a temporary (peers still read the
+  // bytes they would overwrite).
+  uint8_t algo = pick_algorithm(c, op);
+  bool need_tmp = in == out && ext.out &&
+                  ((op.kind == OpKind::AllReduce && algo == kOneShot && n > 1) ||
+                   op.kind == OpKind::AllToAll || op.kind == OpKind::AllToAllV);
+  void* tmp = nullptr;
+  if (need_tmp) {
+    STRATA_ASSIGN_OR_RETURN(tmp, c.scratch_block(2, ext.out));
+  }
+
+  // Publish the descriptor.
+  OpDesc& d = c.self.hdr()->desc;
+  d = OpDesc{};
+  d.seq = ++c.seq;
+  d.kind = static_cast<uint8_t>(op.kind);
+  d.dtype = static_cast<uint8_t>(op.dtype);
+  d.rop = static_cast<uint8_t>(op.rop);
+  d.algo = algo;
+  d.root = op.root;
+  d.count = has_count(op.kind) ? op.count : 0;
+  if (ext.in) {
+    auto ref = heap.locate(in, ext.in);
+    d.flags |= OpDesc::kHasIn;
+    d.in_seg = ref->seg;
+    d.in_off = ref->offset;
+    d.in_bytes = ext.in;
+  }
+  if (ext.out) {
+    auto ref = heap.locate(out, ext.out);
+    d.flags |= OpDesc::kHasOut;
+    d.out_seg = ref->seg;
+    d.out_off = ref->offset;
+    d.out_bytes = ext.out;
+  }
+  uint64_t* vec = c.self.vec();
+  if (op.kind == OpKind::AllGatherV || op.kind == OpKind::ReduceScatterV || op.kind == OpKind::AllToAllV) {
+    for (int j = 0; j < n; ++j) vec[j] = op.counts[j];
+  }
+  if (op.kind == OpKind::AllToAllV) {
+    for (int j = 0; j < n; ++j) {
+      vec[n + j] = op.sdispls[j];
+      vec[2 * n + j] = op.rcounts[j];
+      vec[3 * n + j] = op.rdispls[j];
+    }
+  }
+  const char* name = coll::to_string(op.kind);
+  STRATA_RETURN_IF_ERROR(c.sync(x.deadline, name));
+
+  Status st = check_descriptors(c, op);
+  if (!st.is_ok()) {
+    // Every rank saw the mismatch; finish the step together so the communicator stays usable.
+    STRATA_RETURN_IF_ERROR(c.sync(x.deadline, name));
+    return st;
+  }
+
+  std::vector<size_t> counts;
+  switch (op.kind) {
+    case OpKind::AllReduce:
+      if (n == 1) {
+        x.copy(out, in, op.count * x.esz);
+        st = Status::ok();
+      } else {
+        st = all_reduce(x, algo, tmp);
+      }
+      break;
+    case OpKind::Reduce: st = reduce(x); break;
+    case OpKind::Broadcast: st = broadcast(x); break;
+    case OpKind::AllGather:
+      counts.assign(n, op.count);
+      st = all_gather(x, counts);
+      break;
+    case OpKind::AllGatherV: st = all_gather(x, op.counts); break;
+    case OpKind::ReduceScatter:
+      counts.assign(n, op.count);
+      st = reduce_scatter(x, counts);
+      break;
+    case OpKind::ReduceScatterV: st = reduce_scatter(x, op.counts); break;
+    case OpKind::AllToAll:
+    case OpKind::AllToAllV: st = all_to_all(x, tmp); break;
+    case OpKind::Gather: st = gather(x); break;
+    case OpKind::Scatter: st = scatter(x); break;
+    case OpKind::Barrier: st = c.sync(x.deadline, name); break;
+    default: st = internal_error(std::string("not a collective: ") + name);
+  }
+  if (!st.is_ok()) return st.with_context(std::string(name) + ": ");
+  if (back.bytes) {
+    kernels::copy(back.dst, back.src, back.bytes);
+    c.staged_bytes.fetch_add(back.bytes, std::memory_order_relaxed);
+  }
+  c.ops.fetch_add(1, std::memory_order_relaxed);
+  return Status::ok();
+}
+
+}  // namespace strata::detail

@@ -1,1 +1,640 @@
-// placeholder, being written
+// Public API glue: argument checks, the copy engine (async work), point-to-point,
+// split, symmetric allocation, and conversion of Status into strata::Error.
+
+#include <unistd.h>
+
+#include <cstring>
+
+#include "coll/comm_impl.hpp"
+#include "common/log.hpp"
+#include "common/reduce.hpp"
+
+namespace strata {
+namespace detail {
+
+using coll::Op;
+using coll::OpKind;
+
+void heap_free(const std::shared_ptr<ContextImpl>& ctx, void* p, bool symmetric) noexcept {
+  if (!ctx || !p) return;
+  Status s = symmetric ? ctx->heap->free_symmetric(p) : ctx->heap->free(p);
+  if (!s.is_ok()) STRATA_LOG(Warn, "freeing a heap buffer: " << s.to_string());
+}
+
+void throw_invalid(const std::string& message) { throw Error(Code::InvalidArgument, message); }
+
+Result<void*> new_ctrl_block(ContextImpl& ctx, int rank, int n);  // context.cpp
+
+namespace {
+
+void engine_loop(CommImpl* c) {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(c->q_mu);
+      c->q_cv.wait(lk, [&] { return c->stopping || !c->queue.empty(); });
+      if (c->queue.empty()) return;
+    }
+    std::shared_ptr<WorkState> w;
+    Status s;
+    {
+      // The engine takes work only while holding exec_mu, so a blocking call that finds the
+      // queue empty under exec_mu knows nothing is in flight ahead of it.
+      std::lock_guard<std::mutex> ex(c->exec_mu);
+      {
+        std::lock_guard<std::mutex> g(c->q_mu);
+        w = c->queue.front();
+        c->queue.pop_front();
+      }
+      s = w->run();
+    }
+    w->finish(std::move(s));
+  }
+}
+
+std::shared_ptr<WorkState> submit(CommImpl& c, std::function<Status()> fn) {
+  auto w = std::make_shared<WorkState>();
+  w->rank = c.rank;
+  w->run = std::move(fn);
+  {
+    std::lock_guard<std::mutex> g(c.q_mu);
+    if (!c.engine.joinable()) c.engine = std::thread(engine_loop, &c);
+    c.queue.push_back(w);
+  }
+  c.q_cv.notify_one();
+  return w;
+}
+
+/// Runs `fn` after everything queued before it, on this thread when nothing is queued.
+Status execute(CommImpl& c, const std::function<Status()>& fn) {
+  {
+    std::unique_lock<std::mutex> ex(c.exec_mu);
+    bool empty;
+    {
+      std::lock_guard<std::mutex> g(c.q_mu);
+      empty = c.queue.empty();
+    }
+    if (empty) return fn();
+  }
+  auto w = submit(c, fn);
+  std::unique_lock<std::mutex> lk(w->mu);
+  w->cv.wait(lk, [&] { return w->done; });
+  return w->status;
+}
+
+Status usable(const CommImpl& c) {
+  if (c.destroyed) return invalid_argument("communicator was destroyed");
+  return Status::ok();
+}
+
+// ---- point to point ------------------------------------------------------------------------
+
+Status check_p2p(const CommImpl& c, const Op& op, const char* name) {
+  STRATA_RETURN_IF_ERROR(usable(c));
+  if (op.peer < 0 || op.peer >= c.size)
+    return invalid_argument(std::string(name) + ": peer " + std::to_string(op.peer) +
+                            " is out of range for a communicator of " + std::to_string(c.size) + " ranks");
+  if (static_cast<unsigned>(op.dtype) > static_cast<unsigned>(DataType::Float64))
+    return invalid_argument(std::string(name) + ": invalid dtype");
+  size_t e = dtype_size(op.dtype);
+  if (op.count > (size_t{1} << 62) / e)
+    return invalid_argument(std::string(name) + ": count " + std::to_string(op.count) + " overflows the byte size");
+  const void* buf = op.kind == OpKind::Send ? op.in : op.out;
+  if (op.count && !buf) return invalid_argument(std::string(name) + ": buffer is null");
+  if (op.count) {
+    auto* heap = c.ctx->heap.get();
+    const memory::Heap* owner = memory::Heap::find_owner(buf);
+    if (!heap->locate(buf, op.count * e) && owner && owner != heap)
+      return invalid_argument(std::string(name) + ": buffer belongs to the heap of another communicator (rank " +
+                              std::to_string(owner->rank()) + ")");
+  }
+  return Status::ok();
+}
+
+std::string p2p_desc(const char* name, uint64_t count, uint8_t dtype, int tag) {
+  return std::string(name) + "(count=" + std::to_string(count) + ", dtype=" + to_string(static_cast<DataType>(dtype)) +
+         ", tag=" + std::to_string(tag) + ")";
+}
+
+/// Completion of a posted send: the receiver acknowledged sequence `s`.
+Status send_done(CommImpl& c, int peer, uint32_t s, Deadline d, bool block) {
+  const CtrlView& rv = c.peers[peer];
+  transport::Signal& done = rv.recv_done(c.rank);
+  if (block) {
+    STRATA_RETURN_IF_ERROR(c.broken());
+    Status st = transport::wait_reached(done, s, c.policy(d), "send");
+    if (!st.is_ok()) {
+      Status full(st.code(), st.message() + " on rank " + std::to_string(c.rank) + " waiting for rank " +
+                                 std::to_string(peer) + " to receive", peer);
+      if (st.code() != Code::Timeout) c.set_broken(full);
+      return full;
+    }
+  } else if (!transport::reached(done.value.load(std::memory_order_acquire), s)) {
+    return Status(Code::Unavailable, "pending");
+  }
+  if (rv.recv_error(c.rank).load(std::memory_order_acquire) == s)
+    return Status(Code::InvalidArgument,
+                  "send/recv mismatch: rank " + std::to_string(peer) + " posted a receive that does not match rank " +
+                      std::to_string(c.rank) + "'s send #" + std::to_string(s) + " (see the error on rank " +
+                      std::to_string(peer) + ")",
+                  peer);
+  return Status::ok();
+}
+
+struct StagedSend {
+  std::shared_ptr<ContextImpl> ctx;
+  void* block = nullptr;
+};
+
+Result<std::shared_ptr<WorkState>> post_send(CommImpl& c, const Op& op) {
+  STRATA_RETURN_IF_ERROR(c.broken());
+  const size_t bytes = op.count * dtype_size(op.dtype);
+  const int peer = op.peer;
+  auto d = Deadline::after(op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout);
+  memory::Heap& heap = *c.ctx->heap;
+  const void* src = op.in;
+  void* staged = nullptr;
+  std::optional<memory::SegRef> ref;
+  if (bytes) {
+    ref = heap.locate(src, bytes);
+    if (!ref) {
+      STRATA_ASSIGN_OR_RETURN(staged, heap.alloc(bytes));
+      kernels::copy(staged, src, bytes);
+      c.staged_bytes.fetch_add(bytes, std::memory_order_relaxed);
+      ref = heap.locate(staged, bytes);
+    }
+  }
+  uint32_t s = ++c.send_seq[peer];
+  if (s > kP2pDepth) {
+    // The ring holds kP2pDepth messages per pair; wait for the receiver to free our slot.
+    Status st = transport::wait_reached(c.peers[peer].recv_done(c.rank), s - kP2pDepth, c.policy(d), "send");
+    if (!st.is_ok()) {
+      if (staged) (void)heap.free(staged);
+      return st.with_context("rank " + std::to_string(c.rank) + " waiting for rank " + std::to_string(peer) +
+                             " to drain earlier sends: ");
+    }
+  }
+  P2pSlot& sl = c.self.slot(peer, s);
+  sl.seq = s;
+  sl.tag = op.tag;
+  sl.dtype = static_cast<uint8_t>(op.dtype);
+  sl.count = op.count;
+  sl.seg = ref ? ref->seg : 0;
+  sl.off = ref ? ref->offset : 0;
+  transport::publish(c.self.send_posted(peer), s);
+
+  auto w = std::make_shared<WorkState>();
+  w->rank = c.rank;
+  auto self = c.shared_from_this();
+  w->poll = [self, peer, s, d](bool block) { return send_done(*self, peer, s, d, block); };
+  if (staged) {
+    auto ctx = c.ctx;
+    // Freed when the Work goes away; by then the receiver has copied (or the job failed).
+    w->on_destroy = [ctx, staged, self, peer, s] {
+      if (transport::reached(self->peers[peer].recv_done(self->rank).value.load(), s)) (void)ctx->heap->free(staged);
+      // Otherwise the receiver may still read it: leak rather than corrupt.
+    };
+  }
+  c.direct_bytes.fetch_add(staged ? 0 : bytes, std::memory_order_relaxed);
+  return w;
+}
+
+Status do_recv(CommImpl& c, const Op& op) {
+  STRATA_RETURN_IF_ERROR(c.broken());
+  const int peer = op.peer;
+  auto d = Deadline::after(op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout);
+  uint32_t r = ++c.recv_seq[peer];
+  const CtrlView& sv = c.peers[peer];
+  Status st = transport::wait_reached(sv.send_posted(c.rank), r, c.policy(d), "recv");
+  if (!st.is_ok()) {
+    Status full(st.code(), st.message() + " on rank " + std::to_string(c.rank) + " waiting for a send from rank " +
+                               std::to_string(peer), peer);
+    if (st.code() != Code::Timeout) c.set_broken(full);
+    return full;
+  }
+  P2pSlot sl = sv.slot(c.rank, r);
+  if (sl.tag != op.tag || sl.dtype != static_cast<uint8_t>(op.dtype) || sl.count != op.count) {
+    c.self.recv_error(peer).store(r, std::memory_order_release);
+    transport::publish(c.self.recv_done(peer), r);
+    return Status(Code::InvalidArgument,
+                  "send/recv mismatch: rank " + std::to_string(c.rank) + " called " +
+                      p2p_desc("recv", op.count, static_cast<uint8_t>(op.dtype), op.tag) + " from rank " +
+                      std::to_string(peer) + " but rank " + std::to_string(peer) + " called " +
+                      p2p_desc("send", sl.count, sl.dtype, sl.tag),
+                  peer);
+  }
+  const size_t bytes = op.count * dtype_size(op.dtype);
+  if (bytes) {
+    auto src = c.ctx->heap->peer_ptr(c.members[peer], {sl.seg, sl.off}, bytes, d);
+    if (!src.is_ok()) return src.status();
+    kernels::copy(op.out, src.value(), bytes);
+    c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  transport::publish(c.self.recv_done(peer), r);
+  c.ops.fetch_add(1, std::memory_order_relaxed);
+  return Status::ok();
+}
+
+}  // namespace
+}  // namespace detail
+
+// ---- Work ------------------------------------------------------------------------------------
+
+namespace {
+void complete_poll(detail::WorkState& w, bool block) {
+  std::lock_guard<std::mutex> g(w.mu);
+  if (w.done || !w.poll) return;
+  Status s = w.poll(block);
+  if (!block && s.code() == Code::Unavailable && s.message() == "pending") return;
+  w.status = std::move(s);
+  w.done = true;
+  w.cv.notify_all();
+}
+}  // namespace
+
+void Work::wait() {
+  if (!state_) return;
+  if (state_->poll) complete_poll(*state_, true);
+  std::unique_lock<std::mutex> lk(state_->mu);
+  state_->cv.wait(lk, [&] { return state_->done; });
+  throw_if_error(state_->status, state_->rank);
+}
+
+bool Work::wait_for(std::chrono::milliseconds d) {
+  if (!state_) return true;
+  auto until = std::chrono::steady_clock::now() + d;
+  if (state_->poll) {
+    while (!completed() && std::chrono::steady_clock::now() < until) {
+      complete_poll(*state_, false);
+      if (!completed()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  std::unique_lock<std::mutex> lk(state_->mu);
+  if (!state_->cv.wait_until(lk, until, [&] { return state_->done; })) return false;
+  throw_if_error(state_->status, state_->rank);
+  return true;
+}
+
+bool Work::test() {
+  if (!state_) return true;
+  if (state_->poll) complete_poll(*state_, false);
+  std::lock_guard<std::mutex> g(state_->mu);
+  if (!state_->done) return false;
+  throw_if_error(state_->status, state_->rank);
+  return true;
+}
+
+Code Work::status() const {
+  if (!state_) return Code::Ok;
+  std::lock_guard<std::mutex> g(state_->mu);
+  return state_->done ? state_->status.code() : Code::Ok;
+}
+
+bool Work::completed() const {
+  if (!state_) return true;
+  std::lock_guard<std::mutex> g(state_->mu);
+  return state_->done;
+}
+
+// ---- Registration ----------------------------------------------------------------------------
+
+Registration& Registration::operator=(Registration&& o) noexcept {
+  if (this != &o) {
+    comm_ = std::move(o.comm_);
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    bytes_ = o.bytes_;
+  }
+  return *this;
+}
+
+Registration::~Registration() = default;
+
+// ---- Communicator ----------------------------------------------------------------------------
+
+namespace {
+detail::CommImpl& need_impl(const std::shared_ptr<detail::CommImpl>& p) {
+  if (!p) throw Error(Code::InvalidArgument, "operation on an empty (invalid) Communicator");
+  return *p;
+}
+}  // namespace
+
+int Communicator::rank() const { return need_impl(impl_).rank; }
+int Communicator::size() const { return need_impl(impl_).size; }
+int Communicator::local_rank() const { return need_impl(impl_).rank; }
+int Communicator::local_size() const { return need_impl(impl_).size; }
+int Communicator::global_rank(int r) const {
+  auto& c = need_impl(impl_);
+  if (r < 0 || r >= c.size) throw Error(Code::InvalidArgument, "global_rank: rank " + std::to_string(r) + " out of range");
+  return c.members[r];
+}
+std::chrono::milliseconds Communicator::timeout() const { return need_impl(impl_).timeout; }
+Stats Communicator::stats() const {
+  auto& c = need_impl(impl_);
+  return {c.ops.load(), c.staged_bytes.load(), c.direct_bytes.load()};
+}
+std::shared_ptr<detail::ContextImpl> Communicator::context() const { return need_impl(impl_).ctx; }
+
+void* Communicator::alloc_bytes(size_t bytes, size_t alignment) {
+  auto& c = need_impl(impl_);
+  return value_or_throw(c.ctx->heap->alloc(bytes, alignment), c.rank);
+}
+
+void Communicator::free_bytes(void* p) {
+  auto& c = need_impl(impl_);
+  throw_if_error(c.ctx->heap->free(p), c.rank);
+}
+
+bool Communicator::is_heap(const void* p, size_t bytes) const {
+  return need_impl(impl_).ctx->heap->locate(p, bytes ? bytes : 1).has_value();
+}
+
+Registration Communicator::register_buffer(void* ptr, size_t bytes) {
+  auto& c = need_impl(impl_);
+  if (!ptr && bytes) throw Error(Code::InvalidArgument, "register_buffer: ptr is null", c.rank);
+  if (c.ctx->heap->locate(ptr, bytes ? bytes : 1))
+    throw Error(Code::InvalidArgument, "register_buffer: memory is already in the registered heap", c.rank);
+  return Registration(impl_, ptr, bytes);
+}
+
+namespace {
+
+using coll::Op;
+using coll::OpKind;
+
+void run_blocking(const std::shared_ptr<detail::CommImpl>& impl, Op op) {
+  auto& c = need_impl(impl);
+  throw_if_error(detail::usable(c), c.rank);
+  if (op.kind == OpKind::Send || op.kind == OpKind::Recv) {
+    throw_if_error(detail::check_p2p(c, op, coll::to_string(op.kind)), c.rank);
+    if (op.kind == OpKind::Send) {
+      auto w = value_or_throw(detail::post_send(c, op), c.rank);
+      Work(w).wait();
+      return;
+    }
+    throw_if_error(detail::execute(c, [&] { return detail::do_recv(c, op); }), c.rank);
+    return;
+  }
+  throw_if_error(detail::validate(c, op), c.rank);
+  throw_if_error(detail::execute(c, [&] { return detail::run_collective(c, op); }), c.rank);
+}
+
+Work run_async(const std::shared_ptr<detail::CommImpl>& impl, Op op) {
+  auto& c = need_impl(impl);
+  throw_if_error(detail::usable(c), c.rank);
+  if (op.kind == OpKind::Send) {
+    throw_if_error(detail::check_p2p(c, op, "send"), c.rank);
+    // Posting happens now, so a later receive (ours or the peer's) can never wait behind it.
+    return Work(value_or_throw(detail::post_send(c, op), c.rank));
+  }
+  if (op.kind == OpKind::Recv) {
+    throw_if_error(detail::check_p2p(c, op, "recv"), c.rank);
+    auto keep = impl;
+    return Work(detail::submit(c, [keep, op]() mutable { return detail::do_recv(*keep, op); }));
+  }
+  throw_if_error(detail::validate(c, op), c.rank);
+  auto keep = impl;
+  return Work(detail::submit(c, [keep, op]() mutable { return detail::run_collective(*keep, op); }));
+}
+
+Op make(OpKind k, const void* in, void* out, size_t count, DataType dt, const CollOptions& o) {
+  Op op;
+  op.kind = k;
+  op.in = in;
+  op.out = out;
+  op.count = count;
+  op.dtype = dt;
+  op.opts = o;
+  return op;
+}
+
+std::vector<size_t> vec_of(const size_t* p, int n) {
+  if (!p) return {};
+  return std::vector<size_t>(p, p + n);
+}
+
+}  // namespace
+
+#define STRATA_BOTH(name, ...)                                     \
+  void Communicator::name(STRATA_PARAMS_##name) {                  \
+    run_blocking(impl_, __VA_ARGS__);                              \
+  }                                                                \
+  Work Communicator::name##_async(STRATA_PARAMS_##name) {          \
+    return run_async(impl_, __VA_ARGS__);                          \
+  }
+
+#define STRATA_PARAMS_all_reduce const void *in, void *out, size_t count, DataType dt, ReduceOp op, const CollOptions &o
+STRATA_BOTH(all_reduce, [&] {
+  Op x = make(OpKind::AllReduce, in, out, count, dt, o);
+  x.rop = op;
+  return x;
+}())
+#define STRATA_PARAMS_reduce const void *in, void *out, size_t count, DataType dt, ReduceOp op, int root, const CollOptions &o
+STRATA_BOTH(reduce, [&] {
+  Op x = make(OpKind::Reduce, in, out, count, dt, o);
+  x.rop = op;
+  x.root = root;
+  return x;
+}())
+#define STRATA_PARAMS_broadcast const void *in, void *out, size_t count, DataType dt, int root, const CollOptions &o
+STRATA_BOTH(broadcast, [&] {
+  Op x = make(OpKind::Broadcast, in, out, count, dt, o);
+  x.root = root;
+  return x;
+}())
+#define STRATA_PARAMS_all_gather const void *in, void *out, size_t count, DataType dt, const CollOptions &o
+STRATA_BOTH(all_gather, make(OpKind::AllGather, in, out, count, dt, o))
+#define STRATA_PARAMS_all_gather_v const void *in, void *out, const size_t *counts, DataType dt, const CollOptions &o
+STRATA_BOTH(all_gather_v, [&] {
+  Op x = make(OpKind::AllGatherV, in, out, 0, dt, o);
+  x.counts = vec_of(counts, size());
+  return x;
+}())
+#define STRATA_PARAMS_reduce_scatter const void *in, void *out, size_t count, DataType dt, ReduceOp op, const CollOptions &o
+STRATA_BOTH(reduce_scatter, [&] {
+  Op x = make(OpKind::ReduceScatter, in, out, count, dt, o);
+  x.rop = op;
+  return x;
+}())
+#define STRATA_PARAMS_reduce_scatter_v \
+  const void *in, void *out, const size_t *counts, DataType dt, ReduceOp op, const CollOptions &o
+STRATA_BOTH(reduce_scatter_v, [&] {
+  Op x = make(OpKind::ReduceScatterV, in, out, 0, dt, o);
+  x.counts = vec_of(counts, size());
+  x.rop = op;
+  return x;
+}())
+#define STRATA_PARAMS_all_to_all const void *in, void *out, size_t count, DataType dt, const CollOptions &o
+STRATA_BOTH(all_to_all, make(OpKind::AllToAll, in, out, count, dt, o))
+#define STRATA_PARAMS_all_to_all_v                                                                  \
+  const void *in, const size_t *send_counts, const size_t *send_displs, void *out, const size_t *recv_counts, \
+      const size_t *recv_displs, DataType dt, const CollOptions &o
+STRATA_BOTH(all_to_all_v, [&] {
+  Op x = make(OpKind::AllToAllV, in, out, 0, dt, o);
+  x.counts = vec_of(send_counts, size());
+  x.sdispls = vec_of(send_displs, size());
+  x.rcounts = vec_of(recv_counts, size());
+  x.rdispls = vec_of(recv_displs, size());
+  return x;
+}())
+#define STRATA_PARAMS_gather const void *in, void *out, size_t count, DataType dt, int root, const CollOptions &o
+STRATA_BOTH(gather, [&] {
+  Op x = make(OpKind::Gather, in, out, count, dt, o);
+  x.root = root;
+  return x;
+}())
+#define STRATA_PARAMS_scatter const void *in, void *out, size_t count, DataType dt, int root, const CollOptions &o
+STRATA_BOTH(scatter, [&] {
+  Op x = make(OpKind::Scatter, in, out, count, dt, o);
+  x.root = root;
+  return x;
+}())
+#define STRATA_PARAMS_barrier const CollOptions &o
+STRATA_BOTH(barrier, make(OpKind::Barrier, nullptr, nullptr, 0, DataType::UInt8, o))
+#define STRATA_PARAMS_send const void *buf, size_t count, DataType dt, int peer, int tag, const CollOptions &o
+STRATA_BOTH(send, [&] {
+  Op x = make(OpKind::Send, buf, nullptr, count, dt, o);
+  x.peer = peer;
+  x.tag = tag;
+  return x;
+}())
+#define STRATA_PARAMS_recv void *buf, size_t count, DataType dt, int peer, int tag, const CollOptions &o
+STRATA_BOTH(recv, [&] {
+  Op x = make(OpKind::Recv, nullptr, buf, count, dt, o);
+  x.peer = peer;
+  x.tag = tag;
+  return x;
+}())
+#undef STRATA_BOTH
+
+// ---- split, symmetric allocation, lifetime ---------------------------------------------------
+
+namespace {
+
+/// All-gather of a small fixed-size record through the heap (used by split and symmetric alloc).
+template <class T>
+std::vector<T> gather_records(const std::shared_ptr<detail::CommImpl>& impl, const T& mine) {
+  auto& c = *impl;
+  auto& heap = *c.ctx->heap;
+  void* in = value_or_throw(heap.alloc(sizeof(T)), c.rank);
+  void* out = value_or_throw(heap.alloc(sizeof(T) * c.size), c.rank);
+  std::memcpy(in, &mine, sizeof(T));
+  std::vector<T> all(c.size);
+  try {
+    run_blocking(impl, make(OpKind::AllGather, in, out, sizeof(T), DataType::UInt8, {}));
+    std::memcpy(all.data(), out, sizeof(T) * c.size);
+  } catch (...) {
+    (void)heap.free(in);
+    (void)heap.free(out);
+    throw;
+  }
+  (void)heap.free(in);
+  (void)heap.free(out);
+  return all;
+}
+
+}  // namespace
+
+Communicator Communicator::split(int color, int key) const {
+  auto& c = need_impl(impl_);
+  struct Entry {
+    int32_t color, key;
+  };
+  auto entries = gather_records(impl_, Entry{color < 0 ? -1 : color, key});
+  std::vector<int> order;  // parent ranks of our new group
+  for (int r = 0; r < c.size; ++r)
+    if (color >= 0 && entries[r].color == color) order.push_back(r);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return entries[a].key < entries[b].key; });
+  int new_rank = -1;
+  for (size_t i = 0; i < order.size(); ++i)
+    if (order[i] == c.rank) new_rank = static_cast<int>(i);
+  const int n = static_cast<int>(order.size());
+
+  void* ctrl = nullptr;
+  memory::SegRef ref{};
+  if (color >= 0) {
+    ctrl = value_or_throw(detail::new_ctrl_block(*c.ctx, new_rank, n), c.rank);
+    ref = *c.ctx->heap->locate(ctrl, 1);
+  }
+  auto refs_all = gather_records(impl_, ref);
+  int split_no = c.split_count++;
+  if (color < 0) return Communicator();
+
+  std::vector<int> members(n);
+  std::vector<memory::SegRef> refs(n);
+  for (int i = 0; i < n; ++i) {
+    members[i] = c.members[order[i]];
+    refs[i] = refs_all[order[i]];
+  }
+  auto res = detail::make_comm(c.ctx, c.id + "/" + std::to_string(split_no) + ":" + std::to_string(color),
+                               std::move(members), new_rank, ctrl, refs, Deadline::after(c.timeout));
+  return Communicator(value_or_throw(std::move(res), c.rank));
+}
+
+void* Communicator::alloc_symmetric_bytes(size_t bytes) {
+  auto& c = need_impl(impl_);
+  void* p = value_or_throw(c.ctx->heap->alloc_symmetric(bytes), c.rank);
+  struct Rec {
+    uint64_t bytes, offset;
+  };
+  auto ref = c.ctx->heap->locate(p, 1);
+  std::vector<Rec> all;
+  try {
+    all = gather_records(impl_, Rec{bytes, ref ? ref->offset : 0});
+  } catch (...) {
+    (void)c.ctx->heap->free_symmetric(p);
+    throw;
+  }
+  for (int r = 0; r < c.size; ++r) {
+    if (all[r].bytes != bytes || all[r].offset != ref->offset) {
+      (void)c.ctx->heap->free_symmetric(p);
+      throw Error(Code::InvalidArgument,
+                  "alloc_symmetric: rank " + std::to_string(c.rank) + " allocated " + std::to_string(bytes) +
+                      " bytes at offset " + std::to_string(ref->offset) + " but rank " + std::to_string(r) +
+                      " allocated " + std::to_string(all[r].bytes) + " bytes at offset " +
+                      std::to_string(all[r].offset) + " (symmetric allocations must be made in the same order)",
+                  c.rank, r);
+    }
+  }
+  return p;
+}
+
+void Communicator::abort() {
+  auto& c = need_impl(impl_);
+  c.abort_flag.store(true);
+  c.set_broken(aborted("abort() was called on rank " + std::to_string(c.rank)));
+}
+
+void Communicator::destroy() {
+  if (!impl_) return;
+  impl_->shutdown();
+  impl_->destroyed = true;
+  impl_.reset();
+}
+
+// ---- init ------------------------------------------------------------------------------------
+
+Communicator init(const InitOptions& opts) {
+  auto ctx = std::make_shared<detail::ContextImpl>();
+  ctx->env = Env::get();
+  bootstrap::JobOverrides ov;
+  ov.rank = opts.rank;
+  ov.world_size = opts.size;
+  ov.store = opts.store;
+  ov.token = opts.token;
+  ov.job_id = opts.job_id;
+  ov.host_id = opts.host_id;
+  ctx->job = value_or_throw(bootstrap::detect_job(ctx->env, ov));
+  const int rank = ctx->job.rank;
+  ctx->timeout = opts.timeout.count() > 0 ? opts.timeout : ctx->env.timeout;
+  if (!ctx->job.store.empty()) {
+    auto addr = value_or_throw(bootstrap::StoreAddress::parse(ctx->job.store), rank);
+    auto client = bootstrap::StoreClient::connect(addr, ctx->job.token, Deadline::after(ctx->env.store_connect_timeout));
+    ctx->store = std::shared_ptr<bootstrap::StoreClient>(value_or_throw(std::move(client), rank));
+  } else if (ctx->job.world_size > 1) {
+    throw Error(Code::InvalidArgument, "init: a job of " + std::to_string(ctx->job.world_size) +
+                                           " ranks needs a store (STRATA_STORE or MASTER_ADDR/MASTER_PORT)", rank);
+  }
+  ctx->heap = value_or_throw(memory::Heap::create(memory::HeapOptions::from_env(ctx->env), ctx->job.job_id, rank), rank);
+  return Communicator(value_or_throw(detail::make_world(ctx), rank));
+}
+
+}  // namespace strata

@@ -1,1 +1,201 @@
-// placeholder, being written
+// Joining a job: the per-rank context (store, heap) and communicator construction.
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "coll/comm_impl.hpp"
+#include "common/log.hpp"
+
+namespace strata::detail {
+
+ContextImpl::~ContextImpl() = default;
+
+namespace {
+
+int open_pidfd(int pid) {
+#ifdef SYS_pidfd_open
+  long fd = syscall(SYS_pidfd_open, pid, 0);
+  return fd < 0 ? -1 : static_cast<int>(fd);
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+std::string world_key(const ContextImpl& ctx, int rank) {
+  return "strata/" + ctx.job.job_id + "/world/" + std::to_string(rank);
+}
+
+}  // namespace
+
+void CommImpl::set_broken(const Status& s) {
+  std::lock_guard<std::mutex> g(err_mu);
+  if (sticky.is_ok())
+    sticky = Status(s.code(), "communicator is unusable after an earlier failure: " + s.message(), s.peer());
+}
+
+transport::WaitPolicy CommImpl::policy(Deadline d) {
+  transport::WaitPolicy p;
+  p.deadline = d;
+  p.abort = &abort_flag;
+  p.spin_count = ctx->env.spin_count;
+  p.check = [this] { return check_peers(); };
+  return p;
+}
+
+Status CommImpl::check_peers() {
+  for (int r = 0; r < size; ++r) {
+    if (pidfds[r] < 0) continue;
+    pollfd p{pidfds[r], POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0)
+      return peer_failed("rank " + std::to_string(r) + " (pid " + std::to_string(pids[r]) + ") exited", r);
+  }
+  return Status::ok();
+}
+
+Status CommImpl::sync(Deadline d, const char* what) {
+  ++phase;
+  transport::publish(self.hdr()->phase, phase);
+  auto pol = policy(d);
+  for (int k = 1; k < size; ++k) {
+    int r = (rank + k) % size;
+    Status s = transport::wait_reached(peers[r].hdr()->phase, phase, pol, what);
+    if (!s.is_ok()) {
+      Status full(s.code(),
+                  s.message() + " on rank " + std::to_string(rank) + " waiting for rank " + std::to_string(r) +
+                      " (operation #" + std::to_string(seq) + ", timeout " + std::to_string(timeout.count()) + " ms)",
+                  s.peer() >= 0 ? s.peer() : r);
+      set_broken(full);
+      return full;
+    }
+  }
+  return Status::ok();
+}
+
+Result<void*> CommImpl::scratch_block(int which, size_t bytes) {
+  Scratch& s = scratch[which];
+  if (s.bytes >= bytes && s.p) return s.p;
+  if (s.p) (void)ctx->heap->free(s.p);
+  s.p = nullptr;
+  s.bytes = 0;
+  // Grow geometrically so a sweep of sizes reuses the same (already touched) pages.
+  size_t want = std::max(bytes, s.bytes * 2);
+  STRATA_ASSIGN_OR_RETURN(void* p, ctx->heap->alloc(want));
+  s.p = p;
+  s.bytes = want;
+  return p;
+}
+
+void CommImpl::shutdown() {
+  {
+    std::lock_guard<std::mutex> g(q_mu);
+    stopping = true;
+  }
+  q_cv.notify_all();
+  if (!engine.joinable()) return;
+  // The engine thread may drop the last reference itself (a finished Work held it).
+  if (engine.get_id() == std::this_thread::get_id()) engine.detach();
+  else engine.join();
+}
+
+CommImpl::~CommImpl() {
+  shutdown();
+  for (int fd : pidfds)
+    if (fd >= 0) ::close(fd);
+  for (auto& s : scratch)
+    if (s.p) (void)ctx->heap->free(s.p);
+  // The control block stays allocated: a slow peer may still read our last phase word.
+  std::lock_guard<std::mutex> g(ctx->mu);
+  ctx->retired_ctrl.emplace_back(ctrl_mem, false);
+}
+
+Result<std::shared_ptr<CommImpl>> make_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id,
+                                            std::vector<int> members, int rank, void* ctrl_mem,
+                                            const std::vector<memory::SegRef>& ctrl_refs, Deadline d) {
+  auto c = std::make_shared<CommImpl>();
+  c->ctx = ctx;
+  c->id = std::move(id);
+  c->members = std::move(members);
+  c->rank = rank;
+  c->size = static_cast<int>(c->members.size());
+  c->timeout = ctx->timeout;
+  c->ctrl_mem = ctrl_mem;
+  c->self = CtrlView(ctrl_mem, c->size);
+  c->peers.resize(c->size);
+  c->pids.assign(c->size, 0);
+  c->pidfds.assign(c->size, -1);
+  c->send_seq.assign(c->size, 0);
+  c->recv_seq.assign(c->size, 0);
+  const size_t bytes = CtrlView::bytes(c->size);
+  const int my_pid = static_cast<int>(getpid());
+  for (int r = 0; r < c->size; ++r) {
+    if (r == rank) {
+      c->peers[r] = c->self;
+    } else {
+      auto p = ctx->heap->peer_ptr(c->members[r], ctrl_refs[r], bytes, d);
+      if (!p.is_ok()) return p.status().with_context("mapping the control block of rank " + std::to_string(r) + ": ");
+      c->peers[r] = CtrlView(p.value(), c->size);
+    }
+    CtrlHeader* h = c->peers[r].hdr();
+    if (h->magic != kCtrlMagic || h->rank != r || h->size != c->size)
+      return internal_error("control block of rank " + std::to_string(r) + " is not initialised (magic " +
+                            std::to_string(h->magic) + ", rank " + std::to_string(h->rank) + ")");
+    c->pids[r] = h->pid;
+    if (h->pid != my_pid) c->pidfds[r] = open_pidfd(h->pid);
+  }
+  // Everyone has mapped everyone before any operation publishes into the blocks.
+  STRATA_RETURN_IF_ERROR(c->sync(d, "communicator setup"));
+  return c;
+}
+
+/// Allocates and initialises this rank's control block for a communicator of n ranks.
+Result<void*> new_ctrl_block(ContextImpl& ctx, int rank, int n) {
+  size_t bytes = CtrlView::bytes(n);
+  STRATA_ASSIGN_OR_RETURN(void* mem, ctx.heap->alloc(bytes));
+  std::memset(mem, 0, bytes);
+  auto* h = new (mem) CtrlHeader();
+  h->rank = rank;
+  h->size = n;
+  h->pid = static_cast<int>(getpid());
+  h->magic = kCtrlMagic;
+  return mem;
+}
+
+Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>& ctx) {
+  const int n = ctx->job.world_size, me = ctx->job.rank;
+  Deadline d = Deadline::after(ctx->timeout);
+  STRATA_ASSIGN_OR_RETURN(void* ctrl, new_ctrl_block(*ctx, me, n));
+  auto ref = ctx->heap->locate(ctrl, 1);
+  if (!ref) return internal_error("control block is not in the heap");
+  std::vector<memory::SegRef> refs(n);
+  refs[me] = *ref;
+  if (n > 1) {
+    std::ostringstream os;
+    os << ctx->job.host_id << "\n" << getpid() << "\n" << ref->seg << "\n" << ref->offset;
+    STRATA_RETURN_IF_ERROR(ctx->store->set(world_key(*ctx, me), os.str()));
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      auto v = ctx->store->get(world_key(*ctx, r), ctx->timeout);
+      if (!v.is_ok())
+        return v.status().with_context("waiting for rank " + std::to_string(r) + " to join the job: ");
+      std::istringstream is(v.value());
+      std::string host;
+      long pid = 0;
+      std::getline(is, host);
+      is >> pid >> refs[r].seg >> refs[r].offset;
+      if (host != ctx->job.host_id)
+        return unavailable("rank " + std::to_string(r) + " is on host '" + host + "' and rank " + std::to_string(me) +
+                           " on '" + ctx->job.host_id +
+                           "': ranks on different hosts need the UCX transport, which this build does not have");
+    }
+  }
+  std::vector<int> members(n);
+  for (int r = 0; r < n; ++r) members[r] = r;
+  return make_comm(ctx, "world", std::move(members), me, ctrl, refs, d);
+}
+
+}  // namespace strata::detail

@@ -1,1 +1,71 @@
-// placeholder, being written
+#include "transport/shm_sync.hpp"
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <ctime>
+#include <string>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define STRATA_CPU_RELAX() _mm_pause()
+#else
+#define STRATA_CPU_RELAX() std::atomic_signal_fence(std::memory_order_seq_cst)
+#endif
+
+namespace strata::transport {
+namespace {
+
+// Shared (not FUTEX_PRIVATE) futexes: the words live in memfd pages mapped by several
+// processes, and the kernel keys shared futexes on the page, not the address.
+long futex_wait(const std::atomic<uint32_t>* addr, uint32_t expected, long timeout_ns) {
+  timespec ts{timeout_ns / 1000000000L, timeout_ns % 1000000000L};
+  return syscall(SYS_futex, reinterpret_cast<const uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake_all(const std::atomic<uint32_t>* addr) {
+  syscall(SYS_futex, reinterpret_cast<const uint32_t*>(addr), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+}  // namespace
+
+void publish(Signal& s, uint32_t v) {
+  // seq_cst pairs with the sleeper's seq_cst increment + re-check (a Dekker handshake): either
+  // the sleeper sees the new value, or we see its sleepers count and wake it.
+  s.value.store(v, std::memory_order_seq_cst);
+  if (s.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&s.value);
+}
+
+Status wait_reached(const Signal& s, uint32_t target, const WaitPolicy& policy, const char* what) {
+  if (reached(s.value.load(std::memory_order_acquire), target)) return Status::ok();
+  for (uint32_t i = 0; i < policy.spin_count; ++i) {
+    if (reached(s.value.load(std::memory_order_acquire), target)) return Status::ok();
+    // Past a short pure spin, yield: the rank we wait for may need this core.
+    if (i < 64) STRATA_CPU_RELAX();
+    else sched_yield();
+  }
+  auto& sleepers = const_cast<Signal&>(s).sleepers;
+  int checks = 0;
+  for (;;) {
+    uint32_t v = s.value.load(std::memory_order_acquire);
+    if (reached(v, target)) return Status::ok();
+    if (policy.abort && policy.abort->load(std::memory_order_relaxed))
+      return aborted(std::string(what) + ": communicator aborted");
+    if (policy.deadline.expired())
+      return timeout_error(std::string(what) + ": timed out");
+    if (policy.check && (++checks % 4 == 0 || checks == 1)) {
+      Status st = policy.check();
+      if (!st.is_ok()) return st;
+    }
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    v = s.value.load(std::memory_order_seq_cst);
+    if (!reached(v, target)) futex_wait(&s.value, v, 1000000L /* 1 ms: bounds abort/deadline latency */);
+    sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+}  // namespace strata::transport

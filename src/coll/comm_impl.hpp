@@ -1,0 +1,182 @@
+#pragma once
+// Internals behind strata::Communicator: the per-rank context (store, heap, job placement),
+// the per-communicator state (control blocks in shared memory, sequence, abort flag, copy
+// engine), and the shared-memory control block layout.
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <strata/strata.hpp>
+
+#include "bootstrap/job_info.hpp"
+#include "bootstrap/store.hpp"
+#include "coll/op.hpp"
+#include "common/env.hpp"
+#include "common/status.hpp"
+#include "memory/heap.hpp"
+#include "transport/shm_sync.hpp"
+
+namespace strata::detail {
+
+/// One rank's process-level state, shared by all its communicators and buffers.
+struct ContextImpl {
+  bootstrap::JobInfo job;
+  Env env;
+  std::chrono::milliseconds timeout{0};
+  std::shared_ptr<bootstrap::StoreClient> store;  // null for a single rank without a store
+  std::unique_ptr<memory::Heap> heap;
+  std::mutex mu;
+  std::vector<std::pair<void*, bool>> retired_ctrl;  // control blocks of destroyed comms
+  ~ContextImpl();
+};
+
+inline constexpr uint64_t kCtrlMagic = 0x3143544152545353ull;  // "SSTRATC1"
+inline constexpr uint32_t kP2pDepth = 8;
+
+struct P2pSlot {
+  uint32_t seq = 0;
+  int32_t tag = 0;
+  uint8_t dtype = 0;
+  uint8_t pad[7] = {};
+  uint64_t count = 0;
+  uint32_t seg = 0;
+  uint32_t flags = 0;
+  uint64_t off = 0;
+};
+
+struct alignas(64) CtrlHeader {
+  uint64_t magic = 0;
+  int32_t rank = 0;
+  int32_t size = 0;
+  int32_t pid = 0;
+  alignas(64) transport::Signal phase;
+  alignas(64) coll::OpDesc desc;
+};
+
+/// Typed view of a control block: header, then 4n size_t (v-collective arrays), then the
+/// point-to-point area (per peer: posted signal, done signal, error word, ring of slots).
+class CtrlView {
+ public:
+  CtrlView() = default;
+  CtrlView(void* base, int n) : base_(static_cast<char*>(base)), n_(n) {}
+  static size_t bytes(int n) { return p2p_offset(n) + static_cast<size_t>(n) * per_peer(); }
+  CtrlHeader* hdr() const { return reinterpret_cast<CtrlHeader*>(base_); }
+  uint64_t* vec() const { return reinterpret_cast<uint64_t*>(base_ + sizeof(CtrlHeader)); }
+  transport::Signal& send_posted(int peer) const { return *reinterpret_cast<transport::Signal*>(peer_area(peer)); }
+  transport::Signal& recv_done(int peer) const { return *reinterpret_cast<transport::Signal*>(peer_area(peer) + 64); }
+  std::atomic<uint32_t>& recv_error(int peer) const {
+    return *reinterpret_cast<std::atomic<uint32_t>*>(peer_area(peer) + 128);
+  }
+  P2pSlot& slot(int peer, uint32_t seq) const {
+    return reinterpret_cast<P2pSlot*>(peer_area(peer) + 192)[seq % kP2pDepth];
+  }
+  void* base() const { return base_; }
+
+ private:
+  static size_t align64(size_t v) { return (v + 63) & ~size_t{63}; }
+  static size_t p2p_offset(int n) { return align64(sizeof(CtrlHeader) + 4 * sizeof(uint64_t) * static_cast<size_t>(n)); }
+  static size_t per_peer() { return align64(192 + kP2pDepth * sizeof(P2pSlot)); }
+  char* peer_area(int peer) const { return base_ + p2p_offset(n_) + static_cast<size_t>(peer) * per_peer(); }
+  char* base_ = nullptr;
+  int n_ = 0;
+};
+
+/// State of an asynchronous operation.
+struct WorkState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  int rank = -1;
+  std::function<Status()> run;            // engine-executed body
+  std::function<Status(bool block)> poll;  // for sends: completes by observing the receiver
+  std::function<void()> on_destroy;        // releases staging memory
+  ~WorkState() {
+    if (on_destroy) on_destroy();
+  }
+  void finish(Status s) {
+    std::lock_guard<std::mutex> g(mu);
+    status = std::move(s);
+    done = true;
+    cv.notify_all();
+  }
+};
+
+/// A communicator's state. Members are global ranks; all of them on this host.
+struct CommImpl : std::enable_shared_from_this<CommImpl> {
+  std::shared_ptr<ContextImpl> ctx;
+  std::string id;
+  std::vector<int> members;  // comm rank -> global rank
+  int rank = 0;
+  int size = 1;
+  std::chrono::milliseconds timeout{0};
+
+  CtrlView self;
+  std::vector<CtrlView> peers;      // indexed by comm rank (self included)
+  std::vector<int> pids;            // per comm rank
+  std::vector<int> pidfds;          // per comm rank, -1 when same process or unavailable
+  void* ctrl_mem = nullptr;
+
+  uint32_t seq = 0;                 // collectives executed
+  uint32_t phase = 0;               // sync steps published
+  std::vector<uint32_t> send_seq;   // per peer
+  std::vector<uint32_t> recv_seq;   // per peer
+  int split_count = 0;
+
+  std::atomic<bool> abort_flag{false};
+  std::mutex err_mu;
+  Status sticky;  // set when the communicator is broken (timeout, peer failure, abort)
+
+  std::atomic<uint64_t> ops{0}, staged_bytes{0}, direct_bytes{0};
+
+  // Scratch heap blocks used to stage external buffers and for in-place temporaries.
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  Scratch scratch[3];
+
+  // Copy engine.
+  std::mutex exec_mu;
+  std::mutex q_mu;
+  std::condition_variable q_cv;
+  std::deque<std::shared_ptr<WorkState>> queue;
+  std::thread engine;
+  bool stopping = false;
+  bool destroyed = false;
+
+  ~CommImpl();
+
+  Status broken() {
+    std::lock_guard<std::mutex> g(err_mu);
+    return sticky;
+  }
+  void set_broken(const Status& s);
+  transport::WaitPolicy policy(Deadline d);
+  Status check_peers();
+  /// One barrier step across all members.
+  Status sync(Deadline d, const char* what);
+  Result<void*> scratch_block(int which, size_t bytes);
+  void shutdown();
+};
+
+/// Builds the world communicator of an initialised context.
+Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>& ctx);
+/// Creates a communicator over `members` (global ranks) given every member's control block.
+Result<std::shared_ptr<CommImpl>> make_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id,
+                                            std::vector<int> members, int rank, void* ctrl_mem,
+                                            const std::vector<memory::SegRef>& ctrl_refs, Deadline d);
+
+/// Runs one collective (blocking, on the calling thread). Validation already done.
+Status run_collective(CommImpl& c, coll::Op& op);
+/// Validates a collective's arguments for this rank; InvalidArgument names what is wrong.
+Status validate(const CommImpl& c, const coll::Op& op);
+
+}  // namespace strata::detail

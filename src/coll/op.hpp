@@ -1,0 +1,66 @@
+#pragma once
+// The internal description of one operation and its wire form in shared memory.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <strata/strata.hpp>
+
+namespace strata::coll {
+
+enum class OpKind : uint8_t {
+  AllReduce, Reduce, Broadcast, AllGather, AllGatherV, ReduceScatter, ReduceScatterV,
+  AllToAll, AllToAllV, Gather, Scatter, Barrier, Send, Recv, Internal
+};
+const char* to_string(OpKind k);
+inline bool reducing(OpKind k) {
+  return k == OpKind::AllReduce || k == OpKind::Reduce || k == OpKind::ReduceScatter || k == OpKind::ReduceScatterV;
+}
+inline bool rooted(OpKind k) {
+  return k == OpKind::Reduce || k == OpKind::Broadcast || k == OpKind::Gather || k == OpKind::Scatter;
+}
+/// Kinds whose `count` is meaningful (v-collectives carry arrays instead).
+inline bool has_count(OpKind k) {
+  return k != OpKind::AllGatherV && k != OpKind::ReduceScatterV && k != OpKind::AllToAllV && k != OpKind::Barrier;
+}
+
+/// One operation as issued by the caller.
+struct Op {
+  OpKind kind = OpKind::Barrier;
+  DataType dtype = DataType::UInt8;
+  ReduceOp rop = ReduceOp::Sum;
+  int root = -1;
+  int peer = -1;
+  int tag = 0;
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t count = 0;                // elements (meaning depends on kind, see Communicator)
+  std::vector<size_t> counts;      // all_gather_v / reduce_scatter_v block counts; a2av send counts
+  std::vector<size_t> sdispls;     // a2av send displacements
+  std::vector<size_t> rcounts;     // a2av recv counts
+  std::vector<size_t> rdispls;     // a2av recv displacements
+  CollOptions opts;
+};
+
+/// Published by every rank before a collective and compared by every peer.
+struct OpDesc {
+  uint32_t seq = 0;
+  uint8_t kind = 0;
+  uint8_t dtype = 0;
+  uint8_t rop = 0;
+  uint8_t algo = 0;
+  int32_t root = -1;
+  uint32_t flags = 0;  // kHasIn / kHasOut
+  uint64_t count = 0;
+  uint32_t in_seg = 0, out_seg = 0;
+  uint64_t in_off = 0, out_off = 0;
+  uint64_t in_bytes = 0, out_bytes = 0;
+  static constexpr uint32_t kHasIn = 1, kHasOut = 2;
+};
+
+/// "all_reduce(count=8, dtype=float32, op=sum)" for error messages.
+std::string describe(const OpDesc& d);
+
+}  // namespace strata::coll

@@ -1,0 +1,45 @@
+#pragma once
+// Signals between ranks on one host: 32-bit counters in shared memory that one rank
+// publishes and its peers wait on. Waiting spins briefly, yields, then sleeps on a futex so
+// that oversubscribed hosts (more ranks than cores) keep making progress.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+
+#include "common/deadline.hpp"
+#include "common/status.hpp"
+
+namespace strata::transport {
+
+/// A published counter and the count of peers sleeping on it. Lives in shared memory; both
+/// words are lock-free atomics, so they work across processes.
+struct alignas(64) Signal {
+  std::atomic<uint32_t> value{0};
+  std::atomic<uint32_t> sleepers{0};
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+/// Counters wrap; compare as serial numbers.
+inline bool reached(uint32_t value, uint32_t target) {
+  return static_cast<int32_t>(value - target) >= 0;
+}
+
+/// What a wait checks besides its condition.
+struct WaitPolicy {
+  Deadline deadline = Deadline::never();
+  const std::atomic<bool>* abort = nullptr;  // set by Communicator::abort() or revocation
+  uint32_t spin_count = 2000;                 // polls before sleeping
+  /// Called about every millisecond while sleeping; a non-OK status ends the wait
+  /// (peer liveness checks live here). May be empty.
+  std::function<Status()> check;
+};
+
+/// Stores `v` with release order and wakes sleepers, if any.
+void publish(Signal& s, uint32_t v);
+
+/// Waits until reached(s.value, target). Returns Timeout, Aborted or whatever `check`
+/// returned when the wait cannot complete. `what` names the wait in the error message.
+Status wait_reached(const Signal& s, uint32_t target, const WaitPolicy& policy, const char* what);
+
+}  // namespace strata::transport

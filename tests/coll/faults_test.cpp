@@ -1,0 +1,100 @@
+// Fork-per-rank: collectives across real processes, and peers that die (SIGKILL) or hang
+// (SIGSTOP) in the middle of a collective.
+
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "coll/harness.hpp"
+
+namespace strata::test {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::set<std::string> dev_shm() {
+  std::set<std::string> names;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) names.insert(e->d_name);
+    closedir(d);
+  }
+  return names;
+}
+
+TEST(Forked, CollectivesAcrossProcesses) {
+  auto results = run_forked(4, 10000ms, [](Communicator& c, std::string& report) {
+    auto a = c.alloc<float>(1 << 20);
+    std::fill(a.begin(), a.end(), static_cast<float>(c.rank() + 1));
+    c.all_reduce(a, ReduceOp::Sum);
+    auto g = c.alloc<int32_t>(4 * 3);
+    std::vector<int32_t> mine = {c.rank(), c.rank() * 10, c.rank() * 100};
+    c.all_gather(mine, g);
+    if (a[12345] != 10.0f || g[3 * 3 + 2] != 300) {
+      report = "wrong: " + std::to_string(a[12345]) + " " + std::to_string(g[11]);
+      return 1;
+    }
+    return c.stats().staged_bytes == 3 * sizeof(int32_t) ? 0 : 2;  // only the vector was staged
+  });
+  for (size_t r = 0; r < results.size(); ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
+}
+
+/// Ranks loop on large all_reduces; the parent signals rank 1 mid-way. The others must fail
+/// with PeerFailed or Timeout within twice the timeout and exit cleanly.
+void peer_dies_or_hangs(int sig, const std::vector<Code>& allowed) {
+  const auto timeout = 1000ms;
+  auto before = dev_shm();
+  auto results = run_forked(
+      3, timeout,
+      [&](Communicator& c, std::string& report) {
+        auto a = c.alloc<float>(1 << 20);
+        auto t_fail = Clock::now();
+        try {
+          for (int i = 0; i < 1000000; ++i) {
+            t_fail = Clock::now();
+            c.all_reduce(a, ReduceOp::Sum);
+          }
+        } catch (const Error& e) {
+          auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t_fail).count();
+          report = std::to_string(static_cast<int>(e.code())) + " " + std::to_string(ms) + " " + e.what();
+          return 0;
+        }
+        report = "finished without error";
+        return 1;
+      },
+      [&](const std::vector<int>& pids) {
+        std::this_thread::sleep_for(300ms);  // well inside the loop
+        kill(pids[1], sig);
+        if (sig == SIGSTOP) {
+          std::this_thread::sleep_for(timeout * 3);
+          kill(pids[1], SIGKILL);
+        }
+      });
+  for (int r : {0, 2}) {
+    ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
+    int code = -1;
+    long ms = -1;
+    ASSERT_EQ(sscanf(results[r].output.c_str(), "%d %ld", &code, &ms), 2) << results[r].output;
+    bool ok = false;
+    for (Code a : allowed) ok |= code == static_cast<int>(a);
+    EXPECT_TRUE(ok) << "rank " << r << ": " << results[r].output;
+    EXPECT_LT(ms, 2 * timeout.count()) << "rank " << r << " noticed late: " << results[r].output;
+    EXPECT_NE(results[r].output.find("rank 1"), std::string::npos) << results[r].output;
+  }
+  EXPECT_EQ(results[1].signal, SIGKILL);
+  EXPECT_EQ(dev_shm(), before) << "something was left in /dev/shm";
+}
+
+TEST(Faults, PeerSigkilledMidCollective) { peer_dies_or_hangs(SIGKILL, {Code::PeerFailed, Code::Timeout}); }
+
+TEST(Faults, PeerSigstoppedMidCollective) { peer_dies_or_hangs(SIGSTOP, {Code::Timeout, Code::PeerFailed}); }
+
+}  // namespace
+}  // namespace strata::test

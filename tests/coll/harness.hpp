@@ -1,0 +1,54 @@
+#pragma once
+// The two test harnesses of DESIGN §7:
+//  - Team: threads as ranks in one process, kept alive across test cases (fast, for the
+//    parameterised matrix);
+//  - run_forked: one process per rank, for faults (SIGKILL, SIGSTOP) and shared memory
+//    across processes.
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <strata/strata.hpp>
+
+namespace strata::test {
+
+/// A job id no other test in this machine uses.
+std::string unique_job_id(const char* tag);
+
+/// N threads, each holding the world communicator of one rank of a private job.
+class Team {
+ public:
+  /// A team of `n` ranks, created on first use and kept for the life of the test binary.
+  static Team& get(int n);
+  explicit Team(int n, std::chrono::milliseconds timeout = std::chrono::milliseconds(20000));
+  ~Team();
+  int size() const { return n_; }
+  /// Runs fn on every rank at once; returns the failures ("rank r: message"), empty when all
+  /// ranks returned normally.
+  std::vector<std::string> run(const std::function<void(Communicator&)>& fn);
+
+  struct Impl;
+
+ private:
+  int n_;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Result of one forked rank.
+struct ChildResult {
+  int exit_code = -1;   // -1 when killed by a signal
+  int signal = 0;
+  std::string output;   // what the child wrote to its report pipe
+};
+
+/// Forks a store process and `n` rank processes; rank r runs body(comm, report) where report
+/// is a string the child fills and the parent gets back. The child exits with body's return
+/// value (or 100 + Code on an uncaught strata::Error). `control(pids)` runs in the parent
+/// while the ranks run (to kill or stop one of them). Waits for every rank.
+std::vector<ChildResult> run_forked(int n, std::chrono::milliseconds timeout,
+                                    const std::function<int(Communicator&, std::string& report)>& body,
+                                    const std::function<void(const std::vector<int>& pids)>& control = {});
+
+}  // namespace strata::test

@@ -1,0 +1,325 @@
+// Semantics users rely on beyond the data: zero-copy on heap buffers, mismatch detection,
+// invalid arguments, async work, split, point to point, symmetric allocation, abort.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "coll/harness.hpp"
+
+namespace strata::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+void expect_no_failures(const std::vector<std::string>& f) {
+  for (auto& s : f) ADD_FAILURE() << s;
+}
+
+/// Runs fn on every rank of a fresh team whose communicators time out after `timeout`.
+std::vector<std::string> on_fresh_team(int n, std::chrono::milliseconds timeout,
+                                       const std::function<void(Communicator&)>& fn) {
+  Team team(n, timeout);
+  return team.run(fn);
+}
+
+TEST(ZeroCopy, HeapBuffersAreNeverStaged) {
+  expect_no_failures(Team::get(4).run([](Communicator& c) {
+    const size_t n = 1 << 18;
+    auto a = c.alloc<float>(n);
+    auto b = c.alloc<float>(n * c.size());
+    std::fill(a.begin(), a.end(), 1.0f);
+    Stats before = c.stats();
+    CollOptions two_shot;
+    two_shot.algorithm = Algorithm::TwoShot;
+    c.all_reduce(a, ReduceOp::Sum, two_shot);                      // in place, two-shot
+    c.all_reduce(a.data(), b.data(), n, DataType::Float32, ReduceOp::Sum);  // out of place
+    c.all_gather(a, b);
+    c.reduce_scatter(b, a, ReduceOp::Max);
+    c.broadcast(a, 0);
+    c.all_to_all(b.view(0, n), b.view(n, n * (c.size() - 1)).first(n));
+    Stats after = c.stats();
+    if (after.staged_bytes != before.staged_bytes)
+      throw std::runtime_error("staged " + std::to_string(after.staged_bytes - before.staged_bytes) +
+                               " bytes on heap buffers");
+    if (after.direct_bytes <= before.direct_bytes) throw std::runtime_error("no direct bytes counted");
+    if (a[0] != static_cast<float>(c.size())) throw std::runtime_error("wrong all_reduce value");
+  }));
+}
+
+TEST(ZeroCopy, ExternalBuffersAreStagedAndCorrect) {
+  expect_no_failures(Team::get(2).run([](Communicator& c) {
+    std::vector<double> v(1000, c.rank() + 1.0), out(1000);
+    Stats before = c.stats();
+    c.all_reduce(v, out, ReduceOp::Sum);
+    if (out[999] != 3.0) throw std::runtime_error("wrong value " + std::to_string(out[999]));
+    if (c.stats().staged_bytes - before.staged_bytes != 2 * 1000 * sizeof(double))
+      throw std::runtime_error("expected staging of in + out");
+  }));
+}
+
+TEST(Mismatch, CountDiffersNamesBothRanksAndDescriptors) {
+  std::mutex mu;
+  std::vector<std::string> messages;
+  auto failures = on_fresh_team(3, 5000ms, [&](Communicator& c) {
+    auto buf = c.alloc<float>(16);
+    size_t count = c.rank() == 1 ? 8 : 16;
+    try {
+      c.all_reduce(buf.data(), buf.data(), count, DataType::Float32, ReduceOp::Sum);
+      throw std::runtime_error("no error");
+    } catch (const Error& e) {
+      if (e.code() != Code::InvalidArgument) throw;
+      std::lock_guard<std::mutex> g(mu);
+      messages.push_back(e.what());
+    }
+    // The communicator stays usable after a detected mismatch.
+    c.all_reduce(buf, ReduceOp::Sum);
+  });
+  expect_no_failures(failures);
+  ASSERT_EQ(messages.size(), 3u);
+  for (auto& m : messages) {
+    EXPECT_NE(m.find("count=8"), std::string::npos) << m;
+    EXPECT_NE(m.find("count=16"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+  }
+}
+
+TEST(Mismatch, DtypeAndRootAndKind) {
+  for (int variant = 0; variant < 3; ++variant) {
+    std::atomic<int> errors{0};
+    auto t0 = std::chrono::steady_clock::now();
+    auto failures = on_fresh_team(2, 3000ms, [&](Communicator& c) {
+      auto buf = c.alloc<int32_t>(64);
+      try {
+        if (variant == 0)
+          c.all_reduce(buf.data(), buf.data(), 16, c.rank() ? DataType::Int32 : DataType::Float32, ReduceOp::Sum);
+        else if (variant == 1)
+          c.broadcast(buf.data(), buf.data(), 16, DataType::Int32, c.rank());
+        else if (c.rank() == 0)
+          c.all_gather(buf.data(), buf.data() + 32, 16, DataType::Int32);
+        else
+          c.all_reduce(buf.data(), buf.data(), 16, DataType::Int32, ReduceOp::Sum);
+      } catch (const Error& e) {
+        std::string m = e.what();
+        bool names = m.find("rank 0") != std::string::npos && m.find("rank 1") != std::string::npos;
+        if (e.code() == Code::InvalidArgument && names) ++errors;
+        else throw;
+      }
+    });
+    expect_no_failures(failures);
+    EXPECT_EQ(errors.load(), 2) << "variant " << variant;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 3000ms) << "detected by descriptor, not by timeout";
+  }
+}
+
+TEST(InvalidArgument, BadCallsAreRejectedWithAMessage) {
+  expect_no_failures(Team::get(2).run([](Communicator& c) {
+    auto buf = c.alloc<float>(8);
+    auto expect_invalid = [&](const char* what, const std::function<void()>& f, const char* needle) {
+      try {
+        f();
+      } catch (const Error& e) {
+        if (e.code() != Code::InvalidArgument)
+          throw std::runtime_error(std::string(what) + ": wrong code " + to_string(e.code()));
+        if (std::string(e.what()).find(needle) == std::string::npos)
+          throw std::runtime_error(std::string(what) + ": message lacks '" + needle + "': " + e.what());
+        return;
+      }
+      throw std::runtime_error(std::string(what) + ": no error");
+    };
+    expect_invalid("null", [&] { c.all_reduce(nullptr, buf.data(), 8, DataType::Float32, ReduceOp::Sum); }, "null");
+    expect_invalid("overflow",
+                   [&] { c.all_reduce(buf.data(), buf.data(), SIZE_MAX / 2, DataType::Float32, ReduceOp::Sum); },
+                   "overflow");
+    expect_invalid("root", [&] { c.broadcast(buf, 5); }, "root 5");
+    expect_invalid("peer", [&] { c.send(buf, -1); }, "peer -1");
+    expect_invalid("avg on ints", [&] {
+      std::vector<int32_t> v(4);
+      c.all_reduce(v, ReduceOp::Avg);
+    }, "avg");
+    expect_invalid("too small", [&] {
+      std::vector<float> out(3);
+      c.all_gather(buf, out);
+    }, "needs 16");
+    expect_invalid("view", [&] { buf.view(4, 8); }, "outside");
+    expect_invalid("overlap", [&] { c.all_reduce(buf.data(), buf.data() + 1, 4, DataType::Float32, ReduceOp::Sum); },
+                   "overlap");
+    expect_invalid("past heap segment", [&] {
+      c.all_reduce(buf.data(), buf.data(), size_t{1} << 40, DataType::Float32, ReduceOp::Sum);
+    }, "past the end");
+  }));
+}
+
+TEST(InvalidArgument, BufferOfAnotherCommunicator) {
+  // Threads as ranks share an address space, so rank 1 can be handed rank 0's heap memory.
+  std::atomic<float*> rank0_buf{nullptr};
+  std::atomic<int> ok{0};
+  Team team(2, 5000ms);
+  expect_no_failures(team.run([&](Communicator& c) {
+    auto buf = c.alloc<float>(8);
+    if (c.rank() == 0) rank0_buf = buf.data();
+    c.barrier();
+    if (c.rank() == 1) {
+      try {
+        c.all_reduce(rank0_buf.load(), buf.data(), 8, DataType::Float32, ReduceOp::Sum);
+      } catch (const Error& e) {
+        if (e.code() == Code::InvalidArgument && std::string(e.what()).find("another communicator") != std::string::npos)
+          ++ok;
+      }
+    }
+    c.barrier();
+  }));
+  EXPECT_EQ(ok.load(), 1);
+}
+
+TEST(Async, ManyInFlightCompleteInOrder) {
+  expect_no_failures(Team::get(4).run([](Communicator& c) {
+    std::vector<Buffer<int64_t>> bufs;
+    std::vector<Work> works;
+    for (int i = 0; i < 16; ++i) {
+      bufs.push_back(c.alloc<int64_t>(1000 + i));
+      std::fill(bufs.back().begin(), bufs.back().end(), i + c.rank());
+      works.push_back(c.all_reduce_async(bufs.back(), ReduceOp::Sum));
+    }
+    // A blocking call issued after async ones runs after them.
+    auto x = c.alloc<int64_t>(4);
+    std::fill(x.begin(), x.end(), 1);
+    c.all_reduce(x, ReduceOp::Sum);
+    for (int i = 0; i < 16; ++i) {
+      works[i].wait();
+      int64_t want = 4 * i + 6;
+      if (bufs[i][999] != want) throw std::runtime_error("async result " + std::to_string(i) + " wrong");
+    }
+    if (x[0] != 4) throw std::runtime_error("blocking result wrong");
+    Work w = c.barrier_async();
+    while (!w.test()) std::this_thread::yield();
+    if (!w.wait_for(1ms) || !w.completed() || w.status() != Code::Ok) throw std::runtime_error("work state");
+  }));
+}
+
+TEST(Split, EvenOddGroupsAndKeyOrder) {
+  expect_no_failures(Team::get(8).run([](Communicator& c) {
+    Communicator sub = c.split(c.rank() % 2, -c.rank());  // reverse order inside each group
+    if (sub.size() != 4) throw std::runtime_error("sub size " + std::to_string(sub.size()));
+    int expected_rank = (7 - c.rank()) / 2;
+    if (sub.rank() != expected_rank) throw std::runtime_error("sub rank " + std::to_string(sub.rank()));
+    std::vector<int32_t> v(5, c.rank());
+    sub.all_reduce(v, ReduceOp::Sum);
+    int32_t want = c.rank() % 2 ? 1 + 3 + 5 + 7 : 0 + 2 + 4 + 6;
+    if (v[4] != want) throw std::runtime_error("sub all_reduce " + std::to_string(v[4]));
+    Communicator none = c.split(c.rank() == 3 ? -1 : 0, 0);
+    if (c.rank() == 3 && none.valid()) throw std::runtime_error("color -1 must give an invalid communicator");
+    if (c.rank() != 3 && none.size() != 7) throw std::runtime_error("size 7 expected");
+    // Parent and children interleave freely.
+    c.barrier();
+    sub.barrier();
+  }));
+}
+
+TEST(PointToPoint, RingSendRecvAndTags) {
+  expect_no_failures(Team::get(3).run([](Communicator& c) {
+    const int n = c.size(), me = c.rank();
+    auto out = c.alloc<int32_t>(1000);
+    std::vector<int32_t> in(1000);  // external receive buffer is fine
+    for (int round = 0; round < 20; ++round) {  // more than the ring depth
+      std::fill(out.begin(), out.end(), me * 100 + round);
+      Work s = c.send_async(out, (me + 1) % n, round);
+      c.recv(in, (me + n - 1) % n, round);
+      s.wait();
+      if (in[999] != ((me + n - 1) % n) * 100 + round) throw std::runtime_error("ring value wrong");
+    }
+    // External send buffer (staged) and self send.
+    std::vector<double> ext(10, me);
+    Work s = c.send_async(ext, me);
+    std::vector<double> back(10);
+    c.recv(back, me);
+    s.wait();
+    if (back[3] != me) throw std::runtime_error("self send wrong");
+  }));
+}
+
+TEST(PointToPoint, TagMismatchNamesBoth) {
+  std::atomic<int> ok{0};
+  expect_no_failures(on_fresh_team(2, 3000ms, [&](Communicator& c) {
+    std::vector<float> v(4);
+    try {
+      if (c.rank() == 0) c.send(v, 1, 7);
+      else c.recv(v, 0, 8);
+    } catch (const Error& e) {
+      if (e.code() == Code::InvalidArgument && std::string(e.what()).find("mismatch") != std::string::npos) ++ok;
+    }
+  }));
+  EXPECT_EQ(ok.load(), 2);
+}
+
+TEST(Symmetric, SameOffsetsEverywhere) {
+  expect_no_failures(Team::get(4).run([](Communicator& c) {
+    auto a = c.alloc_symmetric<float>(1000);
+    auto b = c.alloc_symmetric<double>(77);
+    std::fill(b.begin(), b.end(), c.rank());
+    c.all_reduce(b, ReduceOp::Max);
+    if (b[76] != c.size() - 1) throw std::runtime_error("symmetric buffer all_reduce wrong");
+    (void)a;
+  }));
+}
+
+TEST(Abort, FailsPendingAndLaterOperations) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::atomic<int> aborted{0};
+  expect_no_failures(on_fresh_team(2, 20000ms, [&](Communicator& c) {
+    if (c.rank() == 0) {
+      // Rank 1 never joins this barrier; abort unblocks us long before the timeout.
+      std::thread t([&] {
+        std::this_thread::sleep_for(200ms);
+        c.abort();
+      });
+      try {
+        c.barrier();
+      } catch (const Error& e) {
+        if (e.code() == Code::Aborted) ++aborted;
+      }
+      t.join();
+      try {
+        c.barrier();
+      } catch (const Error& e) {
+        if (e.code() == Code::Aborted) ++aborted;
+      }
+    }
+  }));
+  EXPECT_EQ(aborted.load(), 2);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5000ms);
+}
+
+TEST(Timeout, StalledPeerGivesTimeoutWithinTwiceTheDeadline) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::atomic<int> timeouts{0};
+  expect_no_failures(on_fresh_team(3, 500ms, [&](Communicator& c) {
+    if (c.rank() == 2) return;  // never shows up
+    try {
+      std::vector<float> v(100);
+      c.all_reduce(v, ReduceOp::Sum);
+    } catch (const Error& e) {
+      if (e.code() == Code::Timeout && std::string(e.what()).find("rank 2") != std::string::npos) ++timeouts;
+    }
+  }));
+  EXPECT_EQ(timeouts.load(), 2);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1000ms + 2000ms /* team setup */);
+}
+
+TEST(Oversubscribed, EightRanksOnTwoCoresFinishPromptly) {
+  auto t0 = std::chrono::steady_clock::now();
+  expect_no_failures(Team::get(8).run([](Communicator& c) {
+    auto v = c.alloc<float>(4096);
+    for (int i = 0; i < 200; ++i) c.all_reduce(v, ReduceOp::Sum);
+  }));
+  // 1600 rank-operations; with futex sleeps this takes well under a second on 2 cores.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+}
+
+}  // namespace
+}  // namespace strata::test
