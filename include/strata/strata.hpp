@@ -60,6 +60,7 @@ struct Stats {
   uint64_t ops = 0;           ///< operations completed
   uint64_t staged_bytes = 0;  ///< bytes copied through internal staging buffers (0 on heap buffers)
   uint64_t direct_bytes = 0;  ///< bytes moved directly between ranks' own buffers
+  uint64_t cma_bytes = 0;     ///< bytes moved with single-copy CMA from/to registered external buffers
 };
 
 /// Handle of an asynchronous operation. Copyable; all copies see the same operation.

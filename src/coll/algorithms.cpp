@@ -151,11 +151,22 @@ struct Exec {
 
   const OpDesc& desc(int r) const { return c.peers[r].hdr()->desc; }
 
+  bool cma(int r, uint32_t flag) const { return r != c.rank && (desc(r).flags & flag); }
+
+  /// Readable address of `bytes` at `offset` in rank r's input. A CMA-registered input is
+  /// read into a landing buffer first (only reductions need that; copies use copy_from).
   Result<char*> peer_in(int r, size_t offset, size_t bytes) {
     if (r == c.rank) return in + offset;
     if (!bytes) return static_cast<char*>(nullptr);
     const OpDesc& d = desc(r);
     if (!(d.flags & OpDesc::kHasIn)) return internal_error("rank " + std::to_string(r) + " published no input buffer");
+    if (d.flags & OpDesc::kInCma) {
+      auto& tmp = c.cma_tmp[r];
+      if (tmp.size() < bytes) tmp.resize(bytes);
+      STRATA_RETURN_IF_ERROR(memory::cma_read(c.pids[r], reinterpret_cast<const void*>(d.in_off + offset), tmp.data(), bytes));
+      c.cma_bytes.fetch_add(bytes, std::memory_order_relaxed);
+      return tmp.data();
+    }
     STRATA_ASSIGN_OR_RETURN(void* p, c.ctx->heap->peer_ptr(c.members[r], {d.in_seg, d.in_off + offset}, bytes, deadline));
     return static_cast<char*>(p);
   }
@@ -164,8 +175,36 @@ struct Exec {
     if (!bytes) return static_cast<char*>(nullptr);
     const OpDesc& d = desc(r);
     if (!(d.flags & OpDesc::kHasOut)) return internal_error("rank " + std::to_string(r) + " published no output buffer");
+    if (d.flags & OpDesc::kOutCma) return internal_error("peer_out on a CMA buffer of rank " + std::to_string(r));
     STRATA_ASSIGN_OR_RETURN(void* p, c.ctx->heap->peer_ptr(c.members[r], {d.out_seg, d.out_off + offset}, bytes, deadline));
     return static_cast<char*>(p);
+  }
+  /// dst <- rank r's input or output at offset: one copy, whether mapped or CMA.
+  Status copy_from(int r, bool from_out, size_t offset, void* dst, size_t bytes) {
+    if (!bytes) return Status::ok();
+    if (cma(r, from_out ? OpDesc::kOutCma : OpDesc::kInCma)) {
+      const OpDesc& d = desc(r);
+      uint64_t base = from_out ? d.out_off : d.in_off;
+      STRATA_RETURN_IF_ERROR(memory::cma_read(c.pids[r], reinterpret_cast<const void*>(base + offset), dst, bytes));
+      c.cma_bytes.fetch_add(bytes, std::memory_order_relaxed);
+      return Status::ok();
+    }
+    STRATA_ASSIGN_OR_RETURN(char* p, from_out ? peer_out(r, offset, bytes) : peer_in(r, offset, bytes));
+    copy(dst, p, bytes);
+    return Status::ok();
+  }
+  /// rank r's output at offset <- src.
+  Status copy_to_out(int r, size_t offset, const void* src, size_t bytes) {
+    if (!bytes) return Status::ok();
+    if (cma(r, OpDesc::kOutCma)) {
+      STRATA_RETURN_IF_ERROR(
+          memory::cma_write(c.pids[r], reinterpret_cast<void*>(desc(r).out_off + offset), src, bytes));
+      c.cma_bytes.fetch_add(bytes, std::memory_order_relaxed);
+      return Status::ok();
+    }
+    STRATA_ASSIGN_OR_RETURN(char* p, peer_out(r, offset, bytes));
+    copy(p, src, bytes);
+    return Status::ok();
   }
   void copy(void* dst, const void* src, size_t bytes) {
     if (!bytes || dst == src) return;
@@ -222,8 +261,7 @@ Status all_reduce(Exec& x, uint8_t algo, void* tmp) {
     int r = (me + k) % n;
     auto [rlo, rhi] = slice(count, n, r, e);
     if (rhi <= rlo) continue;
-    STRATA_ASSIGN_OR_RETURN(char* p, x.peer_out(r, rlo * e, (rhi - rlo) * e));
-    x.copy(x.out + rlo * e, p, (rhi - rlo) * e);
+    STRATA_RETURN_IF_ERROR(x.copy_from(r, true, rlo * e, x.out + rlo * e, (rhi - rlo) * e));
   }
   return x.sync("all_reduce");
 }
@@ -239,8 +277,15 @@ Status reduce(Exec& x) {
       STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, lo * e, (hi - lo) * e));
       srcs[k] = p;
     }
-    STRATA_ASSIGN_OR_RETURN(char* dst, x.peer_out(x.op.root, lo * e, (hi - lo) * e));
-    kernels::reduce(x.op.dtype, x.op.rop, dst, srcs.data(), n, hi - lo, divisor(x));
+    if (x.cma(x.op.root, OpDesc::kOutCma)) {
+      // The root's output is registered external memory: reduce here, write once.
+      std::vector<char> part((hi - lo) * e);
+      kernels::reduce(x.op.dtype, x.op.rop, part.data(), srcs.data(), n, hi - lo, divisor(x));
+      STRATA_RETURN_IF_ERROR(x.copy_to_out(x.op.root, lo * e, part.data(), part.size()));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(char* dst, x.peer_out(x.op.root, lo * e, (hi - lo) * e));
+      kernels::reduce(x.op.dtype, x.op.rop, dst, srcs.data(), n, hi - lo, divisor(x));
+    }
   }
   return x.sync("reduce");
 }
@@ -270,8 +315,7 @@ Status all_gather(Exec& x, const std::vector<size_t>& counts) {
   for (int k = 0; k < n; ++k) {
     int r = (me + k) % n;
     if (!counts[r]) continue;
-    STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, 0, counts[r] * e));
-    x.copy(x.out + displ[r] * e, p, counts[r] * e);
+    STRATA_RETURN_IF_ERROR(x.copy_from(r, false, 0, x.out + displ[r] * e, counts[r] * e));
   }
   return x.sync("all_gather");
 }
@@ -301,8 +345,7 @@ Status all_to_all(Exec& x, void* tmp) {
       dst_off = r * x.op.count;
     }
     if (!cnt) continue;
-    STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, src_off * e, cnt * e));
-    x.copy(dst + dst_off * e, p, cnt * e);
+    STRATA_RETURN_IF_ERROR(x.copy_from(r, false, src_off * e, dst + dst_off * e, cnt * e));
   }
   STRATA_RETURN_IF_ERROR(x.sync("all_to_all"));
   if (dst != x.out) {
@@ -315,8 +358,7 @@ Status all_to_all(Exec& x, void* tmp) {
 Status broadcast(Exec& x) {
   const size_t bytes = x.op.count * x.esz;
   if (bytes) {
-    STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(x.op.root, 0, bytes));
-    x.copy(x.out, p, bytes);
+    STRATA_RETURN_IF_ERROR(x.copy_from(x.op.root, false, 0, x.out, bytes));
   }
   return x.sync("broadcast");
 }
@@ -325,8 +367,7 @@ Status gather(Exec& x) {
   const size_t bytes = x.op.count * x.esz;
   if (bytes) {
     // Push: every rank writes its block straight into the root's output.
-    STRATA_ASSIGN_OR_RETURN(char* dst, x.peer_out(x.op.root, x.c.rank * bytes, bytes));
-    x.copy(dst, x.in, bytes);
+    STRATA_RETURN_IF_ERROR(x.copy_to_out(x.op.root, x.c.rank * bytes, x.in, bytes));
   }
   return x.sync("gather");
 }
@@ -334,8 +375,7 @@ Status gather(Exec& x) {
 Status scatter(Exec& x) {
   const size_t bytes = x.op.count * x.esz;
   if (bytes) {
-    STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(x.op.root, x.c.rank * bytes, bytes));
-    x.copy(x.out, p, bytes);
+    STRATA_RETURN_IF_ERROR(x.copy_from(x.op.root, false, x.c.rank * bytes, x.out, bytes));
   }
   return x.sync("scatter");
 }
@@ -486,6 +526,13 @@ Status run_collective(CommImpl& c, Op& op) {
   } back;
   bool in_ext = ext.in && !heap.locate(in, ext.in);
   bool out_ext = ext.out && !heap.locate(out, ext.out);
+  // Registered external buffers are read and written in place by peers with CMA (single
+  // copy) when every member can; otherwise they are staged like unregistered ones.
+  bool in_cma = in_ext && c.cma_all && c.ctx->is_registered(in, ext.in);
+  bool out_cma = out_ext && c.cma_all && c.ctx->is_registered(out, ext.out);
+  if (overlap(in, ext.in, out, ext.out) && (in_ext || out_ext) && !(in_cma && out_cma)) in_cma = out_cma = false;
+  if (in_cma) in_ext = false;
+  if (out_cma) out_ext = false;
   if (overlap(in, ext.in, out, ext.out) && (in_ext || out_ext)) {
     auto lo = std::min(in, out);
     auto hi = std::max(in + ext.in, out + ext.out);
@@ -539,18 +586,28 @@ Status run_collective(CommImpl& c, Op& op) {
   d.root = op.root;
   d.count = has_count(op.kind) ? op.count : 0;
   if (ext.in) {
-    auto ref = heap.locate(in, ext.in);
     d.flags |= OpDesc::kHasIn;
-    d.in_seg = ref->seg;
-    d.in_off = ref->offset;
     d.in_bytes = ext.in;
+    if (in_cma) {
+      d.flags |= OpDesc::kInCma;
+      d.in_off = reinterpret_cast<uint64_t>(in);
+    } else {
+      auto ref = heap.locate(in, ext.in);
+      d.in_seg = ref->seg;
+      d.in_off = ref->offset;
+    }
   }
   if (ext.out) {
-    auto ref = heap.locate(out, ext.out);
     d.flags |= OpDesc::kHasOut;
-    d.out_seg = ref->seg;
-    d.out_off = ref->offset;
     d.out_bytes = ext.out;
+    if (out_cma) {
+      d.flags |= OpDesc::kOutCma;
+      d.out_off = reinterpret_cast<uint64_t>(out);
+    } else {
+      auto ref = heap.locate(out, ext.out);
+      d.out_seg = ref->seg;
+      d.out_off = ref->offset;
+    }
   }
   uint64_t* vec = c.self.vec();
   if (op.kind == OpKind::AllGatherV || op.kind == OpKind::ReduceScatterV || op.kind == OpKind::AllToAllV) {

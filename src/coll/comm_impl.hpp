@@ -34,6 +34,10 @@ struct ContextImpl {
   std::unique_ptr<memory::Heap> heap;
   std::mutex mu;
   std::vector<std::pair<void*, bool>> retired_ctrl;  // control blocks of destroyed comms
+  // External buffers registered for single-copy (CMA) access: base -> bytes.
+  std::vector<std::pair<uintptr_t, size_t>> registered;
+  /// True when [p, p + bytes) lies inside one registered external buffer.
+  bool is_registered(const void* p, size_t bytes);
   ~ContextImpl();
 };
 
@@ -56,6 +60,8 @@ struct alignas(64) CtrlHeader {
   int32_t rank = 0;
   int32_t size = 0;
   int32_t pid = 0;
+  uint64_t self_addr = 0;   // the block's address in its owner's address space (CMA probe)
+  uint32_t cma_ok = 0;      // owner could read every peer with process_vm_readv
   alignas(64) transport::Signal phase;
   alignas(64) coll::OpDesc desc;
 };
@@ -134,7 +140,9 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   std::mutex err_mu;
   Status sticky;  // set when the communicator is broken (timeout, peer failure, abort)
 
-  std::atomic<uint64_t> ops{0}, staged_bytes{0}, direct_bytes{0};
+  std::atomic<uint64_t> ops{0}, staged_bytes{0}, direct_bytes{0}, cma_bytes{0};
+  bool cma_all = false;              // every member can CMA-read every other member
+  std::vector<std::vector<char>> cma_tmp;  // per peer: landing space for CMA reads that feed a reduction
 
   // Scratch heap blocks used to stage external buffers and for in-place temporaries.
   struct Scratch {

@@ -299,6 +299,7 @@ bool Work::completed() const {
 
 Registration& Registration::operator=(Registration&& o) noexcept {
   if (this != &o) {
+    Registration old(std::move(*this));  // unregisters what we held
     comm_ = std::move(o.comm_);
     ptr_ = std::exchange(o.ptr_, nullptr);
     bytes_ = o.bytes_;
@@ -306,7 +307,16 @@ Registration& Registration::operator=(Registration&& o) noexcept {
   return *this;
 }
 
-Registration::~Registration() = default;
+Registration::~Registration() {
+  if (!comm_ || !ptr_) return;
+  auto& ctx = *comm_->ctx;
+  std::lock_guard<std::mutex> g(ctx.mu);
+  for (auto it = ctx.registered.begin(); it != ctx.registered.end(); ++it)
+    if (it->first == reinterpret_cast<uintptr_t>(ptr_) && it->second == bytes_) {
+      ctx.registered.erase(it);
+      break;
+    }
+}
 
 // ---- Communicator ----------------------------------------------------------------------------
 
@@ -329,7 +339,7 @@ int Communicator::global_rank(int r) const {
 std::chrono::milliseconds Communicator::timeout() const { return need_impl(impl_).timeout; }
 Stats Communicator::stats() const {
   auto& c = need_impl(impl_);
-  return {c.ops.load(), c.staged_bytes.load(), c.direct_bytes.load()};
+  return {c.ops.load(), c.staged_bytes.load(), c.direct_bytes.load(), c.cma_bytes.load()};
 }
 std::shared_ptr<detail::ContextImpl> Communicator::context() const { return need_impl(impl_).ctx; }
 
@@ -352,6 +362,10 @@ Registration Communicator::register_buffer(void* ptr, size_t bytes) {
   if (!ptr && bytes) throw Error(Code::InvalidArgument, "register_buffer: ptr is null", c.rank);
   if (c.ctx->heap->locate(ptr, bytes ? bytes : 1))
     throw Error(Code::InvalidArgument, "register_buffer: memory is already in the registered heap", c.rank);
+  {
+    std::lock_guard<std::mutex> g(c.ctx->mu);
+    c.ctx->registered.emplace_back(reinterpret_cast<uintptr_t>(ptr), bytes);
+  }
   return Registration(impl_, ptr, bytes);
 }
 

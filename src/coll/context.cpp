@@ -14,6 +14,14 @@ namespace strata::detail {
 
 ContextImpl::~ContextImpl() = default;
 
+bool ContextImpl::is_registered(const void* p, size_t bytes) {
+  auto a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> g(mu);
+  for (auto [base, len] : registered)
+    if (a >= base && a + bytes <= base + len) return true;
+  return false;
+}
+
 namespace {
 
 int open_pidfd(int pid) {
@@ -149,6 +157,20 @@ Result<std::shared_ptr<CommImpl>> make_comm(const std::shared_ptr<ContextImpl>& 
   }
   // Everyone has mapped everyone before any operation publishes into the blocks.
   STRATA_RETURN_IF_ERROR(c->sync(d, "communicator setup"));
+  // CMA probe: can we read each peer's control block through process_vm_readv? The verdict
+  // must be the same on every rank (a rank decides alone whether to publish a registered
+  // buffer for CMA), so each publishes its result and all take the AND.
+  bool ok = ctx->env.cma;
+  for (int r = 0; r < c->size && ok; ++r) {
+    if (r == rank) continue;
+    CtrlHeader* h = c->peers[r].hdr();
+    ok = memory::cma_probe(h->pid, reinterpret_cast<const void*>(h->self_addr), sizeof(CtrlHeader));
+  }
+  c->self.hdr()->cma_ok = ok ? 1 : 0;
+  STRATA_RETURN_IF_ERROR(c->sync(d, "communicator setup"));
+  c->cma_all = true;
+  for (int r = 0; r < c->size; ++r) c->cma_all = c->cma_all && c->peers[r].hdr()->cma_ok;
+  c->cma_tmp.resize(c->size);
   return c;
 }
 
@@ -161,6 +183,7 @@ Result<void*> new_ctrl_block(ContextImpl& ctx, int rank, int n) {
   h->rank = rank;
   h->size = n;
   h->pid = static_cast<int>(getpid());
+  h->self_addr = reinterpret_cast<uint64_t>(mem);
   h->magic = kCtrlMagic;
   return mem;
 }

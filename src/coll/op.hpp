@@ -58,6 +58,9 @@ struct OpDesc {
   uint64_t in_off = 0, out_off = 0;
   uint64_t in_bytes = 0, out_bytes = 0;
   static constexpr uint32_t kHasIn = 1, kHasOut = 2;
+  // The buffer is registered external memory: *_off holds its address in the owner's
+  // process, read and written with process_vm_readv/writev.
+  static constexpr uint32_t kInCma = 4, kOutCma = 8;
 };
 
 /// "all_reduce(count=8, dtype=float32, op=sum)" for error messages.

@@ -46,6 +46,25 @@ TEST(Forked, CollectivesAcrossProcesses) {
   for (size_t r = 0; r < results.size(); ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
 }
 
+TEST(Forked, RegisteredExternalBuffersMoveByCmaWithoutStaging) {
+  auto results = run_forked(3, 10000ms, [](Communicator& c, std::string& report) {
+    const size_t n = 100000;
+    std::vector<float> in(n, static_cast<float>(c.rank() + 1)), out(n * c.size());
+    Registration r1 = c.register_buffer(in.data(), in.size() * sizeof(float));
+    Registration r2 = c.register_buffer(out.data(), out.size() * sizeof(float));
+    c.all_gather(in, out);
+    c.all_reduce(in, ReduceOp::Sum);
+    Stats s = c.stats();
+    if (in[n - 1] != 6.0f || out[2 * n + 7] != 3.0f) {
+      report = "wrong values";
+      return 1;
+    }
+    report = "staged=" + std::to_string(s.staged_bytes) + " cma=" + std::to_string(s.cma_bytes);
+    return s.staged_bytes == 0 && s.cma_bytes > 0 ? 0 : 2;
+  });
+  for (size_t r = 0; r < results.size(); ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
+}
+
 /// Ranks loop on large all_reduces; the parent signals rank 1 mid-way. The others must fail
 /// with PeerFailed or Timeout within twice the timeout and exit cleanly.
 void peer_dies_or_hangs(int sig, const std::vector<Code>& allowed) {

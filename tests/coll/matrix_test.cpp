@@ -145,17 +145,23 @@ double tolerance(DataType t, double ref, int n) {
 
 // ---- buffers ---------------------------------------------------------------------------
 
-/// A buffer from the heap or from ordinary memory, of `bytes` bytes.
+/// Where a test buffer lives: the registered heap, ordinary memory (staged), or ordinary
+/// memory registered with register_buffer (single-copy CMA).
+enum class Where { Heap, External, Registered };
+const char* where_name(Where w) { return w == Where::Heap ? "heap" : w == Where::External ? "external" : "registered"; }
+
 struct Mem {
   Communicator* comm = nullptr;
   void* p = nullptr;
   std::vector<unsigned char> ext;
-  Mem(Communicator& c, size_t bytes, bool heap) : comm(&c) {
-    if (heap) {
+  Registration reg;
+  Mem(Communicator& c, size_t bytes, Where where) : comm(&c) {
+    if (where == Where::Heap) {
       p = c.alloc_bytes(bytes ? bytes : 1);
     } else {
       ext.resize(bytes + 64);
       p = ext.data();
+      if (where == Where::Registered) reg = c.register_buffer(p, bytes + 64);
     }
   }
   ~Mem() {
@@ -170,11 +176,11 @@ struct Case {
   ReduceOp op;
   size_t count;
   bool inplace;
-  bool heap;
+  Where heap;
   std::string str() const {
     std::ostringstream os;
     os << kind_name(kind) << " dtype=" << to_string(dt) << " op=" << to_string(op) << " count=" << count
-       << (inplace ? " in-place" : " out-of-place") << (heap ? " heap" : " external");
+       << (inplace ? " in-place" : " out-of-place") << " " << where_name(heap);
     return os.str();
   }
 };
@@ -339,7 +345,8 @@ TEST_P(CollMatrix, MatchesIndependentReference) {
     if (op == ReduceOp::Avg && !is_floating(dt)) continue;
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1031}})
       for (bool inplace : {false, true})
-        for (bool heap : {true, false}) run_on_team(world, {kind, dt, op, count, inplace, heap});
+        for (Where w : {Where::Heap, Where::External, Where::Registered})
+          run_on_team(world, {kind, dt, op, count, inplace, w});
   }
 }
 
@@ -365,9 +372,11 @@ TEST_P(CollLarge, OddCountNearOneMillion) {
   auto [kind, world] = GetParam();
   const size_t count = quick() ? 100003 : 1000003;
   for (bool inplace : {false, true})
-    for (bool heap : {true, false}) run_on_team(world, {kind, DataType::Float32, ReduceOp::Sum, count, inplace, heap});
-  run_on_team(world, {kind, DataType::BFloat16, ReduceOp::Sum, count, false, true});
-  run_on_team(world, {kind, DataType::Int32, is_reducing(kind) ? ReduceOp::Max : ReduceOp::Sum, count, true, false});
+    for (Where w : {Where::Heap, Where::External})
+      run_on_team(world, {kind, DataType::Float32, ReduceOp::Sum, count, inplace, w});
+  run_on_team(world, {kind, DataType::BFloat16, ReduceOp::Sum, count, false, Where::Heap});
+  run_on_team(world, {kind, DataType::Int32, is_reducing(kind) ? ReduceOp::Max : ReduceOp::Sum, count, true,
+                      Where::Registered});
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CollLarge,
@@ -381,10 +390,10 @@ INSTANTIATE_TEST_SUITE_P(All, CollLarge,
 TEST(CollHuge, SixteenMillionElements) {
   // Sanitizer runs (STRATA_TEST_QUICK) keep the shape but not the size.
   const size_t count = quick() ? size_t{1} << 20 : size_t{16} << 20;
-  run_on_team(2, {Kind::AllReduce, DataType::Float32, ReduceOp::Sum, count, true, true});
-  run_on_team(4, {Kind::AllReduce, DataType::BFloat16, ReduceOp::Sum, count, false, true});
-  run_on_team(2, {Kind::AllGather, DataType::Float32, ReduceOp::Sum, count / 2, false, true});
-  run_on_team(2, {Kind::ReduceScatter, DataType::Float32, ReduceOp::Sum, count / 2, false, false});
+  run_on_team(2, {Kind::AllReduce, DataType::Float32, ReduceOp::Sum, count, true, Where::Heap});
+  run_on_team(4, {Kind::AllReduce, DataType::BFloat16, ReduceOp::Sum, count, false, Where::Heap});
+  run_on_team(2, {Kind::AllGather, DataType::Float32, ReduceOp::Sum, count / 2, false, Where::Heap});
+  run_on_team(2, {Kind::ReduceScatter, DataType::Float32, ReduceOp::Sum, count / 2, false, Where::External});
 }
 
 }  // namespace
