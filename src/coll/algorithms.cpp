@@ -231,10 +231,10 @@ Status all_reduce(Exec& x, uint8_t algo, void* tmp) {
   const size_t count = x.op.count, e = x.esz;
   std::vector<const void*> srcs(n);
   if (algo == kOneShot) {
-    for (int k = 0; k < n; ++k) {
-      int r = (me + k) % n;
+    // Every rank reduces in rank order, so all ranks get bit-identical floating results.
+    for (int r = 0; r < n; ++r) {
       STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, 0, count * e));
-      srcs[k] = p;
+      srcs[r] = p;
     }
     // In place, peers still read our buffer: reduce into a temporary, write after they finish.
     char* dst = x.in == x.out ? static_cast<char*>(tmp) : x.out;

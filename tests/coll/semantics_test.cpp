@@ -311,6 +311,32 @@ TEST(Timeout, StalledPeerGivesTimeoutWithinTwiceTheDeadline) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1000ms + 2000ms /* team setup */);
 }
 
+TEST(Determinism, AllRanksAndRunsGetIdenticalBits) {
+  for (Algorithm algo : {Algorithm::OneShot, Algorithm::TwoShot}) {
+    expect_no_failures(Team::get(3).run([&](Communicator& c) {
+      const size_t n = 4099;
+      auto in = c.alloc<float>(n);
+      auto out = c.alloc<float>(n);
+      auto all = c.alloc<float>(n * c.size());
+      uint32_t state = 12345u + static_cast<uint32_t>(c.rank());
+      for (auto& v : in) {
+        state = state * 1664525u + 1013904223u;
+        v = static_cast<float>(state >> 8) * 1e-5f;  // not exactly summable in float32
+      }
+      CollOptions o;
+      o.algorithm = algo;
+      c.all_reduce(in.data(), out.data(), n, DataType::Float32, ReduceOp::Sum, o);
+      std::vector<float> first(out.begin(), out.end());
+      c.all_reduce(in.data(), out.data(), n, DataType::Float32, ReduceOp::Sum, o);
+      if (std::memcmp(first.data(), out.data(), n * sizeof(float)) != 0) throw std::runtime_error("run to run differs");
+      c.all_gather(out, all);
+      for (int r = 0; r < c.size(); ++r)
+        if (std::memcmp(all.data() + r * n, out.data(), n * sizeof(float)) != 0)
+          throw std::runtime_error("rank " + std::to_string(r) + " got different bits");
+    }));
+  }
+}
+
 TEST(Oversubscribed, EightRanksOnTwoCoresFinishPromptly) {
   auto t0 = std::chrono::steady_clock::now();
   expect_no_failures(Team::get(8).run([](Communicator& c) {
