@@ -1,1 +1,530 @@
-// placeholder, being written
+// `strata run`: starts a store in-process and N ranks, relays their output line by line
+// with a "[rank] " prefix, and stops the whole job when one rank fails or the launcher is
+// signalled.
+//
+// One thread, one poll() loop over: a signalfd (SIGCHLD and the forwarded signals, blocked
+// before the store thread starts so that only the signalfd sees them), and two pipes per
+// rank. Each rank runs in its own process group, so a signal reaches everything the rank
+// started (a shell's children included), and a Ctrl-C at the terminal reaches only the
+// launcher, which decides what the ranks get.
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "bootstrap/store.hpp"
+#include "cli/commands.hpp"
+
+extern char** environ;
+
+namespace strata::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr const char* kWho = "strata run";
+// Time between SIGTERM and SIGKILL when the launcher stops the ranks on its own.
+constexpr auto kGrace = 2s;
+// How long output is still relayed after the last rank exited, for descendants that hold
+// the pipes open; they must not keep the launcher alive.
+constexpr auto kDrain = 1s;
+// A line longer than this is relayed in pieces, each with its own prefix.
+constexpr size_t kMaxLine = 64 * 1024;
+constexpr int kTimeoutExit = 124;   // as timeout(1)
+constexpr int kNotFoundExit = 127;  // as a shell
+
+const char kUsage[] =
+    "usage: strata run -n N [options] [--] PROGRAM [ARGS...]\n"
+    "\n"
+    "Starts a rendezvous store on 127.0.0.1 and N copies of PROGRAM with STRATA_RANK,\n"
+    "STRATA_WORLD_SIZE, STRATA_LOCAL_RANK, STRATA_LOCAL_SIZE, STRATA_STORE, STRATA_JOB_TOKEN\n"
+    "and STRATA_JOB_ID set. Every line a rank prints is prefixed with \"[RANK] \".\n"
+    "\n"
+    "options:\n"
+    "  -n, --np N       number of ranks (at least 1)\n"
+    "  --timeout T      stop the job after T (90s, 5m, 1500ms; plain numbers are seconds)\n"
+    "                   and exit with 124\n"
+    "  --port P         port of the store (default: any free port)\n"
+    "  -h, --help       show this help\n"
+    "\n"
+    "When a rank fails, the others get SIGTERM, then SIGKILL after 2 s; the exit status is\n"
+    "the failed rank's code (128+N for a signal). SIGINT, SIGTERM and SIGHUP are forwarded\n"
+    "to every rank; a second one kills them.\n";
+
+struct RunOptions {
+  int nranks = 0;
+  std::optional<std::chrono::milliseconds> timeout;
+  std::string timeout_text;  // as the user wrote it, for the message
+  uint16_t port = 0;
+  std::vector<std::string> argv;
+};
+
+int usage_error(const std::string& msg) {
+  print_error(kWho, msg + " (try 'strata run --help')");
+  return kUsageError;
+}
+
+// Returns an exit status when the command line says to stop (help, errors), else nullopt.
+std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
+  int i = 1;
+  while (i < argc) {
+    std::string_view arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.empty() || arg[0] != '-') break;
+    if (arg == "-h" || arg == "--help") {
+      write_all(STDOUT_FILENO, kUsage);
+      return 0;
+    }
+    std::string value, error;
+    if (take_option(argc, argv, i, {"-n", "--np", "-np", "--nproc"}, value, error)) {
+      if (!error.empty()) return usage_error(error);
+      auto n = parse_long(value);
+      if (!n || *n < 1 || *n > 65536) return usage_error("-n must be a number of ranks >= 1, got '" + value + "'");
+      o.nranks = static_cast<int>(*n);
+    } else if (take_option(argc, argv, i, {"--timeout"}, value, error)) {
+      if (!error.empty()) return usage_error(error);
+      auto d = parse_cli_duration(value);
+      if (!d || d->count() <= 0)
+        return usage_error("--timeout must be a positive duration such as 90s, got '" + value + "'");
+      o.timeout = *d;
+      o.timeout_text = value;
+    } else if (take_option(argc, argv, i, {"--port"}, value, error)) {
+      if (!error.empty()) return usage_error(error);
+      auto p = parse_long(value);
+      if (!p || *p < 0 || *p > 65535) return usage_error("--port must be 0-65535, got '" + value + "'");
+      o.port = static_cast<uint16_t>(*p);
+    } else {
+      return usage_error("unknown option '" + std::string(arg) + "'");
+    }
+  }
+  for (; i < argc; ++i) o.argv.emplace_back(argv[i]);
+  if (o.nranks == 0) return usage_error("missing -n N (the number of ranks)");
+  if (o.argv.empty()) return usage_error("missing the program to run");
+  return std::nullopt;
+}
+
+// PATH lookup done before fork: execvp in the child could allocate, which is not safe in
+// a child forked from a process that has threads (the store).
+std::optional<std::string> find_program(const std::string& name) {
+  auto runnable = [](const std::string& p) {
+    struct stat st {};
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+  };
+  if (name.find('/') != std::string::npos) return runnable(name) ? std::optional(name) : std::nullopt;
+  std::string path = "/usr/local/bin:/usr/bin:/bin";
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "PATH=", 5) == 0) path = *e + 5;
+  size_t start = 0;
+  for (;;) {
+    size_t end = path.find(':', start);
+    std::string dir = path.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (runnable(candidate)) return candidate;
+    if (end == std::string::npos) return std::nullopt;
+    start = end + 1;
+  }
+}
+
+class Launcher {
+ public:
+  explicit Launcher(RunOptions o) : opts_(std::move(o)) {}
+  int run();
+
+ private:
+  struct Stream {
+    int fd = -1;  // read end of the rank's pipe; -1 once closed
+    int to = -1;  // where its lines go (our stdout or stderr)
+    std::string pending;
+  };
+  struct Rank {
+    int index = 0;
+    pid_t pid = -1;
+    bool running = false;
+    Stream out, err;
+  };
+
+  Status prepare();
+  Status spawn(Rank& r, const std::string& path, std::vector<char*>& argv, const std::vector<std::string>& shared_env);
+  void loop();
+  void on_signals();
+  void reap();
+  void on_exit(Rank& r, int status);
+  void relay(Rank& r, Stream& s);
+  void emit(const Rank& r, Stream& s, bool at_eof);
+  void stop(int sig, bool escalate);
+  void signal_ranks(int sig);
+  int running_count() const;
+  bool any_pipe_open() const;
+
+  RunOptions opts_;
+  std::vector<Rank> ranks_;
+  int sigfd_ = -1;
+  int devnull_ = -1;
+  std::string token_, job_id_;
+  std::unique_ptr<bootstrap::StoreServer> store_;
+  int exit_code_ = 0;
+  bool stopping_ = false;
+  std::optional<Clock::time_point> kill_at_, job_deadline_, drain_until_;
+};
+
+Status Launcher::prepare() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, s);
+  if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) return errno_status("sigprocmask", errno);
+  sigfd_ = ::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (sigfd_ < 0) return errno_status("signalfd", errno);
+  // A reader that went away (`strata run ... | head`) must not kill the launcher and
+  // orphan the ranks; writes then fail with EPIPE and are dropped.
+  ::signal(SIGPIPE, SIG_IGN);
+  devnull_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull_ < 0) return errno_status("open /dev/null", errno);
+
+  STRATA_ASSIGN_OR_RETURN(token_, random_hex(16));
+  STRATA_ASSIGN_OR_RETURN(std::string id, random_hex(6));
+  job_id_ = "run-" + id;
+  // Signals are blocked above, so the store thread inherits the mask and never takes them.
+  STRATA_ASSIGN_OR_RETURN(store_, bootstrap::StoreServer::start("127.0.0.1", opts_.port, token_));
+  return Status::ok();
+}
+
+Status Launcher::spawn(Rank& r, const std::string& path, std::vector<char*>& argv,
+                       const std::vector<std::string>& shared_env) {
+  std::vector<std::string> env_strings = shared_env;
+  env_strings.push_back("STRATA_RANK=" + std::to_string(r.index));
+  env_strings.push_back("STRATA_LOCAL_RANK=" + std::to_string(r.index));
+  std::vector<char*> envp;
+  envp.reserve(env_strings.size() + 1);
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  int out[2], err[2], exec_status[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return errno_status("pipe2", errno);
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    int e = errno;
+    ::close(out[0]), ::close(out[1]);
+    return errno_status("pipe2", e);
+  }
+  if (::pipe2(exec_status, O_CLOEXEC) != 0) {
+    int e = errno;
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    return errno_status("pipe2", e);
+  }
+  // Rank 0 keeps a non-terminal stdin (`strata run -n 2 prog < input`); a terminal would
+  // stop a background process group that reads it, so ranks never get one.
+  int in = (r.index == 0 && !::isatty(STDIN_FILENO)) ? STDIN_FILENO : devnull_;
+  pid_t parent = ::getpid();
+
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int e = errno;
+    for (int fd : {out[0], out[1], err[0], err[1], exec_status[0], exec_status[1]}) ::close(fd);
+    return errno_status("fork", e);
+  }
+  if (pid == 0) {
+    // Child: only async-signal-safe calls until execve.
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl took effect
+    if (in != STDIN_FILENO) ::dup2(in, STDIN_FILENO);
+    ::dup2(out[1], STDOUT_FILENO);
+    ::dup2(err[1], STDERR_FILENO);
+    // Ignored signals and the blocked mask survive execve; the rank must start clean.
+    ::signal(SIGPIPE, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execve(path.c_str(), argv.data(), envp.data());
+    int e = errno;
+    (void)!::write(exec_status[1], &e, sizeof e);
+    ::_exit(kNotFoundExit);
+  }
+  // Also in the parent, so the group exists before we might signal it.
+  ::setpgid(pid, pid);
+  ::close(out[1]);
+  ::close(err[1]);
+  ::close(exec_status[1]);
+  r.pid = pid;
+  r.running = true;
+  r.out = Stream{out[0], STDOUT_FILENO, {}};
+  r.err = Stream{err[0], STDERR_FILENO, {}};
+  ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+  ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+
+  // EOF means execve succeeded (the pipe is close-on-exec); an int is its errno.
+  int child_errno = 0;
+  ssize_t n;
+  do n = ::read(exec_status[0], &child_errno, sizeof child_errno);
+  while (n < 0 && errno == EINTR);
+  ::close(exec_status[0]);
+  if (n == sizeof child_errno)
+    return Status(Code::InvalidArgument, "cannot execute " + path + ": " + std::strerror(child_errno));
+  return Status::ok();
+}
+
+int Launcher::run() {
+  Status ok = prepare();
+  if (!ok.is_ok()) {
+    print_error(kWho, ok.message());
+    return 1;
+  }
+  auto path = find_program(opts_.argv[0]);
+  if (!path) {
+    bool is_path = opts_.argv[0].find('/') != std::string::npos;
+    print_error(kWho, opts_.argv[0] + (is_path ? ": no such executable file" : ": command not found in PATH"));
+    return kNotFoundExit;
+  }
+  std::vector<char*> argv;
+  for (auto& a : opts_.argv) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  // Our own variables replace any inherited ones (a launcher started from inside a job).
+  static constexpr const char* kOwned[] = {
+      "STRATA_RANK=",  "STRATA_WORLD_SIZE=", "STRATA_LOCAL_RANK=", "STRATA_LOCAL_SIZE=",
+      "STRATA_STORE=", "STRATA_JOB_TOKEN=",  "STRATA_JOB_ID="};
+  std::vector<std::string> shared_env;
+  for (char** e = environ; *e; ++e) {
+    bool owned = std::any_of(std::begin(kOwned), std::end(kOwned),
+                             [&](const char* p) { return std::strncmp(*e, p, std::strlen(p)) == 0; });
+    if (!owned) shared_env.emplace_back(*e);
+  }
+  shared_env.push_back("STRATA_WORLD_SIZE=" + std::to_string(opts_.nranks));
+  shared_env.push_back("STRATA_LOCAL_SIZE=" + std::to_string(opts_.nranks));
+  shared_env.push_back("STRATA_STORE=127.0.0.1:" + std::to_string(store_->port()));
+  shared_env.push_back("STRATA_JOB_TOKEN=" + token_);
+  shared_env.push_back("STRATA_JOB_ID=" + job_id_);
+
+  ranks_.resize(opts_.nranks);
+  for (int i = 0; i < opts_.nranks; ++i) {
+    ranks_[i].index = i;
+    Status s = spawn(ranks_[i], *path, argv, shared_env);
+    if (!s.is_ok()) {
+      print_error(kWho, "rank " + std::to_string(i) + ": " + s.message());
+      exit_code_ = s.code() == Code::InvalidArgument ? kNotFoundExit : 1;
+      stop(SIGTERM, true);
+      break;
+    }
+  }
+  if (opts_.timeout) job_deadline_ = Clock::now() + *opts_.timeout;
+  loop();
+  // Every rank is gone, but descendants that ignored the SIGTERM may not be: do not leave
+  // them behind just because the ranks exited before the grace time ran out.
+  if (kill_at_) signal_ranks(SIGKILL);
+  store_->stop();
+  return exit_code_;
+}
+
+void Launcher::loop() {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<Rank*, Stream*>> streams;
+  for (;;) {
+    auto now = Clock::now();
+    if (running_count() == 0) {
+      if (!any_pipe_open()) return;
+      if (!drain_until_) drain_until_ = now + kDrain;
+      if (now >= *drain_until_) {
+        // Descendants still hold the pipes; relay what is buffered and leave them.
+        for (auto& r : ranks_) {
+          for (Stream* s : {&r.out, &r.err}) {
+            if (s->fd < 0) continue;
+            emit(r, *s, true);
+            ::close(s->fd);
+            s->fd = -1;
+          }
+        }
+        return;
+      }
+    }
+    if (kill_at_ && now >= *kill_at_) {
+      kill_at_.reset();
+      for (const auto& r : ranks_)
+        if (r.running)
+          print_error(kWho, "rank " + std::to_string(r.index) + " (pid " + std::to_string(r.pid) +
+                                ") did not exit after SIGTERM; sending SIGKILL");
+      signal_ranks(SIGKILL);
+    }
+    if (job_deadline_ && now >= *job_deadline_) {
+      job_deadline_.reset();
+      if (!stopping_) {
+        print_error(kWho, "the job did not finish within --timeout " + opts_.timeout_text + "; stopping " +
+                              std::to_string(running_count()) + " rank(s)");
+        exit_code_ = kTimeoutExit;
+        stop(SIGTERM, true);
+      }
+    }
+
+    std::optional<Clock::time_point> wake;
+    for (const auto& t : {kill_at_, job_deadline_, drain_until_})
+      if (t && (!wake || *t < *wake)) wake = t;
+    int timeout = -1;
+    if (wake) {
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(*wake - now).count() + 1;
+      timeout = static_cast<int>(std::clamp<int64_t>(ms, 0, 60'000));
+    }
+
+    fds.clear();
+    streams.clear();
+    fds.push_back({sigfd_, POLLIN, 0});
+    for (auto& r : ranks_)
+      for (Stream* s : {&r.out, &r.err})
+        if (s->fd >= 0) {
+          fds.push_back({s->fd, POLLIN, 0});
+          streams.emplace_back(&r, s);
+        }
+    int n = ::poll(fds.data(), fds.size(), timeout);
+    if (n < 0 && errno != EINTR) {
+      print_error(kWho, std::string("poll: ") + std::strerror(errno));
+      stop(SIGKILL, false);
+      exit_code_ = exit_code_ ? exit_code_ : 1;
+      return;
+    }
+    if (n <= 0) continue;
+    // Output first, so lines a rank printed before it died come before the report of
+    // its death.
+    for (size_t i = 0; i < streams.size(); ++i)
+      if (fds[i + 1].revents) relay(*streams[i].first, *streams[i].second);
+    if (fds[0].revents & POLLIN) on_signals();
+  }
+}
+
+void Launcher::on_signals() {
+  signalfd_siginfo info;
+  while (::read(sigfd_, &info, sizeof info) == sizeof info) {
+    int sig = static_cast<int>(info.ssi_signo);
+    if (sig == SIGCHLD) continue;  // reaped below, once for any number of SIGCHLDs
+    if (!stopping_) {
+      print_error(
+          kWho, "received " + signal_name(sig) + "; forwarding it to " + std::to_string(running_count()) + " rank(s)");
+      exit_code_ = 128 + sig;
+      // A Ctrl-C may be meant to let ranks clean up at leisure; a TERM or HUP comes from
+      // something that wants the job gone, so that one is enforced after the grace time.
+      stop(sig, sig != SIGINT);
+    } else {
+      print_error(kWho, "received " + signal_name(sig) + " again; killing the ranks");
+      signal_ranks(SIGKILL);
+    }
+  }
+  reap();
+}
+
+void Launcher::reap() {
+  for (auto& r : ranks_) {
+    if (!r.running) continue;
+    int status = 0;
+    pid_t p = ::waitpid(r.pid, &status, WNOHANG);
+    if (p == r.pid) on_exit(r, status);
+  }
+}
+
+void Launcher::on_exit(Rank& r, int status) {
+  r.running = false;
+  // Relay what it wrote before dying ahead of the report.
+  relay(r, r.out);
+  relay(r, r.err);
+  bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  if (!failed || stopping_) return;  // casualties of our own stop are not news
+  std::string what;
+  if (WIFEXITED(status)) {
+    what = "exited with code " + std::to_string(WEXITSTATUS(status));
+    exit_code_ = WEXITSTATUS(status);
+  } else {
+    int sig = WTERMSIG(status);
+    what = "was killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")";
+    if (WCOREDUMP(status)) what += ", core dumped";
+    exit_code_ = 128 + sig;
+  }
+  int others = running_count();
+  std::string msg = "rank " + std::to_string(r.index) + " (pid " + std::to_string(r.pid) + ") " + what;
+  if (others > 0) msg += "; stopping the other " + std::to_string(others) + " rank(s)";
+  print_error(kWho, msg);
+  stop(SIGTERM, true);
+}
+
+void Launcher::relay(Rank& r, Stream& s) {
+  if (s.fd < 0) return;
+  char buf[64 * 1024];
+  for (int round = 0; round < 16; ++round) {
+    ssize_t n = ::read(s.fd, buf, sizeof buf);
+    if (n > 0) {
+      s.pending.append(buf, static_cast<size_t>(n));
+      emit(r, s, false);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    emit(r, s, true);  // EOF (or error): flush a last line without newline
+    ::close(s.fd);
+    s.fd = -1;
+    return;
+  }
+}
+
+void Launcher::emit(const Rank& r, Stream& s, bool at_eof) {
+  const std::string prefix = "[" + std::to_string(r.index) + "] ";
+  std::string out;
+  size_t start = 0;
+  for (;;) {
+    size_t nl = s.pending.find('\n', start);
+    size_t len;
+    if (nl != std::string::npos) {
+      len = nl - start;
+    } else if (s.pending.size() - start >= kMaxLine || (at_eof && start < s.pending.size())) {
+      len = std::min(s.pending.size() - start, kMaxLine);
+    } else {
+      break;
+    }
+    out.append(prefix).append(s.pending, start, len).push_back('\n');
+    start += len + (nl != std::string::npos ? 1 : 0);
+  }
+  s.pending.erase(0, start);
+  // One write per batch: lines of different ranks never interleave mid-line.
+  if (!out.empty()) write_all(s.to, out);
+}
+
+void Launcher::stop(int sig, bool escalate) {
+  stopping_ = true;
+  signal_ranks(sig);
+  if (escalate && !kill_at_) kill_at_ = Clock::now() + kGrace;
+}
+
+void Launcher::signal_ranks(int sig) {
+  // Exited ranks too: what they started (still in their group) must go with the job. A
+  // group id stays reserved while the group has a member; an emptied one could only be
+  // taken by a new process that makes itself a group leader within these few seconds.
+  for (const auto& r : ranks_)
+    if (r.pid > 0) ::kill(-r.pid, sig);
+}
+
+int Launcher::running_count() const {
+  return static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; }));
+}
+
+bool Launcher::any_pipe_open() const {
+  return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.out.fd >= 0 || r.err.fd >= 0; });
+}
+
+}  // namespace
+
+int run_main(int argc, char** argv) {
+  RunOptions opts;
+  if (auto done = parse_args(argc, argv, opts)) return *done;
+  Launcher launcher(std::move(opts));
+  return launcher.run();
+}
+
+}  // namespace strata::cli

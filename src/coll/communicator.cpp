@@ -643,6 +643,7 @@ Communicator init(const InitOptions& opts) {
     auto addr = value_or_throw(bootstrap::StoreAddress::parse(ctx->job.store), rank);
     auto client = bootstrap::StoreClient::connect(addr, ctx->job.token, Deadline::after(ctx->env.store_connect_timeout));
     ctx->store = std::shared_ptr<bootstrap::StoreClient>(value_or_throw(std::move(client), rank));
+    ctx->store->set_reconnect_timeout(ctx->env.store_connect_timeout);
   } else if (ctx->job.world_size > 1) {
     throw Error(Code::InvalidArgument, "init: a job of " + std::to_string(ctx->job.world_size) +
                                            " ranks needs a store (STRATA_STORE or MASTER_ADDR/MASTER_PORT)", rank);

@@ -5,6 +5,12 @@
 // over the owner's abstract Unix socket "strata.<job_key>.<rank>" (SCM_RIGHTS) and maps
 // it the first time it meets an address in that segment. Nothing touches /dev/shm or disk,
 // so nothing is left behind when a process dies.
+//
+// Pages are committed on first touch and never given back while the heap lives: freed
+// blocks are recycled, because the first touch of a page is what costs (MEASURED.md).
+// Each own segment keeps one fd open (to hand it out later); peers close theirs once mapped.
+// The socket answers only processes of the same uid (SO_PEERCRED), since an abstract name
+// has no file permissions and the fd grants read/write on the rank's memory.
 
 #include <sys/types.h>
 
@@ -20,21 +26,31 @@
 
 namespace strata::memory {
 
-/// A location inside one rank's heap: (segment id, byte offset). Segment ids are dense,
-/// start at 0 and are never reused within a heap's lifetime.
+/// A location inside one rank's heap: (segment id, byte offset). Segment ids are dense
+/// and never reused within a heap's lifetime. Id 0 is the symmetric arena on every rank
+/// (it exists once alloc_symmetric has been called); regular segments count from 1.
 struct SegRef {
   uint32_t seg = 0;
   uint64_t offset = 0;
 };
 
 struct HeapOptions {
-  size_t segment_size = size_t{1} << 30;   // virtual size of a regular segment
-  size_t max_size = size_t{64} << 30;      // limit on the sum of own segment sizes
-  size_t symmetric_size = size_t{1} << 30; // size of the symmetric arena (its own segment)
-  bool huge_pages = false;                 // MFD_HUGETLB (falls back with a warning)
-  bool prefault = false;                   // touch every page when a segment is created
+  size_t segment_size = size_t{1} << 30;    // virtual size of a regular segment
+  size_t max_size = size_t{64} << 30;       // limit on the sum of own segment sizes
+  size_t symmetric_size = size_t{1} << 30;  // size of the symmetric arena (its own segment)
+  bool huge_pages = false;                  // MFD_HUGETLB (falls back with a warning)
+  bool prefault = false;                    // touch every page when a segment is created
   static HeapOptions from_env(const Env& e);
 };
+
+/// Most segments one heap may own (regular, dedicated and symmetric together); peers'
+/// mapping tables are sized by it so that the lookup needs no lock.
+inline constexpr uint32_t kMaxSegments = 4096;
+/// Ranks a heap can address as peers (peer_ptr / peer_pid).
+inline constexpr int kMaxPeers = 65536;
+/// Largest alignment alloc() and alloc_symmetric() accept; segment bases are aligned to it,
+/// so symmetric offsets do not depend on where each rank's arena happens to be mapped.
+inline constexpr size_t kMaxAlignment = size_t{2} << 20;
 
 /// Thread-safe.
 class Heap {
@@ -49,9 +65,13 @@ class Heap {
 
   /// Local, non-collective allocation. Memory is zero on first use of a page and is never
   /// returned to the kernel while the heap lives (pages are recycled: first touch is slow).
-  /// Large requests may get a segment of their own.
+  /// Large requests (over half a segment) get a segment of their own when no free block fits.
+  /// `alignment` must be a power of two up to kMaxAlignment; below 64 it is raised to 64.
+  /// bytes == 0 gives a valid, unique 64-byte block (as malloc(0) may), to be freed as usual.
+  /// Unavailable when STRATA_HEAP_MAX_SIZE would be exceeded.
   Result<void*> alloc(size_t bytes, size_t alignment = 64);
-  /// Frees a block from alloc(). InvalidArgument for a pointer that alloc() did not return.
+  /// Frees a block from alloc(). InvalidArgument for a pointer that alloc() did not return
+  /// (or already freed); free(nullptr) is a no-op.
   Status free(void* p);
 
   /// Allocation in the symmetric arena. The arena's allocator is deterministic: the same
@@ -59,7 +79,7 @@ class Heap {
   /// which the caller (a collective) verifies.
   Result<void*> alloc_symmetric(size_t bytes, size_t alignment = 64);
   Status free_symmetric(void* p);
-  /// Segment id of the symmetric arena.
+  /// Segment id of the symmetric arena: always 0, the same on every rank.
   uint32_t symmetric_segment() const;
 
   /// Where [p, p+bytes) lies in this heap; nullopt when it is not entirely inside one
@@ -69,7 +89,8 @@ class Heap {
   /// Address of [ref.offset, ref.offset + bytes) in `peer`'s segment ref.seg, mapping the
   /// segment first if needed (fd fetched from the peer's socket, retried until deadline).
   /// Fast once mapped (no lock on the hit path). InvalidArgument if the range is outside
-  /// the segment; Unavailable/Timeout if the peer cannot be reached.
+  /// the segment; Unavailable/Timeout if the peer cannot be reached. peer == rank() resolves
+  /// in this heap's own segments, so callers may treat every rank alike.
   Result<void*> peer_ptr(int peer, SegRef ref, size_t bytes, Deadline deadline);
 
   /// Process id of a peer, learned when its first segment was fetched (0 before).
@@ -80,6 +101,11 @@ class Heap {
 
   /// Sum of own segment sizes.
   size_t reserved_bytes() const;
+
+  /// The live heap in this process whose own segments contain `p`, or nullptr. Lets error
+  /// messages say "this buffer belongs to another communicator's heap". A shared lock on a
+  /// process-wide map: fine for error paths and checks, not meant per element.
+  static const Heap* find_owner(const void* p);
 
   struct Impl;
 

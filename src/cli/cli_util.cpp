@@ -1,0 +1,100 @@
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+
+#include "cli/commands.hpp"
+#include "common/env.hpp"
+
+namespace strata::cli {
+
+bool take_option(int argc, char** argv, int& i, std::initializer_list<std::string_view> names, std::string& value,
+                 std::string& error) {
+  std::string_view arg = argv[i];
+  for (std::string_view name : names) {
+    if (arg == name) {
+      if (i + 1 >= argc) {
+        error = "option " + std::string(name) + " needs a value";
+        return true;
+      }
+      value = argv[i + 1];
+      i += 2;
+      return true;
+    }
+    if (name.starts_with("--") && arg.starts_with(name) && arg.size() > name.size() && arg[name.size()] == '=') {
+      value = std::string(arg.substr(name.size() + 1));
+      i += 1;
+      return true;
+    }
+    if (name.size() == 2 && name[0] == '-' && name[1] != '-' && arg.starts_with(name) && arg.size() > 2) {
+      value = std::string(arg.substr(2));
+      i += 1;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::optional<long> parse_long(std::string_view s) {
+  long v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+std::optional<std::chrono::milliseconds> parse_cli_duration(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("0123456789.") == std::string::npos) return env_detail::parse_duration(s + "s");
+  return env_detail::parse_duration(s);
+}
+
+Result<std::string> random_hex(size_t bytes) {
+  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno_status("open /dev/urandom", errno);
+  std::string raw(bytes, '\0');
+  size_t got = 0;
+  while (got < bytes) {
+    ssize_t n = ::read(fd, raw.data() + got, bytes - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      return errno_status("read /dev/urandom", err);
+    }
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  static const char* digits = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(2 * bytes);
+  for (unsigned char c : raw) {
+    hex.push_back(digits[c >> 4]);
+    hex.push_back(digits[c & 15]);
+  }
+  return hex;
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  if (abbrev) return std::string("SIG") + abbrev;
+  return "signal " + std::to_string(sig);
+}
+
+void write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+void print_error(std::string_view prefix, std::string_view msg) {
+  std::string line;
+  line.reserve(prefix.size() + msg.size() + 3);
+  line.append(prefix).append(": ").append(msg).push_back('\n');
+  write_all(STDERR_FILENO, line);
+}
+
+}  // namespace strata::cli

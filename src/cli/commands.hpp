@@ -1,0 +1,42 @@
+#pragma once
+// The subcommands of the `strata` tool and the small helpers they share.
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/status.hpp"
+
+namespace strata::cli {
+
+/// Exit status for a malformed command line (as in getopt-based tools).
+inline constexpr int kUsageError = 2;
+
+/// Each takes argv with argv[0] = the subcommand name and returns the exit status.
+int run_main(int argc, char** argv);
+int store_main(int argc, char** argv);
+int info_main(int argc, char** argv);
+
+/// Matches option `arg` against `names` ("-n", "--np") in the forms "--np V", "--np=V" and,
+/// for one-letter names, "-nV". On a match stores the value, advances `i` past what was
+/// consumed and returns true; a missing value sets `error`.
+bool take_option(int argc, char** argv, int& i, std::initializer_list<std::string_view> names, std::string& value,
+                 std::string& error);
+/// A whole-string decimal integer.
+std::optional<long> parse_long(std::string_view s);
+/// Durations as STRATA_TIMEOUT takes them: "90s", "500ms", "5m", plain numbers are seconds
+/// here (a command line is read by people).
+std::optional<std::chrono::milliseconds> parse_cli_duration(const std::string& s);
+/// `bytes` random bytes from /dev/urandom, hex encoded.
+Result<std::string> random_hex(size_t bytes);
+/// "SIGKILL" for 9; "signal 99" for numbers the C library does not name.
+std::string signal_name(int sig);
+/// Writes "<prefix>: <msg>\n" to stderr in one write, so lines from several processes
+/// sharing the terminal do not interleave mid-line.
+void print_error(std::string_view prefix, std::string_view msg);
+/// Writes all of `data` to `fd`, retrying short writes; gives up quietly on EPIPE and
+/// other errors (a closed terminal must not stop the job).
+void write_all(int fd, std::string_view data);
+
+}  // namespace strata::cli

@@ -1,0 +1,328 @@
+#include "memory/fd_channel.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/log.hpp"
+
+namespace strata::memory {
+
+namespace {
+
+// Connections a server keeps open at once; a local job has a few dozen peers at most, so
+// hitting this means something connects in a loop without closing.
+constexpr size_t kMaxClients = 1024;
+
+struct UniqueFd {
+  int fd = -1;
+  explicit UniqueFd(int f = -1) : fd(f) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept {
+    reset(o.release());
+    return *this;
+  }
+  ~UniqueFd() { reset(); }
+  int release() { return std::exchange(fd, -1); }
+  void reset(int f = -1) {
+    if (fd >= 0) close(fd);
+    fd = f;
+  }
+};
+
+Result<sockaddr_un> abstract_address(const std::string& name, socklen_t* len) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (name.size() + 1 > sizeof(addr.sun_path))
+    return invalid_argument("socket name " + fd_socket_display(name) + " is " + std::to_string(name.size()) +
+                            " bytes; at most " + std::to_string(sizeof(addr.sun_path) - 1) +
+                            " fit (use a shorter job key)");
+  // A leading NUL puts the name in the abstract namespace: no file, gone with the process.
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return addr;
+}
+
+// Waits for `events` on fd until the deadline; ppoll's nanosecond timeout avoids spinning
+// through the last partial millisecond.
+Status wait_fd(int fd, short events, Deadline deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    timespec ts{};
+    timespec* tsp = nullptr;
+    if (deadline.at() != Deadline::Clock::time_point::max()) {
+      auto left = deadline.at() - Deadline::Clock::now();
+      if (left.count() < 0) left = left.zero();
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+      ts.tv_sec = static_cast<time_t>(ns / 1000000000);
+      ts.tv_nsec = static_cast<long>(ns % 1000000000);
+      tsp = &ts;
+    }
+    const int n = ppoll(&p, 1, tsp, nullptr);
+    if (n > 0) return Status::ok();
+    if (n < 0 && errno != EINTR) return errno_status("poll", errno);
+    if (n == 0 && deadline.expired()) return timeout_error("deadline expired");
+  }
+}
+
+}  // namespace
+
+std::string fd_socket_name(const std::string& job_key, int rank) {
+  return "strata." + job_key + "." + std::to_string(rank);
+}
+
+std::string fd_socket_display(const std::string& name) { return "@" + name; }
+
+// ---------------------------------------------------------------------------------------
+// Server
+
+struct FdServer::Impl {
+  std::string name;
+  int rank = -1;
+  Lookup lookup;
+  int listen_fd = -1;
+  int stop_fd = -1;
+  std::thread thread;
+
+  ~Impl() {
+    if (thread.joinable()) {
+      const uint64_t one = 1;
+      (void)!write(stop_fd, &one, sizeof(one));
+      thread.join();
+    }
+    if (listen_fd >= 0) close(listen_fd);
+    if (stop_fd >= 0) close(stop_fd);
+  }
+
+  void run();
+  void accept_all(std::vector<int>& clients);
+  // False when the client is to be closed.
+  bool serve_one(int client);
+};
+
+void FdServer::Impl::run() {
+  std::vector<int> clients;
+  std::vector<pollfd> pfds;
+  for (;;) {
+    pfds.clear();
+    pfds.push_back({stop_fd, POLLIN, 0});
+    pfds.push_back({listen_fd, POLLIN, 0});
+    for (int c : clients) pfds.push_back({c, POLLIN, 0});
+    const int n = poll(pfds.data(), pfds.size(), -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      // Leaving would make every later peer access time out far from the cause.
+      STRATA_LOG(Error, "heap fd server " << fd_socket_display(name) << ": poll: " << std::strerror(errno));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    if (pfds[0].revents != 0) break;
+    std::vector<int> keep;
+    keep.reserve(clients.size());
+    for (size_t i = 0; i < clients.size(); ++i) {
+      const short ev = pfds[i + 2].revents;
+      if (ev == 0 || serve_one(clients[i])) {
+        keep.push_back(clients[i]);
+      } else {
+        close(clients[i]);
+      }
+    }
+    clients.swap(keep);
+    if (pfds[1].revents != 0) accept_all(clients);
+  }
+  for (int c : clients) close(c);
+}
+
+void FdServer::Impl::accept_all(std::vector<int>& clients) {
+  for (;;) {
+    const int c = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c < 0) {
+      if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+        STRATA_LOG(Warn, "heap fd server " << fd_socket_display(name) << ": accept: " << std::strerror(errno));
+      return;
+    }
+    // Abstract sockets have no file permissions: anyone in the network namespace can
+    // connect, and the fd grants read/write on this rank's memory.
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || (cred.uid != geteuid() && cred.uid != 0)) {
+      STRATA_LOG(Warn, "heap fd server " << fd_socket_display(name) << ": refused pid " << cred.pid << " uid "
+                                         << cred.uid << " (not this job's user)");
+      close(c);
+      continue;
+    }
+    if (clients.size() >= kMaxClients) {
+      STRATA_LOG(Warn, "heap fd server " << fd_socket_display(name) << ": " << kMaxClients
+                                         << " connections open; refusing pid " << cred.pid);
+      close(c);
+      continue;
+    }
+    clients.push_back(c);
+  }
+}
+
+bool FdServer::Impl::serve_one(int client) {
+  FdRequest req;
+  const ssize_t n = recv(client, &req, sizeof(req), MSG_DONTWAIT);
+  if (n < 0) return errno == EAGAIN || errno == EINTR;
+  if (n != static_cast<ssize_t>(sizeof(req)) || req.magic != kFdRequestMagic) return false;
+
+  const SegmentFd s = lookup(req.seg);
+  FdReply rep;
+  rep.status = s.status;
+  rep.size = s.size;
+  rep.pid = static_cast<int32_t>(getpid());
+  rep.rank = rank;
+  iovec iov{&rep, sizeof(rep)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
+  if (s.status == kFdOk) {
+    msg.msg_control = ctrl;
+    msg.msg_controllen = sizeof(ctrl);
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cm), &s.fd, sizeof(int));
+  }
+  // One small reply per request never fills the socket buffer of a client that reads its
+  // answers; one that does not read is dropped rather than allowed to block the server.
+  return sendmsg(client, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(rep));
+}
+
+FdServer::FdServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+FdServer::~FdServer() = default;
+
+Result<std::unique_ptr<FdServer>> FdServer::start(const std::string& name, int rank, Lookup lookup) {
+  socklen_t len = 0;
+  STRATA_ASSIGN_OR_RETURN(sockaddr_un addr, abstract_address(name, &len));
+  auto impl = std::make_unique<Impl>();
+  impl->name = name;
+  impl->rank = rank;
+  impl->lookup = std::move(lookup);
+  impl->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (impl->listen_fd < 0) return errno_status("socket", errno);
+  if (bind(impl->listen_fd, reinterpret_cast<const sockaddr*>(&addr), len) != 0) {
+    const int err = errno;
+    if (err == EADDRINUSE)
+      return unavailable("heap socket " + fd_socket_display(name) + " is already in use: another heap serves rank " +
+                         std::to_string(rank) + " of this job key");
+    return errno_status("bind", err).with_context("heap socket " + fd_socket_display(name) + ": ");
+  }
+  if (listen(impl->listen_fd, 128) != 0) return errno_status("listen", errno);
+  impl->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (impl->stop_fd < 0) return errno_status("eventfd", errno);
+  try {
+    impl->thread = std::thread([p = impl.get()] { p->run(); });
+  } catch (const std::system_error& e) {
+    return internal_error(std::string("heap fd server: cannot start its thread: ") + e.what());
+  }
+  return std::unique_ptr<FdServer>(new FdServer(std::move(impl)));
+}
+
+// ---------------------------------------------------------------------------------------
+// Client
+
+Result<FetchedFd> fetch_segment_fd(const std::string& name, int peer, uint32_t seg, Deadline deadline) {
+  const std::string where = "peer rank " + std::to_string(peer) + " at socket " + fd_socket_display(name);
+  socklen_t len = 0;
+  STRATA_ASSIGN_OR_RETURN(sockaddr_un addr, abstract_address(name, &len));
+
+  UniqueFd sock;
+  auto backoff = std::chrono::milliseconds(1);
+  const auto start = Deadline::Clock::now();
+  for (;;) {
+    sock = UniqueFd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (sock.fd < 0) return errno_status("socket", errno);
+    if (connect(sock.fd, reinterpret_cast<const sockaddr*>(&addr), len) == 0) break;
+    const int err = errno;
+    sock.reset();
+    // Refused: nobody listens yet (the peer is still starting) or any more (it exited).
+    // EAGAIN: its backlog is full.
+    if (err != ECONNREFUSED && err != ENOENT && err != EAGAIN && err != EINTR)
+      return Status(Code::Unavailable, "cannot connect to " + where + ": " + std::strerror(err), peer);
+    if (deadline.expired()) {
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Deadline::Clock::now() - start);
+      return Status(Code::Timeout,
+                    "cannot reach " + where + " after " + std::to_string(waited.count()) + " ms (" +
+                        std::strerror(err) + "): is the peer running and using the same job key?",
+                    peer);
+    }
+    std::this_thread::sleep_for(
+        std::min<std::chrono::milliseconds>(backoff, deadline.remaining() + std::chrono::milliseconds(1)));
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(50));
+  }
+
+  FdRequest req;
+  req.seg = seg;
+  for (;;) {
+    const ssize_t n = send(sock.fd, &req, sizeof(req), MSG_NOSIGNAL);
+    if (n == static_cast<ssize_t>(sizeof(req))) break;
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      Status w = wait_fd(sock.fd, POLLOUT, deadline);
+      if (!w.is_ok()) return Status(w.code(), "sending a request to " + where + ": " + w.message(), peer);
+      continue;
+    }
+    return Status(Code::Unavailable, "sending a request to " + where + ": " + std::strerror(errno), peer);
+  }
+
+  FdReply rep;
+  std::vector<UniqueFd> fds;
+  for (;;) {
+    Status w = wait_fd(sock.fd, POLLIN, deadline);
+    if (!w.is_ok())
+      return Status(w.code(), "waiting for segment " + std::to_string(seg) + " from " + where + ": " + w.message(),
+                    peer);
+    iovec iov{&rep, sizeof(rep)};
+    alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctrl;
+    msg.msg_controllen = sizeof(ctrl);
+    const ssize_t n = recvmsg(sock.fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n < 0) return Status(Code::Unavailable, "receiving from " + where + ": " + std::strerror(errno), peer);
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+      if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int f = -1;
+        std::memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+        fds.emplace_back(f);
+      }
+    }
+    if (n == 0)
+      return Status(Code::Unavailable, where + " closed the connection before answering (has it exited?)", peer);
+    if (n != static_cast<ssize_t>(sizeof(rep)) || rep.magic != kFdReplyMagic || (msg.msg_flags & MSG_CTRUNC))
+      return Status(Code::Internal, "malformed reply (" + std::to_string(n) + " bytes) from " + where, peer);
+    break;
+  }
+  if (rep.rank != peer) return Status(Code::Internal, where + " answered as rank " + std::to_string(rep.rank), peer);
+  if (rep.status == kFdNoSegment)
+    return Status(Code::InvalidArgument, where + " has no segment " + std::to_string(seg), peer);
+  if (rep.status == kFdNotYet)
+    return Status(Code::Unavailable,
+                  where + " has not created segment " + std::to_string(seg) + " (its symmetric arena) yet", peer);
+  if (rep.status != kFdOk || fds.size() != 1)
+    return Status(Code::Internal,
+                  "reply from " + where + " has status " + std::to_string(rep.status) + " and " +
+                      std::to_string(fds.size()) + " fds",
+                  peer);
+  return FetchedFd{fds[0].release(), static_cast<size_t>(rep.size), static_cast<pid_t>(rep.pid)};
+}
+
+}  // namespace strata::memory

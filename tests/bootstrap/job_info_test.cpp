@@ -1,0 +1,187 @@
+// Job placement from launcher variables (strata run, torchrun, Open MPI, Slurm), read
+// through Env::from_lookup so the real environment is never touched.
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "bootstrap/job_info.hpp"
+
+namespace strata::bootstrap {
+namespace {
+
+using Vars = std::map<std::string, std::string>;
+
+Env env_of(const Vars& vars) {
+  return Env::from_lookup([&](const char* k) -> std::optional<std::string> {
+    auto it = vars.find(k);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+// The message of a failed detection (fails the test when detection succeeded).
+std::string error_of(const Vars& vars, const JobOverrides& o = {}) {
+  auto r = detect_job(env_of(vars), o);
+  EXPECT_FALSE(r.is_ok()) << "expected an error";
+  if (r.is_ok()) return "";
+  EXPECT_EQ(r.status().code(), Code::InvalidArgument);
+  return r.status().message();
+}
+
+TEST(JobInfoTest, StrataVariables) {
+  auto r = detect_job(env_of({{"STRATA_RANK", "2"},
+                              {"STRATA_WORLD_SIZE", "4"},
+                              {"STRATA_LOCAL_RANK", "2"},
+                              {"STRATA_LOCAL_SIZE", "4"},
+                              {"STRATA_STORE", "127.0.0.1:4567"},
+                              {"STRATA_JOB_TOKEN", "secret"},
+                              {"STRATA_JOB_ID", "job42"},
+                              {"STRATA_HOST_ID", "hostA"}}));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->rank, 2);
+  EXPECT_EQ(r->world_size, 4);
+  EXPECT_EQ(r->store, "127.0.0.1:4567");
+  EXPECT_EQ(r->token, "secret");
+  EXPECT_EQ(r->job_id, "job42");
+  EXPECT_EQ(r->host_id, "hostA");
+}
+
+TEST(JobInfoTest, TorchrunVariables) {
+  auto r = detect_job(env_of({{"RANK", "3"},
+                              {"WORLD_SIZE", "8"},
+                              {"LOCAL_RANK", "3"},
+                              {"LOCAL_WORLD_SIZE", "4"},
+                              {"MASTER_ADDR", "node0"},
+                              {"MASTER_PORT", "29400"},
+                              {"TORCHELASTIC_RUN_ID", "elastic-7"}}));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->rank, 3);
+  EXPECT_EQ(r->world_size, 8);
+  EXPECT_EQ(r->store, "node0:29400");
+  EXPECT_EQ(r->job_id, "elastic-7");
+}
+
+TEST(JobInfoTest, OpenMpiVariablesWithAStrataStore) {
+  auto r = detect_job(env_of({{"OMPI_COMM_WORLD_RANK", "1"},
+                              {"OMPI_COMM_WORLD_SIZE", "2"},
+                              {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                              {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                              {"STRATA_STORE", "10.0.0.1:5000"},
+                              {"STRATA_JOB_TOKEN", "t"}}));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->rank, 1);
+  EXPECT_EQ(r->world_size, 2);
+  EXPECT_EQ(r->store, "10.0.0.1:5000");
+  EXPECT_FALSE(r->job_id.empty());
+}
+
+TEST(JobInfoTest, SlurmVariables) {
+  auto r = detect_job(env_of({{"SLURM_PROCID", "5"},
+                              {"SLURM_NTASKS", "6"},
+                              {"SLURM_LOCALID", "1"},
+                              {"SLURM_JOB_ID", "123456"},
+                              {"STRATA_STORE", "login1:7000"}}));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->rank, 5);
+  EXPECT_EQ(r->world_size, 6);
+  EXPECT_EQ(r->job_id, "123456");
+}
+
+TEST(JobInfoTest, NoVariablesMeansOneRankWithoutAStore) {
+  auto r = detect_job(env_of({}));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->rank, 0);
+  EXPECT_EQ(r->world_size, 1);
+  EXPECT_TRUE(r->store.empty());
+  EXPECT_FALSE(r->job_id.empty());
+  EXPECT_FALSE(r->host_id.empty());
+}
+
+TEST(JobInfoTest, WorldSizeOneWithoutAStoreIsValid) {
+  auto r = detect_job(env_of({{"STRATA_RANK", "0"}, {"STRATA_WORLD_SIZE", "1"}}));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->world_size, 1);
+  EXPECT_TRUE(r->store.empty());
+}
+
+TEST(JobInfoTest, OverridesWinOverTheEnvironment) {
+  JobOverrides o;
+  o.rank = 1;
+  o.world_size = 3;
+  o.store = "h:9";
+  o.token = "tok";
+  o.job_id = "mine";
+  o.host_id = "forced";
+  auto r = detect_job(env_of({{"STRATA_RANK", "0"}, {"STRATA_WORLD_SIZE", "2"}, {"STRATA_STORE", "x:1"}}), o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->rank, 1);
+  EXPECT_EQ(r->world_size, 3);
+  EXPECT_EQ(r->store, "h:9");
+  EXPECT_EQ(r->token, "tok");
+  EXPECT_EQ(r->job_id, "mine");
+  EXPECT_EQ(r->host_id, "forced");
+}
+
+TEST(JobInfoTest, DerivedJobIdIsTheSameOnEveryRankAndDiffersPerToken) {
+  auto rank_env = [](const char* rank, const char* token) {
+    return env_of(
+        {{"STRATA_RANK", rank}, {"STRATA_WORLD_SIZE", "2"}, {"STRATA_STORE", "h:1"}, {"STRATA_JOB_TOKEN", token}});
+  };
+  auto r0 = detect_job(rank_env("0", "aaa"));
+  auto r1 = detect_job(rank_env("1", "aaa"));
+  auto other = detect_job(rank_env("0", "bbb"));
+  ASSERT_TRUE(r0.is_ok() && r1.is_ok() && other.is_ok());
+  EXPECT_EQ(r0->job_id, r1->job_id);
+  EXPECT_NE(r0->job_id, other->job_id);
+  EXPECT_FALSE(r0->job_id.empty());
+}
+
+TEST(JobInfoTest, RankNotBelowWorldSizeNamesBothVariables) {
+  EXPECT_NE(error_of({{"STRATA_RANK", "5"}, {"STRATA_WORLD_SIZE", "4"}, {"STRATA_STORE", "h:1"}})
+                .find("STRATA_RANK=5 is not below STRATA_WORLD_SIZE=4"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}}).find("RANK=4 is not below WORLD_SIZE=4"),
+      std::string::npos);
+  EXPECT_NE(error_of({{"SLURM_PROCID", "-1"}, {"SLURM_NTASKS", "4"}, {"STRATA_STORE", "h:1"}}).find("SLURM_PROCID=-1"),
+            std::string::npos);
+  EXPECT_NE(error_of({{"STRATA_RANK", "0"}, {"STRATA_WORLD_SIZE", "0"}}).find("STRATA_WORLD_SIZE=0"),
+            std::string::npos);
+  JobOverrides o;
+  o.rank = 7;
+  EXPECT_NE(error_of({{"STRATA_RANK", "0"}, {"STRATA_WORLD_SIZE", "2"}, {"STRATA_STORE", "h:1"}}, o)
+                .find("InitOptions.rank=7 is not below STRATA_WORLD_SIZE=2"),
+            std::string::npos);
+}
+
+TEST(JobInfoTest, MissingOrMalformedVariablesAreNamed) {
+  EXPECT_NE(error_of({{"STRATA_RANK", "1"}}).find("STRATA_WORLD_SIZE is missing"), std::string::npos);
+  EXPECT_NE(error_of({{"STRATA_RANK", "one"}, {"STRATA_WORLD_SIZE", "2"}}).find("STRATA_RANK"), std::string::npos);
+  EXPECT_NE(error_of({{"STRATA_RANK", "1"}, {"STRATA_WORLD_SIZE", "4"}}).find("STRATA_STORE"), std::string::npos);
+  EXPECT_NE(
+      error_of({{"STRATA_RANK", "1"}, {"STRATA_WORLD_SIZE", "4"}, {"STRATA_STORE", "nohostport"}}).find("STRATA_STORE"),
+      std::string::npos);
+  EXPECT_NE(error_of({{"STRATA_RANK", "1"},
+                      {"STRATA_WORLD_SIZE", "4"},
+                      {"STRATA_STORE", "h:1"},
+                      {"STRATA_LOCAL_RANK", "2"},
+                      {"STRATA_LOCAL_SIZE", "2"}})
+                .find("STRATA_LOCAL_RANK=2 is not below STRATA_LOCAL_SIZE=2"),
+            std::string::npos);
+  JobOverrides o;
+  o.world_size = 3;
+  EXPECT_NE(error_of({}, o).find("STRATA_RANK is missing"), std::string::npos);
+}
+
+TEST(JobInfoTest, HostIdentityIsForcedByStrataHostIdOrBuiltFromHostnameAndBootId) {
+  EXPECT_EQ(host_identity(env_of({{"STRATA_HOST_ID", "ns1"}})), "ns1");
+  std::string id = host_identity(env_of({}));
+  EXPECT_FALSE(id.empty());
+  EXPECT_NE(id.find(':'), std::string::npos) << id;  // hostname:boot-id
+  EXPECT_EQ(id, host_identity(env_of({})));          // stable
+}
+
+}  // namespace
+}  // namespace strata::bootstrap

@@ -1,0 +1,460 @@
+// The rendezvous store over real TCP sockets on 127.0.0.1: semantics of every op, waits
+// and their timeouts, the job token, reconnect across a server restart, many clients.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/store.hpp"
+
+namespace strata::bootstrap {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kToken = "test-token-0123";
+
+long elapsed_ms(Clock::time_point since) {
+  return static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count());
+}
+
+// A port nothing listens on right now (bound, read, released).
+uint16_t free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = StoreServer::start("127.0.0.1", 0, kToken);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    server_ = std::move(s).value();
+  }
+  StoreAddress addr() const { return {"127.0.0.1", server_->port()}; }
+  std::unique_ptr<StoreClient> client(const std::string& token = kToken) {
+    auto c = StoreClient::connect(addr(), token, Deadline::after(5s));
+    EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+    return c.is_ok() ? std::move(c).value() : nullptr;
+  }
+  std::unique_ptr<StoreServer> server_;
+};
+
+TEST(StoreAddressTest, ParsesHostPortAndRejectsMalformed) {
+  auto a = StoreAddress::parse("node7:29500");
+  ASSERT_TRUE(a.is_ok());
+  EXPECT_EQ(a->host, "node7");
+  EXPECT_EQ(a->port, 29500);
+  EXPECT_EQ(a->to_string(), "node7:29500");
+  auto v6 = StoreAddress::parse("[::1]:80");
+  ASSERT_TRUE(v6.is_ok());
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(v6->to_string(), "[::1]:80");
+  for (const char* bad : {"node7", "node7:", ":80", "node7:0", "node7:65536", "node7:8x", "::1:80", "[::1]80"}) {
+    auto r = StoreAddress::parse(bad);
+    EXPECT_FALSE(r.is_ok()) << bad;
+    if (!r.is_ok()) {
+      EXPECT_EQ(r.status().code(), Code::InvalidArgument);
+      EXPECT_NE(r.status().message().find(bad), std::string::npos) << r.status().message();
+    }
+  }
+}
+
+TEST_F(StoreTest, SetThenGetReturnsBinaryValuesExactly) {
+  auto c = client();
+  std::string all_bytes;
+  for (int i = 0; i < 256; ++i) all_bytes.push_back(static_cast<char>(i));
+  std::string big(4 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 + 7);
+  ASSERT_TRUE(c->set("bytes", all_bytes).is_ok());
+  ASSERT_TRUE(c->set("big", big).is_ok());
+  ASSERT_TRUE(c->set(std::string("k\0ey", 4), "nul-key").is_ok());
+  ASSERT_TRUE(c->set("empty", "").is_ok());
+  EXPECT_EQ(c->get("bytes", 1s).value(), all_bytes);
+  EXPECT_EQ(c->get("big", 1s).value(), big);
+  EXPECT_EQ(c->get(std::string("k\0ey", 4), 1s).value(), "nul-key");
+  EXPECT_EQ(c->get("empty", 1s).value(), "");
+  ASSERT_TRUE(c->set("bytes", "overwritten").is_ok());
+  EXPECT_EQ(c->get("bytes", 1s).value(), "overwritten");
+}
+
+TEST_F(StoreTest, TryGetDoesNotWait) {
+  auto c = client();
+  auto start = Clock::now();
+  auto missing = c->try_get("absent");
+  ASSERT_TRUE(missing.is_ok());
+  EXPECT_FALSE(missing->has_value());
+  EXPECT_LT(elapsed_ms(start), 500);
+  ASSERT_TRUE(c->set("present", "v").is_ok());
+  auto got = c->try_get("present");
+  ASSERT_TRUE(got.is_ok() && got->has_value());
+  EXPECT_EQ(**got, "v");
+}
+
+TEST_F(StoreTest, GetWaitsForAKeySetLaterByAnotherClient) {
+  auto waiter = client();
+  auto setter = client();
+  std::thread t([&] {
+    std::this_thread::sleep_for(150ms);
+    ASSERT_TRUE(setter->set("late", "value").is_ok());
+  });
+  auto start = Clock::now();
+  auto v = waiter->get("late", 5s);
+  t.join();
+  ASSERT_TRUE(v.is_ok()) << v.status().to_string();
+  EXPECT_EQ(*v, "value");
+  EXPECT_GE(elapsed_ms(start), 100);
+}
+
+TEST_F(StoreTest, GetTimesOutWithinBoundAndNamesTheKey) {
+  auto c = client();
+  auto start = Clock::now();
+  auto v = c->get("never/set", 200ms);
+  long ms = elapsed_ms(start);
+  ASSERT_FALSE(v.is_ok());
+  EXPECT_EQ(v.status().code(), Code::Timeout);
+  EXPECT_NE(v.status().message().find("'never/set'"), std::string::npos) << v.status().message();
+  EXPECT_GE(ms, 190);
+  EXPECT_LT(ms, 1500);
+  // The connection is still usable after a timed-out wait.
+  ASSERT_TRUE(c->set("after", "1").is_ok());
+  EXPECT_EQ(c->get("after", 1s).value(), "1");
+}
+
+TEST_F(StoreTest, WaitReturnsWhenAllKeysExistAndNamesOnlyTheMissingOnTimeout) {
+  auto c = client();
+  auto other = client();
+  ASSERT_TRUE(c->set("a", "1").is_ok());
+  std::thread t([&] {
+    std::this_thread::sleep_for(100ms);
+    ASSERT_TRUE(other->set("b", "2").is_ok());
+  });
+  EXPECT_TRUE(c->wait({"a", "b"}, 5s).is_ok());
+  t.join();
+
+  auto start = Clock::now();
+  Status s = c->wait({"a", "c", "d"}, 200ms);
+  long ms = elapsed_ms(start);
+  EXPECT_EQ(s.code(), Code::Timeout);
+  EXPECT_NE(s.message().find("'c', 'd'"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("'a'"), std::string::npos) << s.message();
+  EXPECT_GE(ms, 190);
+  EXPECT_LT(ms, 1500);
+  EXPECT_TRUE(c->wait({}, 0ms).is_ok());
+}
+
+TEST_F(StoreTest, WaitOnAKeyThatIsCreatedDeletedAndCreatedAgain) {
+  auto c = client();
+  auto other = client();
+  std::thread t([&] {
+    std::this_thread::sleep_for(100ms);
+    ASSERT_TRUE(other->set("x", "1").is_ok());
+    ASSERT_TRUE(other->del("x").is_ok());
+    std::this_thread::sleep_for(50ms);
+    ASSERT_TRUE(other->set("y", "1").is_ok());
+    std::this_thread::sleep_for(50ms);
+    ASSERT_TRUE(other->set("x", "2").is_ok());
+  });
+  // The first creation of x may or may not be seen by the waiter; either way it must
+  // finish once x and y both exist.
+  EXPECT_TRUE(c->wait({"x", "y"}, 5s).is_ok());
+  t.join();
+}
+
+TEST_F(StoreTest, AddCountsFromZeroAndRejectsNonIntegers) {
+  auto c = client();
+  EXPECT_EQ(c->add("n", 5).value(), 5);
+  EXPECT_EQ(c->add("n", -7).value(), -2);
+  EXPECT_EQ(c->add("n", 0).value(), -2);
+  EXPECT_EQ(c->get("n", 1s).value(), "-2");
+  ASSERT_TRUE(c->set("text", "hello").is_ok());
+  auto bad = c->add("text", 1);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), Code::InvalidArgument);
+  EXPECT_NE(bad.status().message().find("not an integer"), std::string::npos) << bad.status().message();
+  // An add creates the key, so it wakes a waiter.
+  auto other = client();
+  std::thread t([&] {
+    std::this_thread::sleep_for(50ms);
+    ASSERT_TRUE(other->add("counter", 1).is_ok());
+  });
+  EXPECT_EQ(c->get("counter", 5s).value(), "1");
+  t.join();
+}
+
+TEST_F(StoreTest, CompareSetSwapsOnlyOnMatch) {
+  auto c = client();
+  // A missing key matches an empty expected value.
+  EXPECT_EQ(c->compare_set("leader", "", "rank3").value(), "rank3");
+  // Mismatch: unchanged, the current value comes back.
+  EXPECT_EQ(c->compare_set("leader", "", "rank5").value(), "rank3");
+  EXPECT_EQ(c->compare_set("leader", "rank4", "rank5").value(), "rank3");
+  EXPECT_EQ(c->get("leader", 1s).value(), "rank3");
+  // Match: swapped.
+  EXPECT_EQ(c->compare_set("leader", "rank3", "rank5").value(), "rank5");
+  EXPECT_EQ(c->get("leader", 1s).value(), "rank5");
+  // Missing key with a non-empty expectation: stays missing.
+  EXPECT_EQ(c->compare_set("ghost", "x", "y").value(), "");
+  EXPECT_FALSE(c->try_get("ghost")->has_value());
+}
+
+TEST_F(StoreTest, DelListAndDeletePrefix) {
+  auto c = client();
+  for (const char* k : {"job/b", "job/a", "job/c/1", "jobx", "other"}) ASSERT_TRUE(c->set(k, "v").is_ok());
+  EXPECT_EQ(c->list("job/").value(), (std::vector<std::string>{"job/a", "job/b", "job/c/1"}));
+  EXPECT_EQ(c->list("").value().size(), 5u);
+  EXPECT_TRUE(c->list("nothing").value().empty());
+  EXPECT_TRUE(c->del("job/b").value());
+  EXPECT_FALSE(c->del("job/b").value());
+  EXPECT_EQ(c->list("job/").value(), (std::vector<std::string>{"job/a", "job/c/1"}));
+  EXPECT_EQ(c->delete_prefix("job").value(), 3);  // job/a, job/c/1, jobx
+  EXPECT_EQ(c->delete_prefix("job").value(), 0);
+  EXPECT_EQ(c->list("").value(), std::vector<std::string>{"other"});
+  // A deleted key is waited for again.
+  EXPECT_EQ(c->get("job/a", 100ms).status().code(), Code::Timeout);
+}
+
+TEST_F(StoreTest, PrefixStoreNamespacesKeys) {
+  std::shared_ptr<StoreClient> shared = client();
+  PrefixStore comm1(shared, "comm1/");
+  PrefixStore comm2(shared, "comm2/");
+  ASSERT_TRUE(comm1.set("k", "one").is_ok());
+  ASSERT_TRUE(comm2.set("k", "two").is_ok());
+  EXPECT_EQ(comm1.get("k", 1s).value(), "one");
+  EXPECT_EQ(comm2.get("k", 1s).value(), "two");
+  EXPECT_EQ(comm1.add("n", 2).value(), 2);
+  EXPECT_TRUE(comm1.wait({"k", "n"}, 1s).is_ok());
+  EXPECT_EQ(shared->get("comm1/n", 1s).value(), "2");
+}
+
+TEST_F(StoreTest, WrongOrMissingTokenIsRefusedWithAClearMessage) {
+  auto start = Clock::now();
+  auto wrong = StoreClient::connect(addr(), "not-the-token", Deadline::after(10s));
+  ASSERT_FALSE(wrong.is_ok());
+  EXPECT_EQ(wrong.status().code(), Code::InvalidArgument);
+  const std::string& m = wrong.status().message();
+  EXPECT_NE(m.find("store at " + addr().to_string() + " refused the connection: wrong job token"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("set STRATA_JOB_TOKEN to the token of the job"), std::string::npos) << m;
+  // Refusal is final: no retrying until the deadline.
+  EXPECT_LT(elapsed_ms(start), 2000);
+
+  auto missing = StoreClient::connect(addr(), "", Deadline::after(10s));
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.status().code(), Code::InvalidArgument);
+  EXPECT_NE(missing.status().message().find("missing job token"), std::string::npos) << missing.status().message();
+  // The server is unharmed.
+  auto c = client();
+  EXPECT_TRUE(c->set("k", "v").is_ok());
+}
+
+TEST_F(StoreTest, GarbageOnTheSocketDoesNotDisturbOtherClients) {
+  auto good = client();
+  int raw = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(server_->port());
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(raw, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const char http[] = "GET / HTTP/1.0\r\n\r\n";
+  ASSERT_GT(::send(raw, http, sizeof http - 1, MSG_NOSIGNAL), 0);
+  // The server answers with an error frame and closes: read until EOF.
+  char buf[256];
+  timeval tv{5, 0};
+  ::setsockopt(raw, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ssize_t n;
+  while ((n = ::recv(raw, buf, sizeof buf, 0)) > 0) {
+  }
+  EXPECT_EQ(n, 0) << "server should close a connection that does not speak the protocol";
+  ::close(raw);
+  // An idle unauthenticated connection must not block anyone either.
+  int idle = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(::connect(idle, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_TRUE(good->set("still", "working").is_ok());
+  EXPECT_EQ(good->get("still", 1s).value(), "working");
+  ::close(idle);
+}
+
+TEST_F(StoreTest, SixtyFourClientsAddingConcurrentlyGiveAnExactCount) {
+  constexpr int kClients = 64, kAdds = 50;
+  std::vector<std::thread> threads;
+  threads.reserve(kClients);
+  std::atomic<int> failures{0};
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&] {
+      auto c = StoreClient::connect(addr(), kToken, Deadline::after(10s));
+      if (!c.is_ok()) {
+        ++failures;
+        return;
+      }
+      for (int j = 0; j < kAdds; ++j)
+        if (!(*c)->add("count", 1).is_ok()) ++failures;
+      if (!(*c)->add("done", 1).is_ok()) ++failures;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto c = client();
+  EXPECT_EQ(c->add("count", 0).value(), kClients * kAdds);
+  EXPECT_EQ(c->add("done", 0).value(), kClients);
+}
+
+TEST_F(StoreTest, OneClientSharedByThreadsSerialisesRequests) {
+  auto c = client();
+  std::vector<std::thread> threads;
+  threads.reserve(8);
+  for (int i = 0; i < 8; ++i)
+    threads.emplace_back([&, i] {
+      for (int j = 0; j < 100; ++j) {
+        ASSERT_TRUE(c->add("shared", 1).is_ok());
+        std::string k = "t" + std::to_string(i) + "/" + std::to_string(j);
+        ASSERT_TRUE(c->set(k, k).is_ok());
+        ASSERT_EQ(c->get(k, 1s).value(), k);
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(c->add("shared", 0).value(), 800);
+}
+
+TEST_F(StoreTest, ManyParkedWaitersAreAllWokenByOneSet) {
+  constexpr int kWaiters = 32;
+  std::vector<std::thread> threads;
+  threads.reserve(kWaiters);
+  std::atomic<int> woke{0};
+  for (int i = 0; i < kWaiters; ++i)
+    threads.emplace_back([&] {
+      auto c = StoreClient::connect(addr(), kToken, Deadline::after(10s));
+      ASSERT_TRUE(c.is_ok());
+      auto v = (*c)->get("go", 10s);
+      if (v.is_ok() && *v == "now") ++woke;
+    });
+  std::this_thread::sleep_for(200ms);
+  auto start = Clock::now();
+  ASSERT_TRUE(client()->set("go", "now").is_ok());
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(woke.load(), kWaiters);
+  EXPECT_LT(elapsed_ms(start), 3000);
+}
+
+TEST(StoreConnectTest, UnreachableStoreGivesUnavailableNamingTheAddress) {
+  StoreAddress addr{"127.0.0.1", free_port()};
+  auto start = Clock::now();
+  auto c = StoreClient::connect(addr, kToken, Deadline::after(300ms));
+  long ms = elapsed_ms(start);
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_EQ(c.status().code(), Code::Unavailable);
+  EXPECT_NE(c.status().message().find(addr.to_string()), std::string::npos) << c.status().message();
+  EXPECT_GE(ms, 290);
+  EXPECT_LT(ms, 2000);
+}
+
+TEST(StoreConnectTest, ConnectRetriesUntilTheServerAppears) {
+  uint16_t port = free_port();
+  Result<std::unique_ptr<StoreClient>> c = unavailable("not yet");
+  auto start = Clock::now();
+  std::thread t([&] { c = StoreClient::connect({"127.0.0.1", port}, kToken, Deadline::after(10s)); });
+  std::this_thread::sleep_for(300ms);
+  auto server = StoreServer::start("127.0.0.1", port, kToken);
+  ASSERT_TRUE(server.is_ok()) << server.status().to_string();
+  t.join();
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_GE(elapsed_ms(start), 290);
+  EXPECT_LT(elapsed_ms(start), 3000);  // backoff is capped, so it notices the server quickly
+  EXPECT_TRUE((*c)->set("k", "v").is_ok());
+}
+
+TEST(StoreRestartTest, WaitingClientsReconnectAndGetTheKeyFromTheNewServer) {
+  auto first = StoreServer::start("127.0.0.1", 0, kToken);
+  ASSERT_TRUE(first.is_ok());
+  uint16_t port = (*first)->port();
+  StoreAddress addr{"127.0.0.1", port};
+
+  constexpr int kWaiters = 4;
+  std::vector<std::thread> threads;
+  threads.reserve(kWaiters);
+  std::vector<Result<std::string>> got(kWaiters, Result<std::string>(unavailable("not run")));
+  for (int i = 0; i < kWaiters; ++i)
+    threads.emplace_back([&, i] {
+      auto c = StoreClient::connect(addr, kToken, Deadline::after(5s));
+      ASSERT_TRUE(c.is_ok());
+      (*c)->set_reconnect_timeout(5s);
+      ASSERT_TRUE((*c)->set("before/" + std::to_string(i), "x").is_ok());
+      got[i] = (*c)->get("after-restart", 15s);
+    });
+  std::this_thread::sleep_for(300ms);  // let them park on the first server
+  (*first)->stop();
+  (*first)->stop();  // idempotent
+  first = unavailable("stopped");
+  std::this_thread::sleep_for(200ms);  // they are now in their reconnect backoff
+
+  auto second = StoreServer::start("127.0.0.1", port, kToken);
+  ASSERT_TRUE(second.is_ok()) << second.status().to_string();
+  auto setter = StoreClient::connect(addr, kToken, Deadline::after(5s));
+  ASSERT_TRUE(setter.is_ok());
+  auto start = Clock::now();
+  ASSERT_TRUE((*setter)->set("after-restart", "hello again").is_ok());
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kWaiters; ++i) {
+    ASSERT_TRUE(got[i].is_ok()) << "waiter " << i << ": " << got[i].status().to_string();
+    EXPECT_EQ(*got[i], "hello again") << "waiter " << i;
+  }
+  EXPECT_LT(elapsed_ms(start), 3000);
+  // The new server started empty.
+  EXPECT_FALSE((*setter)->try_get("before/0")->has_value());
+}
+
+TEST(StoreRestartTest, ServerGoneForGoodGivesUnavailableAfterTheReconnectTimeout) {
+  auto server = StoreServer::start("127.0.0.1", 0, kToken);
+  ASSERT_TRUE(server.is_ok());
+  StoreAddress addr{"127.0.0.1", (*server)->port()};
+  auto c = StoreClient::connect(addr, kToken, Deadline::after(5s));
+  ASSERT_TRUE(c.is_ok());
+  (*c)->set_reconnect_timeout(300ms);
+  Result<std::string> v = unavailable("not run");
+  auto start = Clock::now();
+  std::thread t([&] { v = (*c)->get("k", 10s); });
+  std::this_thread::sleep_for(100ms);
+  (*server)->stop();
+  t.join();
+  ASSERT_FALSE(v.is_ok());
+  EXPECT_EQ(v.status().code(), Code::Unavailable);
+  EXPECT_NE(v.status().message().find(addr.to_string()), std::string::npos) << v.status().message();
+  EXPECT_LT(elapsed_ms(start), 3000);
+}
+
+TEST(StoreRestartTest, WaitWhileTheServerIsAwayEndsAtItsOwnDeadline) {
+  auto server = StoreServer::start("127.0.0.1", 0, kToken);
+  ASSERT_TRUE(server.is_ok());
+  auto c = StoreClient::connect({"127.0.0.1", (*server)->port()}, kToken, Deadline::after(5s));
+  ASSERT_TRUE(c.is_ok());
+  (*c)->set_reconnect_timeout(30s);
+  Result<std::string> v = unavailable("not run");
+  auto start = Clock::now();
+  std::thread t([&] { v = (*c)->get("k", 500ms); });
+  std::this_thread::sleep_for(100ms);
+  (*server)->stop();
+  t.join();
+  ASSERT_FALSE(v.is_ok());
+  EXPECT_EQ(v.status().code(), Code::Timeout);
+  EXPECT_NE(v.status().message().find("'k'"), std::string::npos) << v.status().message();
+  EXPECT_LT(elapsed_ms(start), 2500) << "the 30 s reconnect timeout must not stretch a 500 ms wait";
+}
+
+}  // namespace
+}  // namespace strata::bootstrap

@@ -1,0 +1,267 @@
+// `strata run` and `strata store` as a user runs them: the real binary, real ranks (sh),
+// real signals. Each failure test checks the exit status, the message, the time taken and
+// that no rank (or anything a rank started) outlives the launcher.
+
+#include <set>
+
+#include "bootstrap/store.hpp"
+#include "cli/cli_test_util.hpp"
+
+namespace strata::cli_test {
+namespace {
+
+TEST(LauncherTest, PrefixesEveryStdoutLineWithTheRank) {
+  STRATA_REQUIRE_BIN();
+  auto r = run_cli({"run", "-n", "3", "--", "sh", "-c", "echo hi $STRATA_RANK"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  auto lines = lines_of(r.out);
+  std::set<std::string> got(lines.begin(), lines.end());
+  EXPECT_EQ(got, (std::set<std::string>{"[0] hi 0", "[1] hi 1", "[2] hi 2"})) << r.out;
+  EXPECT_EQ(lines.size(), 3u) << r.out;
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(LauncherTest, StderrStaysOnStderrAndPartialLastLinesAreFlushed) {
+  STRATA_REQUIRE_BIN();
+  auto r = run_cli({"run", "-n", "2", "sh", "-c", "echo out $STRATA_RANK; echo err $STRATA_RANK >&2; printf tail"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (const char* want : {"[0] out 0", "[1] out 1", "[0] tail", "[1] tail"})
+    EXPECT_TRUE(contains(r.out, want)) << r.out;
+  for (const char* want : {"[0] err 0", "[1] err 1"}) EXPECT_TRUE(contains(r.err, want)) << r.err;
+  EXPECT_FALSE(contains(r.out, "err")) << r.out;
+  EXPECT_FALSE(contains(r.err, "out")) << r.err;
+}
+
+TEST(LauncherTest, RanksGetStoreTokenAndPlacementReplacingInheritedValues) {
+  STRATA_REQUIRE_BIN();
+  const std::string script =
+      "echo \"$STRATA_RANK|$STRATA_WORLD_SIZE|$STRATA_LOCAL_RANK|$STRATA_LOCAL_SIZE|$STRATA_STORE|"
+      "$STRATA_JOB_TOKEN|$STRATA_JOB_ID|$UNRELATED\"";
+  auto r = run_cli({"run", "-n", "4", "--", "sh", "-c", script},
+                   {"STRATA_RANK=99", "STRATA_JOB_TOKEN=outer-token", "UNRELATED=kept"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 4u) << r.out;
+  std::set<std::string> tokens, stores, ids;
+  for (const auto& line : lines) {
+    // "[R] R|4|R|4|127.0.0.1:P|token|id|kept"
+    std::vector<std::string> f;
+    std::string rest = line.substr(line.find("] ") + 2);
+    for (size_t pos; (pos = rest.find('|')) != std::string::npos; rest.erase(0, pos + 1))
+      f.push_back(rest.substr(0, pos));
+    f.push_back(rest);
+    ASSERT_EQ(f.size(), 8u) << line;
+    std::string rank = line.substr(1, line.find(']') - 1);
+    EXPECT_EQ(f[0], rank) << line;
+    EXPECT_EQ(f[1], "4");
+    EXPECT_EQ(f[2], rank);
+    EXPECT_EQ(f[3], "4");
+    EXPECT_TRUE(f[4].starts_with("127.0.0.1:")) << line;
+    EXPECT_EQ(f[5].size(), 32u) << "token should be 16 random bytes in hex: " << line;
+    EXPECT_EQ(f[5].find_first_not_of("0123456789abcdef"), std::string::npos) << line;
+    EXPECT_NE(f[5], "outer-token");
+    EXPECT_FALSE(f[6].empty());
+    EXPECT_EQ(f[7], "kept");
+    tokens.insert(f[5]);
+    stores.insert(f[4]);
+    ids.insert(f[6]);
+  }
+  EXPECT_EQ(tokens.size(), 1u);
+  EXPECT_EQ(stores.size(), 1u);
+  EXPECT_EQ(ids.size(), 1u);
+}
+
+TEST(LauncherTest, RanksRendezvousThroughTheLaunchersStore) {
+  STRATA_REQUIRE_BIN();
+  auto r = run_cli({"run", "-n", "4", "--", STRATA_RANK_HELPER});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int i = 0; i < 4; ++i)
+    EXPECT_TRUE(contains(r.out, "[" + std::to_string(i) + "] rank " + std::to_string(i) + ": all 4 ranks met"))
+        << r.out << r.err;
+}
+
+TEST(LauncherTest, FailingRankStopsTheJobPromptlyAndNamesRankAndCode) {
+  STRATA_REQUIRE_BIN();
+  TempDir dir;
+  auto r = run_cli(
+      {"run", "-n", "3", "--", "sh", "-c",
+       "if [ $STRATA_RANK = 1 ]; then exit 3; fi; echo $$ > " + dir.path() + "/$STRATA_RANK.pid; exec sleep 30"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_LT(r.seconds, 10.0) << "launcher should not wait for the sleeping ranks";
+  EXPECT_TRUE(contains(r.err, "strata run: rank 1 (pid ")) << r.err;
+  EXPECT_TRUE(contains(r.err, ") exited with code 3")) << r.err;
+  EXPECT_TRUE(survivors(dir.pids(".pid"), 2s).empty()) << "a rank outlived the launcher";
+}
+
+TEST(LauncherTest, RankKilledBySignalIsReportedWithTheSignalName) {
+  STRATA_REQUIRE_BIN();
+  auto r = run_cli({"run", "-n", "2", "--", "sh", "-c", "if [ $STRATA_RANK = 0 ]; then kill -9 $$; fi; exec sleep 30"});
+  EXPECT_EQ(r.exit_code, 128 + 9) << r.err;
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_TRUE(contains(r.err, "rank 0 (pid ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "was killed by signal 9 (SIGKILL)")) << r.err;
+}
+
+TEST(LauncherTest, RankIgnoringSigtermIsKilledAfterTheGraceTime) {
+  STRATA_REQUIRE_BIN();
+  TempDir dir;
+  const std::string& d = dir.path();
+  // Rank 1 fails only once rank 0 ignores SIGTERM, so the escalation is what ends rank 0.
+  auto r = run_cli({"run", "-n", "2", "--", "sh", "-c",
+                    "if [ $STRATA_RANK = 1 ]; then while [ ! -f " + d +
+                        "/0.ready ]; do sleep 0.02; done; exit 1; fi; "
+                        "trap '' TERM; echo $$ > " +
+                        d + "/0.pid; touch " + d +
+                        "/0.ready; "
+                        "while :; do sleep 0.1; done"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_GE(r.seconds, 1.5) << r.err;
+  EXPECT_LT(r.seconds, 10.0) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 0 (pid ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "did not exit after SIGTERM; sending SIGKILL")) << r.err;
+  EXPECT_TRUE(survivors(dir.pids(".pid"), 2s).empty());
+}
+
+TEST(LauncherTest, SigtermToTheLauncherTerminatesEveryRankAndWhatTheyStarted) {
+  STRATA_REQUIRE_BIN();
+  TempDir dir;
+  const std::string& d = dir.path();
+  CliProcess p({"run", "-n", "3", "--", "sh", "-c",
+                "echo $$ > " + d + "/$STRATA_RANK.pid; sleep 30 & echo $! > " + d + "/$STRATA_RANK.child; wait"});
+  auto deadline = Clock::now() + 10s;
+  while (dir.pids(".child").size() < 3 && Clock::now() < deadline) p.pump(20ms);
+  std::vector<pid_t> pids = dir.pids(".pid"), children = dir.pids(".child");
+  ASSERT_EQ(pids.size(), 3u);
+  ASSERT_EQ(children.size(), 3u);
+  pids.insert(pids.end(), children.begin(), children.end());
+  EXPECT_TRUE(survivors(pids, 0ms).size() == 6u) << "all ranks and their children should be running";
+
+  ASSERT_EQ(::kill(p.pid(), SIGTERM), 0);
+  auto r = p.finish(10s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_TRUE(contains(r.err, "received SIGTERM; forwarding it to 3 rank(s)")) << r.err;
+  EXPECT_TRUE(survivors(pids, 2s).empty()) << "a rank or its child survived SIGTERM to the launcher";
+}
+
+TEST(LauncherTest, RanksDieWhenTheLauncherIsKilled) {
+  STRATA_REQUIRE_BIN();
+  TempDir dir;
+  const std::string& d = dir.path();
+  CliProcess p({"run", "-n", "2", "--", "sh", "-c", "echo $$ > " + d + "/$STRATA_RANK.pid; exec sleep 30"});
+  auto deadline = Clock::now() + 10s;
+  while (dir.pids(".pid").size() < 2 && Clock::now() < deadline) p.pump(20ms);
+  auto pids = dir.pids(".pid");
+  ASSERT_EQ(pids.size(), 2u);
+  // SIGKILL leaves the launcher no chance to forward anything: PR_SET_PDEATHSIG must act.
+  ASSERT_EQ(::kill(p.pid(), SIGKILL), 0);
+  auto r = p.finish(10s);
+  EXPECT_EQ(r.term_signal, SIGKILL);
+  EXPECT_TRUE(survivors(pids, 3s).empty()) << "a rank outlived its SIGKILLed launcher";
+}
+
+TEST(LauncherTest, SecondCtrlCKillsRanksThatIgnoreTheFirst) {
+  STRATA_REQUIRE_BIN();
+  TempDir dir;
+  const std::string& d = dir.path();
+  CliProcess p({"run", "-n", "2", "--", "sh", "-c",
+                "trap '' INT; echo $$ > " + d + "/$STRATA_RANK.pid; while :; do sleep 0.1; done"});
+  auto deadline = Clock::now() + 10s;
+  while (dir.pids(".pid").size() < 2 && Clock::now() < deadline) p.pump(20ms);
+  auto pids = dir.pids(".pid");
+  ASSERT_EQ(pids.size(), 2u);
+  ASSERT_EQ(::kill(p.pid(), SIGINT), 0);
+  p.pump(300ms);
+  EXPECT_EQ(survivors(pids, 0ms).size(), 2u) << "the first SIGINT is only forwarded";
+  ASSERT_EQ(::kill(p.pid(), SIGINT), 0);
+  auto r = p.finish(5s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.err;
+  EXPECT_TRUE(contains(r.err, "again; killing the ranks")) << r.err;
+  EXPECT_TRUE(survivors(pids, 2s).empty());
+}
+
+TEST(LauncherTest, TimeoutStopsTheJobWithStatus124) {
+  STRATA_REQUIRE_BIN();
+  auto r = run_cli({"run", "-n", "2", "--timeout", "500ms", "--", "sleep", "30"});
+  EXPECT_EQ(r.exit_code, 124) << r.err;
+  EXPECT_LT(r.seconds, 8.0);
+  EXPECT_TRUE(contains(r.err, "did not finish within --timeout 500ms")) << r.err;
+}
+
+TEST(LauncherTest, ExitStatusIsZeroWhenEveryRankSucceeds) {
+  STRATA_REQUIRE_BIN();
+  auto r = run_cli({"run", "-n5", "true"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(LauncherTest, UsageErrorsExitWithTwoAndSayWhatIsWrong) {
+  STRATA_REQUIRE_BIN();
+  struct Case {
+    std::vector<std::string> args;
+    const char* message;
+  };
+  const Case cases[] = {
+      {{"run", "-n", "0", "true"}, "-n must be a number of ranks >= 1, got '0'"},
+      {{"run", "-n", "x", "true"}, "got 'x'"},
+      {{"run", "-n", "2"}, "missing the program to run"},
+      {{"run", "true"}, "missing -n N"},
+      {{"run", "-n"}, "option -n needs a value"},
+      {{"run", "--bogus", "-n", "2", "true"}, "unknown option '--bogus'"},
+      {{"run", "-n", "2", "--timeout", "soon", "true"}, "--timeout must be a positive duration"},
+      {{"frobnicate"}, "unknown command 'frobnicate'"},
+      {{}, "usage: strata <command>"},
+  };
+  for (const auto& c : cases) {
+    auto r = run_cli(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.message << "\n" << r.err;
+    EXPECT_TRUE(contains(r.err, c.message)) << "want '" << c.message << "' in:\n" << r.err;
+  }
+}
+
+TEST(LauncherTest, HelpGoesToStdoutWithStatusZero) {
+  STRATA_REQUIRE_BIN();
+  auto top = run_cli({"--help"});
+  EXPECT_EQ(top.exit_code, 0);
+  for (const char* cmd : {"run", "store", "info"}) EXPECT_TRUE(contains(top.out, std::string("  ") + cmd)) << top.out;
+  auto run = run_cli({"run", "--help"});
+  EXPECT_EQ(run.exit_code, 0);
+  EXPECT_TRUE(contains(run.out, "usage: strata run -n N")) << run.out;
+}
+
+TEST(LauncherTest, MissingProgramIsReportedBeforeAnyRankStarts) {
+  STRATA_REQUIRE_BIN();
+  auto r = run_cli({"run", "-n", "2", "--", "strata-no-such-program-xyz"});
+  EXPECT_EQ(r.exit_code, 127);
+  EXPECT_TRUE(contains(r.err, "strata-no-such-program-xyz: command not found")) << r.err;
+}
+
+TEST(CliStoreTest, StandaloneStoreServesClientsUntilSigterm) {
+  STRATA_REQUIRE_BIN();
+  CliProcess p({"store", "--host", "127.0.0.1", "--port", "0", "--token", "standalone-token"});
+  auto deadline = Clock::now() + 10s;
+  while (!contains(p.out(), "STRATA_STORE=") && Clock::now() < deadline) p.pump(20ms);
+  p.pump(50ms);  // the rest of the line
+  auto pos = p.out().find("STRATA_STORE=");
+  ASSERT_NE(pos, std::string::npos) << p.out();
+  std::string addr_text = p.out().substr(pos + 13, p.out().find('\n', pos) - pos - 13);
+  auto addr = bootstrap::StoreAddress::parse(addr_text);
+  ASSERT_TRUE(addr.is_ok()) << addr_text;
+  EXPECT_EQ(addr->host, "127.0.0.1");
+
+  auto client = bootstrap::StoreClient::connect(*addr, "standalone-token", Deadline::after(5s));
+  ASSERT_TRUE(client.is_ok()) << client.status().to_string();
+  ASSERT_TRUE((*client)->set("k", "v").is_ok());
+  EXPECT_EQ((*client)->get("k", 1s).value(), "v");
+  auto refused = bootstrap::StoreClient::connect(*addr, "other", Deadline::after(5s));
+  EXPECT_EQ(refused.status().code(), Code::InvalidArgument);
+
+  ASSERT_EQ(::kill(p.pid(), SIGTERM), 0);
+  auto r = p.finish(5s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+}  // namespace
+}  // namespace strata::cli_test
