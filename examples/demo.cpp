@@ -157,7 +157,7 @@ int main() {
     double us = time_it(comm, 200, [&] { comm.all_reduce(s, strata::ReduceOp::Sum); });
     rows.push_back({"all_reduce (1 KiB)", 1024, us, true});
   }
-  bool zero_copy = comm.stats().staged_bytes == 0;
+  strata::Stats st = comm.stats();
 
   if (me == 0) {
     std::printf("\nStrata demo: %d ranks, heap buffers (registered on allocation)\n\n", n);
@@ -168,7 +168,9 @@ int main() {
       std::printf("%-20s %12zu %12.1f %10.2f  %s\n", r.name.c_str(), r.bytes, r.usec, gbs, r.ok ? "ok" : "FAILED");
       all &= r.ok;
     }
-    std::printf("\nbytes staged through internal buffers: %s\n", zero_copy ? "0 (zero-copy)" : "non-zero");
+    std::printf("\nbytes staged through internal buffers: %llu%s; moved directly between ranks' buffers: %llu\n",
+                static_cast<unsigned long long>(st.staged_bytes), st.staged_bytes ? "" : " (zero-copy)",
+                static_cast<unsigned long long>(st.direct_bytes));
     std::printf("%s\n", all ? "all collectives correct" : "SOME COLLECTIVES FAILED");
     return all ? 0 : 1;
   }

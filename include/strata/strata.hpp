@@ -61,6 +61,7 @@ struct Stats {
   uint64_t staged_bytes = 0;  ///< bytes copied through internal staging buffers (0 on heap buffers)
   uint64_t direct_bytes = 0;  ///< bytes moved directly between ranks' own buffers
   uint64_t cma_bytes = 0;     ///< bytes moved with single-copy CMA from/to registered external buffers
+  uint64_t temp_bytes = 0;    ///< bytes an in-place one-shot all_reduce or all_to_all formed in a temporary
 };
 
 /// Handle of an asynchronous operation. Copyable; all copies see the same operation.

@@ -242,7 +242,7 @@ Status all_reduce(Exec& x, uint8_t algo, void* tmp) {
     STRATA_RETURN_IF_ERROR(x.sync("all_reduce"));
     if (dst != x.out) {
       kernels::copy(x.out, dst, count * e);
-      x.c.staged_bytes.fetch_add(count * e, std::memory_order_relaxed);
+      x.c.temp_bytes.fetch_add(count * e, std::memory_order_relaxed);
     }
     return Status::ok();
   }
@@ -350,7 +350,7 @@ Status all_to_all(Exec& x, void* tmp) {
   STRATA_RETURN_IF_ERROR(x.sync("all_to_all"));
   if (dst != x.out) {
     kernels::copy(x.out, dst, out_bytes);
-    x.c.staged_bytes.fetch_add(out_bytes, std::memory_order_relaxed);
+    x.c.temp_bytes.fetch_add(out_bytes, std::memory_order_relaxed);
   }
   return Status::ok();
 }

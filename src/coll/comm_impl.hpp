@@ -140,7 +140,7 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   std::mutex err_mu;
   Status sticky;  // set when the communicator is broken (timeout, peer failure, abort)
 
-  std::atomic<uint64_t> ops{0}, staged_bytes{0}, direct_bytes{0}, cma_bytes{0};
+  std::atomic<uint64_t> ops{0}, staged_bytes{0}, direct_bytes{0}, cma_bytes{0}, temp_bytes{0};
   bool cma_all = false;              // every member can CMA-read every other member
   std::vector<std::vector<char>> cma_tmp;  // per peer: landing space for CMA reads that feed a reduction
 

@@ -339,7 +339,7 @@ int Communicator::global_rank(int r) const {
 std::chrono::milliseconds Communicator::timeout() const { return need_impl(impl_).timeout; }
 Stats Communicator::stats() const {
   auto& c = need_impl(impl_);
-  return {c.ops.load(), c.staged_bytes.load(), c.direct_bytes.load(), c.cma_bytes.load()};
+  return {c.ops.load(), c.staged_bytes.load(), c.direct_bytes.load(), c.cma_bytes.load(), c.temp_bytes.load()};
 }
 std::shared_ptr<detail::ContextImpl> Communicator::context() const { return need_impl(impl_).ctx; }
 

@@ -42,11 +42,19 @@ TEST(ZeroCopy, HeapBuffersAreNeverStaged) {
     c.all_gather(a, b);
     c.reduce_scatter(b, a, ReduceOp::Max);
     c.broadcast(a, 0);
-    c.all_to_all(b.view(0, n), b.view(n, n * (c.size() - 1)).first(n));
+    auto big = c.alloc<float>(2 * n * c.size());
+    c.all_to_all(big.view(0, n * c.size()), big.view(n * c.size(), n * c.size()));
     Stats after = c.stats();
-    if (after.staged_bytes != before.staged_bytes)
+    if (after.staged_bytes != before.staged_bytes || after.temp_bytes != before.temp_bytes)
       throw std::runtime_error("staged " + std::to_string(after.staged_bytes - before.staged_bytes) +
+                               " bytes, temporaries " + std::to_string(after.temp_bytes - before.temp_bytes) +
                                " bytes on heap buffers");
+    // In place and one-shot, the result is formed in a temporary (peers still read the
+    // input): that is counted apart, and is never staging.
+    auto small = c.alloc<float>(64);
+    c.all_reduce(small, ReduceOp::Sum);
+    if (c.stats().staged_bytes != before.staged_bytes) throw std::runtime_error("in-place one-shot staged");
+    if (c.stats().temp_bytes != after.temp_bytes + 64 * sizeof(float)) throw std::runtime_error("temp not counted");
     if (after.direct_bytes <= before.direct_bytes) throw std::runtime_error("no direct bytes counted");
     if (a[0] != static_cast<float>(c.size())) throw std::runtime_error("wrong all_reduce value");
   }));
