@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 #include <sstream>
+#include <string_view>
 
 #include "coll/comm_impl.hpp"
 #include "common/reduce.hpp"
@@ -226,10 +227,27 @@ std::pair<size_t, size_t> slice(size_t count, int n, int i, size_t esz) {
 
 int divisor(const Exec& x) { return x.c.size; }
 
+/// Source pointers of a reduction: on the stack for the usual rank counts.
+class Srcs {
+ public:
+  explicit Srcs(int n) {
+    if (n > kInline) heap_.resize(n);
+    p_ = n > kInline ? heap_.data() : inline_;
+  }
+  const void*& operator[](int i) { return p_[i]; }
+  const void* const* data() const { return p_; }
+
+ private:
+  static constexpr int kInline = 16;
+  const void* inline_[kInline];
+  std::vector<const void*> heap_;
+  const void** p_;
+};
+
 Status all_reduce(Exec& x, uint8_t algo, void* tmp) {
   const int n = x.c.size, me = x.c.rank;
   const size_t count = x.op.count, e = x.esz;
-  std::vector<const void*> srcs(n);
+  Srcs srcs(n);
   if (algo == kOneShot) {
     // Every rank reduces in rank order, so all ranks get bit-identical floating results.
     for (int r = 0; r < n; ++r) {
@@ -271,7 +289,7 @@ Status reduce(Exec& x) {
   const size_t e = x.esz;
   auto [lo, hi] = slice(x.op.count, n, me, e);
   if (hi > lo) {
-    std::vector<const void*> srcs(n);
+    Srcs srcs(n);
     for (int k = 0; k < n; ++k) {
       int r = (me + k) % n;
       STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, lo * e, (hi - lo) * e));
@@ -295,7 +313,7 @@ Status reduce_scatter(Exec& x, const std::vector<size_t>& counts) {
   const size_t e = x.esz;
   std::vector<size_t> displ = prefix(counts);
   size_t mine = counts[me];
-  std::vector<const void*> srcs(n);
+  Srcs srcs(n);
   if (mine) {
     for (int k = 0; k < n; ++k) {
       int r = (me + k) % n;
@@ -436,29 +454,30 @@ uint8_t pick_algorithm(const CommImpl& c, const Op& op) {
 }  // namespace
 
 Status validate(const CommImpl& c, const Op& op) {
-  const std::string name = coll::to_string(op.kind);
+  // Strings are built only on the error paths: this runs on every call.
+  const std::string_view name = coll::to_string(op.kind);
+  auto str = [&](auto&&... parts) { return (std::string(name) + ... + std::string(parts)); };
   const int n = c.size;
   if (static_cast<unsigned>(op.dtype) > static_cast<unsigned>(DataType::Float64))
-    return invalid_argument(name + ": invalid dtype " + std::to_string(static_cast<int>(op.dtype)));
+    return invalid_argument(str(": invalid dtype ", std::to_string(static_cast<int>(op.dtype))));
   if (reducing(op.kind)) {
     if (static_cast<unsigned>(op.rop) > static_cast<unsigned>(ReduceOp::Avg))
-      return invalid_argument(name + ": invalid reduce op " + std::to_string(static_cast<int>(op.rop)));
+      return invalid_argument(str(": invalid reduce op ", std::to_string(static_cast<int>(op.rop))));
     if (op.rop == ReduceOp::Avg && !is_floating(op.dtype))
-      return invalid_argument(name + ": op avg is defined for floating types only, not " +
-                              std::string(to_string(op.dtype)));
+      return invalid_argument(str(": op avg is defined for floating types only, not ", to_string(op.dtype)));
   }
   if (rooted(op.kind) && (op.root < 0 || op.root >= n))
-    return invalid_argument(name + ": root " + std::to_string(op.root) + " is out of range for a communicator of " +
-                            std::to_string(n) + " ranks");
+    return invalid_argument(str(": root ", std::to_string(op.root), " is out of range for a communicator of ",
+                                std::to_string(n), " ranks"));
   const size_t e = dtype_size(op.dtype);
   const size_t limit = (size_t{1} << 62) / e / static_cast<size_t>(n);
-  auto check_count = [&](size_t v, const std::string& what) -> Status {
-    if (v > limit) return invalid_argument(name + ": " + what + " " + std::to_string(v) + " overflows the byte size");
+  auto check_count = [&](size_t v, const char* what) -> Status {
+    if (v > limit) return invalid_argument(str(": ", what, " ", std::to_string(v), " overflows the byte size"));
     return Status::ok();
   };
   STRATA_RETURN_IF_ERROR(check_count(op.count, "count"));
   if (op.kind == OpKind::AllGatherV || op.kind == OpKind::ReduceScatterV) {
-    if (op.counts.size() != static_cast<size_t>(n)) return invalid_argument(name + ": counts is null");
+    if (op.counts.size() != static_cast<size_t>(n)) return invalid_argument(str(": counts is null"));
     size_t total = 0;
     for (size_t v : op.counts) {
       STRATA_RETURN_IF_ERROR(check_count(v, "counts entry"));
@@ -469,7 +488,7 @@ Status validate(const CommImpl& c, const Op& op) {
   if (op.kind == OpKind::AllToAllV) {
     if (op.counts.size() != static_cast<size_t>(n) || op.sdispls.size() != static_cast<size_t>(n) ||
         op.rcounts.size() != static_cast<size_t>(n) || op.rdispls.size() != static_cast<size_t>(n))
-      return invalid_argument(name + ": send/recv counts or displacements are null");
+      return invalid_argument(str(": send/recv counts or displacements are null"));
     for (int j = 0; j < n; ++j) {
       STRATA_RETURN_IF_ERROR(check_count(op.counts[j], "send_counts entry"));
       STRATA_RETURN_IF_ERROR(check_count(op.sdispls[j], "send_displs entry"));
@@ -483,26 +502,26 @@ Status validate(const CommImpl& c, const Op& op) {
     std::sort(ranges.begin(), ranges.end());
     for (size_t i = 1; i < ranges.size(); ++i)
       if (ranges[i].first < ranges[i - 1].second)
-        return invalid_argument(name + ": receive ranges overlap at element " + std::to_string(ranges[i].first));
+        return invalid_argument(str(": receive ranges overlap at element ", std::to_string(ranges[i].first)));
   }
   Extent x = extent(c, op);
-  if (x.in && !op.in) return invalid_argument(name + ": in is null but " + std::to_string(x.in) + " bytes are to be read");
+  if (x.in && !op.in) return invalid_argument(str(": in is null but ", std::to_string(x.in), " bytes are to be read"));
   if (x.out && !op.out)
-    return invalid_argument(name + ": out is null but " + std::to_string(x.out) + " bytes are to be written");
+    return invalid_argument(str(": out is null but ", std::to_string(x.out), " bytes are to be written"));
   if (overlap(op.in, x.in, op.out, x.out) && !canonical_in_place(c, op))
-    return invalid_argument(name + ": in " + ptr_str(op.in) + " and out " + ptr_str(op.out) +
-                            " overlap but are not the in-place layout of " + name);
+    return invalid_argument(str(": in ", ptr_str(op.in), " and out ", ptr_str(op.out),
+                                " overlap but are not the in-place layout of ", name));
   for (auto [p, bytes, what] : {std::tuple<const void*, size_t, const char*>{op.in, x.in, "in"},
                                 std::tuple<const void*, size_t, const char*>{op.out, x.out, "out"}}) {
     if (!bytes) continue;
     if (c.ctx->heap->locate(p, bytes)) continue;
     if (c.ctx->heap->locate(p, 1))
-      return invalid_argument(name + ": " + what + " [" + ptr_str(p) + ", +" + std::to_string(bytes) +
-                              " bytes) runs past the end of its heap segment");
+      return invalid_argument(str(": ", what, " [", ptr_str(p), ", +", std::to_string(bytes),
+                                  " bytes) runs past the end of its heap segment"));
     if (const memory::Heap* owner = memory::Heap::find_owner(p); owner && owner != c.ctx->heap.get())
-      return invalid_argument(name + ": " + what + " " + ptr_str(p) + " belongs to the heap of another communicator (rank " +
-                              std::to_string(owner->rank()) + "), not to rank " + std::to_string(c.ctx->job.rank) +
-                              "'s");
+      return invalid_argument(str(": ", what, " ", ptr_str(p), " belongs to the heap of another communicator (rank ",
+                                  std::to_string(owner->rank()), "), not to rank ", std::to_string(c.ctx->job.rank),
+                                  "'s"));
   }
   return Status::ok();
 }
@@ -524,8 +543,10 @@ Status run_collective(CommImpl& c, Op& op) {
     const char* src = nullptr;
     size_t bytes = 0;
   } back;
-  bool in_ext = ext.in && !heap.locate(in, ext.in);
-  bool out_ext = ext.out && !heap.locate(out, ext.out);
+  std::optional<memory::SegRef> in_ref = ext.in ? heap.locate(in, ext.in) : std::nullopt;
+  std::optional<memory::SegRef> out_ref = ext.out ? heap.locate(out, ext.out) : std::nullopt;
+  bool in_ext = ext.in && !in_ref;
+  bool out_ext = ext.out && !out_ref;
   // Registered external buffers are read and written in place by peers with CMA (single
   // copy) when every member can; otherwise they are staged like unregistered ones.
   bool in_cma = in_ext && c.cma_all && c.ctx->is_registered(in, ext.in);
@@ -542,6 +563,8 @@ Status run_collective(CommImpl& c, Op& op) {
     in = static_cast<char*>(s) + (in - lo);
     out = static_cast<char*>(s) + (out - lo);
     back = {lo, static_cast<char*>(s), bytes};
+    if (ext.in) in_ref = heap.locate(in, ext.in);
+    if (ext.out) out_ref = heap.locate(out, ext.out);
     c.staged_bytes.fetch_add(bytes, std::memory_order_relaxed);
   } else {
     if (in_ext) {
@@ -549,6 +572,7 @@ Status run_collective(CommImpl& c, Op& op) {
       kernels::copy(s, in, ext.in);
       c.staged_bytes.fetch_add(ext.in, std::memory_order_relaxed);
       in = static_cast<char*>(s);
+      in_ref = heap.locate(in, ext.in);
     }
     if (out_ext) {
       STRATA_ASSIGN_OR_RETURN(void* s, c.scratch_block(1, ext.out));
@@ -559,6 +583,7 @@ Status run_collective(CommImpl& c, Op& op) {
       }
       back = {out, static_cast<char*>(s), ext.out};
       out = static_cast<char*>(s);
+      out_ref = heap.locate(out, ext.out);
     }
   }
   x.in = in;
@@ -592,9 +617,8 @@ Status run_collective(CommImpl& c, Op& op) {
       d.flags |= OpDesc::kInCma;
       d.in_off = reinterpret_cast<uint64_t>(in);
     } else {
-      auto ref = heap.locate(in, ext.in);
-      d.in_seg = ref->seg;
-      d.in_off = ref->offset;
+      d.in_seg = in_ref->seg;
+      d.in_off = in_ref->offset;
     }
   }
   if (ext.out) {
@@ -604,9 +628,8 @@ Status run_collective(CommImpl& c, Op& op) {
       d.flags |= OpDesc::kOutCma;
       d.out_off = reinterpret_cast<uint64_t>(out);
     } else {
-      auto ref = heap.locate(out, ext.out);
-      d.out_seg = ref->seg;
-      d.out_off = ref->offset;
+      d.out_seg = out_ref->seg;
+      d.out_off = out_ref->offset;
     }
   }
   uint64_t* vec = c.self.vec();

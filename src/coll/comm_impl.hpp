@@ -139,9 +139,11 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   std::atomic<bool> abort_flag{false};
   std::mutex err_mu;
   Status sticky;  // set when the communicator is broken (timeout, peer failure, abort)
+  std::atomic<bool> is_broken{false};  // lets the hot path skip err_mu
 
   std::atomic<uint64_t> ops{0}, staged_bytes{0}, direct_bytes{0}, cma_bytes{0}, temp_bytes{0};
-  bool cma_all = false;              // every member can CMA-read every other member
+  bool cma_all = false;
+  bool oversubscribed = false;       // more members than cores this process may use              // every member can CMA-read every other member
   std::vector<std::vector<char>> cma_tmp;  // per peer: landing space for CMA reads that feed a reduction
 
   // Scratch heap blocks used to stage external buffers and for in-place temporaries.
@@ -163,6 +165,7 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   ~CommImpl();
 
   Status broken() {
+    if (!is_broken.load(std::memory_order_acquire)) return Status::ok();
     std::lock_guard<std::mutex> g(err_mu);
     return sticky;
   }

@@ -1,6 +1,7 @@
 // Joining a job: the per-rank context (store, heap) and communicator construction.
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -44,6 +45,7 @@ void CommImpl::set_broken(const Status& s) {
   std::lock_guard<std::mutex> g(err_mu);
   if (sticky.is_ok())
     sticky = Status(s.code(), "communicator is unusable after an earlier failure: " + s.message(), s.peer());
+  is_broken.store(true, std::memory_order_release);
 }
 
 transport::WaitPolicy CommImpl::policy(Deadline d) {
@@ -51,6 +53,7 @@ transport::WaitPolicy CommImpl::policy(Deadline d) {
   p.deadline = d;
   p.abort = &abort_flag;
   p.spin_count = ctx->env.spin_count;
+  p.pure_spins = oversubscribed ? 64 : p.spin_count;
   p.check = [this] { return check_peers(); };
   return p;
 }
@@ -137,6 +140,9 @@ Result<std::shared_ptr<CommImpl>> make_comm(const std::shared_ptr<ContextImpl>& 
   c->pids.assign(c->size, 0);
   c->pidfds.assign(c->size, -1);
   c->send_seq.assign(c->size, 0);
+  cpu_set_t set;
+  int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  c->oversubscribed = c->size > cpus;
   c->recv_seq.assign(c->size, 0);
   const size_t bytes = CtrlView::bytes(c->size);
   const int my_pid = static_cast<int>(getpid());

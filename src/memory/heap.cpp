@@ -112,6 +112,10 @@ struct Heap::Impl {
   std::array<std::atomic<OwnSeg*>, kMaxSegments> own{};
   mutable std::shared_mutex seg_mu;
   std::map<uintptr_t, OwnSeg*> by_base;
+  // The segment locate() found last. Collectives call locate() on every operation and
+  // nearly always hit the same segment; OwnSeg objects live as long as the heap, so the
+  // hint can be read without the lock.
+  mutable std::atomic<const OwnSeg*> locate_hint{nullptr};
   uint32_t next_id = 1;
   size_t reserved = 0;  // includes segments being created, so that the limit holds
   size_t segment_count = 0;
@@ -483,6 +487,10 @@ uint32_t Heap::symmetric_segment() const { return kSymmetricSegment; }
 std::optional<SegRef> Heap::locate(const void* p, size_t bytes) const {
   const Impl& im = *impl_;
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (const OwnSeg* h = im.locate_hint.load(std::memory_order_acquire)) {
+    const uintptr_t base = reinterpret_cast<uintptr_t>(h->seg.base);
+    if (a >= base && a - base < h->seg.size && bytes <= h->seg.size - (a - base)) return SegRef{h->seg.id, a - base};
+  }
   std::shared_lock lk(im.seg_mu);
   auto it = im.by_base.upper_bound(a);
   if (it == im.by_base.begin()) return std::nullopt;
@@ -490,6 +498,7 @@ std::optional<SegRef> Heap::locate(const void* p, size_t bytes) const {
   const OwnSeg& s = *it->second;
   const size_t off = a - it->first;
   if (off >= s.seg.size || bytes > s.seg.size - off) return std::nullopt;
+  im.locate_hint.store(&s, std::memory_order_release);
   return SegRef{s.seg.id, off};
 }
 

@@ -45,7 +45,7 @@ Status wait_reached(const Signal& s, uint32_t target, const WaitPolicy& policy, 
   for (uint32_t i = 0; i < policy.spin_count; ++i) {
     if (reached(s.value.load(std::memory_order_acquire), target)) return Status::ok();
     // Past a short pure spin, yield: the rank we wait for may need this core.
-    if (i < 64) STRATA_CPU_RELAX();
+    if (i < policy.pure_spins) STRATA_CPU_RELAX();
     else sched_yield();
   }
   auto& sleepers = const_cast<Signal&>(s).sleepers;

@@ -30,6 +30,10 @@ struct WaitPolicy {
   Deadline deadline = Deadline::never();
   const std::atomic<bool>* abort = nullptr;  // set by Communicator::abort() or revocation
   uint32_t spin_count = 2000;                 // polls before sleeping
+  /// Polls that only pause the CPU before the rest of the spin yields it. High when every
+  /// rank has a core of its own (the peer is running and will arrive soon), low when the
+  /// host is oversubscribed (the peer may need our core to arrive at all).
+  uint32_t pure_spins = 64;
   /// Called about every millisecond while sleeping; a non-OK status ends the wait
   /// (peer liveness checks live here). May be empty.
   std::function<Status()> check;
