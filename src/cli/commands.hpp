@@ -17,6 +17,7 @@ inline constexpr int kUsageError = 2;
 int run_main(int argc, char** argv);
 int store_main(int argc, char** argv);
 int info_main(int argc, char** argv);
+int bench_main(int argc, char** argv);
 
 /// Matches option `arg` against `names` ("-n", "--np") in the forms "--np V", "--np=V" and,
 /// for one-letter names, "-nV". On a match stores the value, advances `i` past what was

@@ -18,7 +18,7 @@ constexpr Subcommand kSubcommands[] = {
     {"run", "start N ranks with a rendezvous store; output prefixed by rank", run_main},
     {"store", "run a standalone rendezvous store", store_main},
     {"info", "print host identity, topology, transports and settings", info_main},
-    // {"bench", "collective benchmarks (time, algbw, busbw per size)", bench_main},
+    {"bench", "collective benchmarks (time, algbw, busbw per size)", bench_main},
 };
 
 void print_usage(FILE* to) {

@@ -52,8 +52,8 @@ transport::WaitPolicy CommImpl::policy(Deadline d) {
   transport::WaitPolicy p;
   p.deadline = d;
   p.abort = &abort_flag;
-  p.spin_count = ctx->env.spin_count;
-  p.pure_spins = oversubscribed ? 64 : p.spin_count;
+  p.spin_us = oversubscribed ? 2 : ctx->env.spin_us;
+  p.yield_us = oversubscribed ? 2000 : 200;
   p.check = [this] { return check_peers(); };
   return p;
 }

@@ -103,10 +103,11 @@ Env parse(Lookup lookup, void* ctx) {
     if (auto d = parse_duration(*s)) e.timeout = *d;
   if (auto s = get("STRATA_STORE_TIMEOUT"))
     if (auto d = parse_duration(*s)) e.store_connect_timeout = *d;
-  if (auto v = to_int(get("STRATA_SPIN")); v && *v >= 0) e.spin_count = static_cast<uint32_t>(*v);
+  if (auto v = to_int(get("STRATA_SPIN_US")); v && *v >= 0) e.spin_us = static_cast<uint32_t>(*v);
   if (auto s = get("STRATA_ONESHOT_MAX_BYTES"))
     if (auto v = parse_size(*s)) e.oneshot_max_bytes = *v;
   if (auto s = get("STRATA_LOG")) e.log_level = *s;
+  if (auto s = get("STRATA_KERNELS")) e.kernels = *s;
   if (auto s = get("STRATA_HEAP_SEGMENT_SIZE"))
     if (auto v = parse_size(*s)) e.heap_segment_size = *v;
   if (auto s = get("STRATA_HEAP_MAX_SIZE"))

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <ctime>
 #include <string>
@@ -42,11 +43,24 @@ void publish(Signal& s, uint32_t v) {
 
 Status wait_reached(const Signal& s, uint32_t target, const WaitPolicy& policy, const char* what) {
   if (reached(s.value.load(std::memory_order_acquire), target)) return Status::ok();
-  for (uint32_t i = 0; i < policy.spin_count; ++i) {
-    if (reached(s.value.load(std::memory_order_acquire), target)) return Status::ok();
-    // Past a short pure spin, yield: the rank we wait for may need this core.
-    if (i < policy.pure_spins) STRATA_CPU_RELAX();
-    else sched_yield();
+  // Spin, then yield, then sleep: the clock is read every 64 polls only (vDSO, ~20 ns).
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  const auto spin_until = t0 + std::chrono::microseconds(policy.spin_us);
+  const auto yield_until = spin_until + std::chrono::microseconds(policy.yield_us);
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (reached(s.value.load(std::memory_order_acquire), target)) return Status::ok();
+      STRATA_CPU_RELAX();
+    }
+    if (Clock::now() >= spin_until) break;
+  }
+  while (Clock::now() < yield_until) {
+    for (int i = 0; i < 4; ++i) {
+      if (reached(s.value.load(std::memory_order_acquire), target)) return Status::ok();
+      STRATA_CPU_RELAX();
+    }
+    sched_yield();
   }
   auto& sleepers = const_cast<Signal&>(s).sleepers;
   int checks = 0;

@@ -29,11 +29,12 @@ inline bool reached(uint32_t value, uint32_t target) {
 struct WaitPolicy {
   Deadline deadline = Deadline::never();
   const std::atomic<bool>* abort = nullptr;  // set by Communicator::abort() or revocation
-  uint32_t spin_count = 2000;                 // polls before sleeping
-  /// Polls that only pause the CPU before the rest of the spin yields it. High when every
-  /// rank has a core of its own (the peer is running and will arrive soon), low when the
+  /// Microseconds of pure spinning (CPU pause) before yielding the core. Long when every
+  /// rank has a core of its own (the peer is running and arrives soon), near zero when the
   /// host is oversubscribed (the peer may need our core to arrive at all).
-  uint32_t pure_spins = 64;
+  uint32_t spin_us = 50;
+  /// Microseconds of sched_yield polling after the spin, before sleeping on the futex.
+  uint32_t yield_us = 200;
   /// Called about every millisecond while sleeping; a non-OK status ends the wait
   /// (peer liveness checks live here). May be empty.
   std::function<Status()> check;

@@ -23,7 +23,9 @@ using Clock = std::chrono::steady_clock;
 std::set<std::string> dev_shm() {
   std::set<std::string> names;
   if (DIR* d = opendir("/dev/shm")) {
-    while (dirent* e = readdir(d)) names.insert(e->d_name);
+    // Only names that could be ours: other programs on the machine use /dev/shm too.
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).find("strata") != std::string::npos) names.insert(e->d_name);
     closedir(d);
   }
   return names;

@@ -1,0 +1,77 @@
+# Thin wrapper over CMake/Ninja/ctest. The real logic lives in scripts/; see docs/BUILDING.md.
+#
+#   make build        dependencies, configure (Ninja, build/), build
+#   make test         main tree + ASan/UBSan + TSan trees, all ctest runs, "N passed, N failed"
+#   make test-fast    main tree only
+#   make demo         build, then run examples/demo on 4 ranks
+#   make install PREFIX=/opt/strata
+#   make format | lint | clean
+#
+# Variables (make VAR=value): BUILD_DIR ASAN_DIR TSAN_DIR PREFIX JOBS CTEST_JOBS CTEST_ARGS
+# SANITIZER_CTEST_ARGS CMAKE_ARGS. JOBS is the compile parallelism (empty: ninja's default);
+# CTEST_JOBS the tests run at once (2 suits a 2-core machine, as tests start several ranks).
+
+BUILD_DIR ?= build
+ASAN_DIR ?= build-asan
+TSAN_DIR ?= build-tsan
+PREFIX ?= /usr/local
+JOBS ?=
+CTEST_JOBS ?= 2
+CTEST_ARGS ?=
+SANITIZER_CTEST_ARGS ?= -LE slow
+CMAKE_ARGS ?=
+CLANG_FORMAT ?= clang-format
+CLANG_TIDY ?= clang-tidy
+
+export BUILD_DIR ASAN_DIR TSAN_DIR JOBS CTEST_JOBS CTEST_ARGS SANITIZER_CTEST_ARGS CMAKE_ARGS
+
+FORMAT_DIRS := src include tests bench examples
+NINJA_JOBS := $(if $(JOBS),-j $(JOBS),)
+
+.PHONY: all deps configure build test test-fast demo install format lint clean
+
+all: build
+
+deps:
+	@scripts/install_deps.sh
+
+# Configure once; afterwards ninja re-runs CMake by itself when a CMakeLists.txt changes.
+configure: deps
+	@if [ ! -f $(BUILD_DIR)/build.ninja ]; then \
+	  cmake -S . -B $(BUILD_DIR) -G Ninja $(CMAKE_ARGS); \
+	fi
+
+build: configure
+	cmake --build $(BUILD_DIR) $(NINJA_JOBS)
+
+test: deps
+	@scripts/run_tests.sh main asan tsan
+
+test-fast: deps
+	@scripts/run_tests.sh main
+
+demo: build
+	@if [ ! -f examples/demo.cpp ]; then \
+	  echo "make demo: examples/demo.cpp does not exist yet (the demo is still being written)"; \
+	  exit 1; \
+	fi
+	@if [ ! -x $(BUILD_DIR)/examples/demo ]; then \
+	  echo "make demo: $(BUILD_DIR)/examples/demo was not built (add it to examples/CMakeLists.txt)"; \
+	  exit 1; \
+	fi
+	./$(BUILD_DIR)/strata run -n 4 ./$(BUILD_DIR)/examples/demo
+
+install: build
+	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
+
+format:
+	find $(FORMAT_DIRS) -type f \( -name '*.cpp' -o -name '*.hpp' -o -name '*.h' -o -name '*.cc' \) \
+	  -print0 | xargs -0 -r $(CLANG_FORMAT) -i
+
+# clang-tidy over the library sources, with the flags of the main build.
+lint: configure
+	find src -type f -name '*.cpp' -print0 | \
+	  xargs -0 -r -n 4 -P $$(nproc) $(CLANG_TIDY) -p $(BUILD_DIR) --quiet
+
+clean:
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR)

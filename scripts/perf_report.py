@@ -1,0 +1,470 @@
+#!/usr/bin/python3
+"""Writes docs/PERFORMANCE.md and its plots from one run of scripts/bench_all.sh.
+
+    /usr/bin/python3 scripts/perf_report.py build/bench-results [--docs docs]
+
+Reads every JSON document of the run (strata bench, bench/peers/mpi_bench, torch_bench.py:
+format "strata-bench/1"; memcpy.json; machine.json), and writes:
+  PERFORMANCE.md  the targets of issue 3 with measured ratios and PASS/MISS, the method,
+                  the machine, and per collective the tables (median time, busbw, ratios)
+  perf_<collective>_n<ranks>.png   busbw and time vs size, log axes, one line per system
+Without matplotlib the tables are still written and the plots are named as missing.
+"""
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+
+ORDER = ["strata-heap", "strata-external", "strata-registered", "openmpi", "openmpi-malloc-tuned", "gloo"]
+SHORT = {"strata-heap": "strata heap", "strata-external": "strata external", "strata-registered": "strata registered",
+         "openmpi": "Open MPI", "openmpi-malloc-tuned": "Open MPI malloc-tuned", "gloo": "gloo"}
+MPI = ["openmpi", "openmpi-malloc-tuned"]
+KiB, MiB = 1024, 1024 * 1024
+
+
+def human(b):
+    units, u = ["B", "KiB", "MiB", "GiB"], 0
+    while u < 3 and b >= 1024 and b % 1024 == 0:
+        b //= 1024
+        u += 1
+    return "%d %s" % (b, units[u])
+
+
+def ft(us):
+    if us is None:
+        return ""
+    if us >= 1000:
+        return "{:,.0f}".format(us)
+    return "%.3g" % us if us < 10 else "%.1f" % us
+
+
+def fb(gbs):
+    if gbs is None:
+        return ""
+    return "%.3g" % gbs if gbs < 1 else "%.2f" % gbs
+
+
+def fr(x):
+    if x is None:
+        return ""
+    return "%.2f×" % x if x < 100 else "{:,.0f}×".format(x)
+
+
+class Runs:
+    def __init__(self, path):
+        self.rows = {}  # (label, coll, n) -> {size: row}, the best round per size
+        self.rounds = {}  # (label, coll, n) -> number of rounds measured
+        self.docs = {}
+        self.memcpy = None  # the faster of the probes (the stricter reference)
+        self.memcpys = []  # (name, doc)
+        self.machine = {}
+        self.loads = []  # (measurement, 1-minute load average before it)
+        self.busy = []  # (measurement, % of CPU time other processes used just before it)
+        load_path = os.path.join(path, "load.tsv")
+        if os.path.exists(load_path):
+            with open(load_path) as fh:
+                for line in fh:
+                    f = line.strip().split("\t")
+                    try:
+                        self.loads.append((f[0], float(f[1])))
+                        if len(f) > 2:
+                            self.busy.append((f[0], float(f[2])))
+                    except (ValueError, IndexError):
+                        pass
+        for f in sorted(glob.glob(os.path.join(path, "*.json"))):
+            with open(f) as fh:
+                try:
+                    d = json.load(fh)
+                except ValueError as e:
+                    print("perf_report: %s does not parse: %s" % (f, e), file=sys.stderr)
+                    continue
+            base = os.path.basename(f)
+            if base == "machine.json":
+                self.machine = d
+            elif d.get("system") == "memcpy":
+                self.memcpys.append((base[:-5], d))
+                if not self.memcpy or d["per_thread_mean_gbs"] > self.memcpy["per_thread_mean_gbs"]:
+                    self.memcpy = d
+            elif d.get("format") == "strata-bench/1":
+                key = (d["label"], d["collective"], d["nranks"])
+                self.docs[key] = d
+                self.rounds[key] = self.rounds.get(key, 0) + 1
+                best = self.rows.setdefault(key, {})
+                for r in d["results"]:
+                    old = best.get(r["size"])
+                    # The faster round wins; a failed check is kept (never hidden by a better round).
+                    if old is None or (old.get("check") != "FAIL" and (
+                            r.get("check") == "FAIL" or (r["time_us"] and r["time_us"] < old["time_us"]))):
+                        best[r["size"]] = r
+
+    def labels(self, coll, n):
+        return [l for l in ORDER if (l, coll, n) in self.rows] + sorted(
+            {k[0] for k in self.rows if k[1] == coll and k[2] == n and k[0] not in ORDER})
+
+    def groups(self):
+        seen = []
+        for k in self.rows:
+            if (k[1], k[2]) not in seen:
+                seen.append((k[1], k[2]))
+        order = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+        return sorted(seen, key=lambda g: (g[1], order.index(g[0]) if g[0] in order else 99, g[0]))
+
+    def sizes(self, coll, n):
+        s = set()
+        for l in self.labels(coll, n):
+            s |= set(self.rows[(l, coll, n)])
+        return sorted(s)
+
+    def get(self, label, coll, n, size, field):
+        r = self.rows.get((label, coll, n), {}).get(size)
+        return None if r is None else r.get(field)
+
+    def best_mpi(self, coll, n, size, field):
+        vals = [self.get(l, coll, n, size, field) for l in MPI]
+        vals = [v for v in vals if v]
+        if not vals:
+            return None
+        return min(vals) if field == "time_us" else max(vals)
+
+
+def ratio_series(runs, coll, n, lo, hi, num, den):
+    """[(size, ratio)] for sizes in [lo, hi] where both sides exist; num/den are callables."""
+    out = []
+    for s in runs.sizes(coll, n):
+        if lo <= s <= hi:
+            a, b = num(s), den(s)
+            if a and b:
+                out.append((s, a / b))
+    return out
+
+
+def verdict(series, want, higher_is_better=True):
+    if not series:
+        return None, "not measured", "—"
+    worst = min(series, key=lambda x: x[1]) if higher_is_better else max(series, key=lambda x: x[1])
+    med = statistics.median(r for _, r in series)
+    ok = worst[1] >= want if higher_is_better else worst[1] <= want
+    text = "worst %s at %s, median %s over %d sizes" % (fr(worst[1]), human(worst[0]), fr(med), len(series))
+    return ok, text, "PASS" if ok else "**MISS**"
+
+
+def targets(runs):
+    """The targets of issue 3 (2 ranks, fp32, heap buffers unless said), as table rows."""
+    rows = []
+    t = lambda l, c, n: (lambda s: runs.get(l, c, n, s, "time_us"))
+    bw = lambda l, c, n: (lambda s: runs.get(l, c, n, s, "busbw_gbs"))
+    inv = lambda f: (lambda s: (1.0 / f(s)) if f(s) else None)
+    mpi_t = lambda c, n: (lambda s: runs.best_mpi(c, n, s, "time_us"))
+    mpi_bw = lambda c, n: (lambda s: runs.best_mpi(c, n, s, "busbw_gbs"))
+
+    ser = ratio_series(runs, "all_reduce", 2, 16 * MiB, 256 * MiB, bw("strata-heap", "all_reduce", 2),
+                       bw("openmpi-malloc-tuned", "all_reduce", 2))
+    rows.append(("all_reduce busbw 16–256 MiB ≥ 2× Open MPI malloc-tuned", "≥ 2×") + verdict(ser, 2.0)[1:])
+    if runs.memcpy:
+        pt = runs.memcpy["per_thread_mean_gbs"]
+        ser = ratio_series(runs, "all_reduce", 2, 16 * MiB, 256 * MiB, bw("strata-heap", "all_reduce", 2),
+                           lambda s: pt)
+        rows.append(("all_reduce busbw 16–256 MiB ≥ 0.6× memcpy per process, 2 copying at once (%.1f GB/s; "
+                     "0.8× is the limit)" % pt, "≥ 0.6×") + verdict(ser, 0.6)[1:])
+    ser = ratio_series(runs, "all_reduce", 2, 8, 128, t("strata-heap", "all_reduce", 2), mpi_t("all_reduce", 2))
+    rows.append(("all_reduce time 8–128 B no slower than Open MPI (strata ÷ faster Open MPI variant)", "≤ 1×")
+                + verdict(ser, 1.0, False)[1:])
+    ser = ratio_series(runs, "all_reduce", 2, 512, 64 * KiB, t("strata-heap", "all_reduce", 2),
+                       mpi_t("all_reduce", 2))
+    rows.append(("all_reduce time 512 B–64 KiB ≤ 0.5× Open MPI (strata ÷ faster Open MPI variant)", "≤ 0.5×")
+                + verdict(ser, 0.5, False)[1:])
+    for c in ("all_gather", "reduce_scatter", "all_to_all"):
+        ser = ratio_series(runs, c, 2, MiB, 1 << 40, bw("strata-heap", c, 2), mpi_bw(c, 2))
+        rows.append(("%s busbw ≥ 1 MiB ≥ 1.5× Open MPI (faster variant)" % c, "≥ 1.5×") + verdict(ser, 1.5)[1:])
+    for c in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        ser = ratio_series(runs, c, 2, 0, 1 << 40, t("gloo", c, 2), t("strata-heap", c, 2))
+        note = " (gloo: all_reduce + copy, it has no reduce_scatter)" if c == "reduce_scatter" else ""
+        rows.append(("%s ≥ 10× gloo at every size (gloo time ÷ strata time)%s" % (c, note), "≥ 10×")
+                    + verdict(ser, 10.0)[1:])
+    for buf in ("strata-external", "strata-registered"):
+        for c in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+            ser = ratio_series(runs, c, 2, MiB, 1 << 40, bw(buf, c, 2), mpi_bw(c, 2))
+            what = "external buffers (staged)" if buf == "strata-external" else "registered external buffers (CMA)"
+            rows.append(("%s %s never slower than Open MPI at ≥ 1 MiB" % (c, what), "≥ 1×")
+                        + verdict(ser, 1.0)[1:])
+    for n in sorted({k[2] for k in runs.rows if k[2] > 2 and k[1] == "all_reduce"}):
+        ser = ratio_series(runs, "all_reduce", n, 0, 1 << 40, t("strata-heap", "all_reduce", n),
+                           mpi_t("all_reduce", n))
+        rows.append(("all_reduce %d ranks on %s cores: at least as fast as Open MPI (strata ÷ faster variant)"
+                     % (n, runs.machine.get("nproc", "?")), "≤ 1×") + verdict(ser, 1.0, False)[1:])
+        jumps = explosions(runs, "strata-heap", "all_reduce", n)
+        rows.append(("all_reduce %d ranks: no size where the time explodes" % n, "none",
+                     "none" if not jumps else "; ".join(jumps), "PASS" if not jumps else "**MISS**"))
+    return rows
+
+
+def explosions(runs, label, coll, n):
+    """Sizes where the time grows much faster than the size (more than max(4, 2 × size step))."""
+    rows = runs.rows.get((label, coll, n), {})
+    sizes = sorted(rows)
+    out = []
+    for a, b in zip(sizes, sizes[1:]):
+        ta, tb = rows[a]["time_us"], rows[b]["time_us"]
+        if ta and tb and tb / ta > max(4.0, 2.0 * b / a):
+            out.append("%s → %s: %s µs → %s µs" % (human(a), human(b), ft(ta), ft(tb)))
+    return out
+
+
+def zero_copy_gain(runs):
+    lines = []
+    for c in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        for buf in ("strata-external", "strata-registered"):
+            ser = ratio_series(runs, c, 2, MiB, 1 << 40, lambda s: runs.get("strata-heap", c, 2, s, "busbw_gbs"),
+                               lambda s: runs.get(buf, c, 2, s, "busbw_gbs"))
+            if ser:
+                lines.append("| %s | %s | %s | %s–%s |" % (
+                    c, SHORT[buf], fr(statistics.median(r for _, r in ser)), fr(min(r for _, r in ser)),
+                    fr(max(r for _, r in ser))))
+    return lines
+
+
+def plot(runs, coll, n, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.4))
+    styles = {"strata-heap": "o-", "strata-external": "s--", "strata-registered": "^--", "openmpi": "v-",
+              "openmpi-malloc-tuned": "D-", "gloo": "x-"}
+    for l in runs.labels(coll, n):
+        rows = runs.rows[(l, coll, n)]
+        xs = sorted(s for s in rows if s > 0 and rows[s]["time_us"])
+        a1.plot(xs, [rows[s]["busbw_gbs"] for s in xs], styles.get(l, ".-"), label=SHORT.get(l, l), ms=4)
+        a2.plot(xs, [rows[s]["time_us"] for s in xs], styles.get(l, ".-"), label=SHORT.get(l, l), ms=4)
+    if runs.memcpy and n == 2:
+        pt = runs.memcpy["per_thread_mean_gbs"]
+        a1.axhline(pt, color="gray", ls=":", lw=1)
+        xmin = min(s for s in runs.sizes(coll, n) if s > 0)
+        a1.text(xmin, pt * 1.05, "memcpy per process, 2 at once (%.1f GB/s)" % pt, color="gray", fontsize=8)
+    for a, yl in ((a1, "busbw (GB/s)"), (a2, "median time (µs)")):
+        a.set_xscale("log", base=2)
+        a.set_yscale("log")
+        a.set_xlabel("size (bytes)")
+        a.set_ylabel(yl)
+        a.grid(True, which="both", alpha=0.3)
+    a1.legend(fontsize=8)
+    fig.suptitle("%s, %d ranks, float32 (one run of scripts/bench_all.sh)" % (coll, n))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def table(runs, coll, n, field, fmt):
+    labels = runs.labels(coll, n)
+    out = ["| size | " + " | ".join(SHORT.get(l, l) for l in labels) + " |",
+           "|---:|" + "---:|" * len(labels)]
+    for s in runs.sizes(coll, n):
+        cells = []
+        for l in labels:
+            v = runs.get(l, coll, n, s, field)
+            chk = runs.get(l, coll, n, s, "check")
+            cells.append(fmt(v) + (" FAIL" if chk == "FAIL" else ""))
+        out.append("| %s | %s |" % (human(s), " | ".join(cells)))
+    return out
+
+
+def ratio_table(runs, coll, n):
+    labels = runs.labels(coll, n)
+    cols = [(l, "strata heap ÷ %s" % SHORT[l]) for l in ("openmpi", "openmpi-malloc-tuned", "gloo") if l in labels]
+    cols += [(l, "heap ÷ %s" % SHORT[l].replace("strata ", "")) for l in ("strata-external", "strata-registered")
+             if l in labels]
+    if "strata-heap" not in labels or not cols:
+        return []
+    out = ["| size | " + " | ".join(c[1] for c in cols) + " |", "|---:|" + "---:|" * len(cols)]
+    for s in runs.sizes(coll, n):
+        th = runs.get("strata-heap", coll, n, s, "time_us")
+        cells = []
+        for l, _ in cols:
+            tp = runs.get(l, coll, n, s, "time_us")
+            cells.append(fr(tp / th) if th and tp else "")
+        out.append("| %s | %s |" % (human(s), " | ".join(cells)))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", help="directory of one bench_all.sh run")
+    ap.add_argument("--docs", default="docs", help="where PERFORMANCE.md and the PNGs go")
+    o = ap.parse_args()
+    runs = Runs(o.results)
+    if not runs.rows:
+        print("perf_report: no results in %s" % o.results, file=sys.stderr)
+        return 1
+    os.makedirs(o.docs, exist_ok=True)
+    try:
+        import matplotlib  # noqa: F401
+        have_mpl = True
+    except ImportError:
+        have_mpl = False
+        print("perf_report: matplotlib is missing for %s: no plots (scripts/install_bench_deps.sh)" % sys.executable,
+              file=sys.stderr)
+
+    m = runs.machine
+    L = []
+    L += ["# Performance", "",
+          "Generated by `scripts/perf_report.py` from one run of `scripts/bench_all.sh`%s; do not edit by hand "
+          "(rerun instead). Every ratio below compares systems measured in that one run." %
+          (" in QUICK mode (fewer sizes and repeats)" if m.get("quick") else ""), "",
+          "Reproduce (as root, on an idle machine if you can):", "", "```sh",
+          "scripts/install_bench_deps.sh                        # Open MPI, torch (gloo), numpy, matplotlib",
+          "cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build",
+          "BUILD_DIR=build scripts/bench_all.sh                 # ~10-15 min; QUICK=1 for a ~2 min pass",
+          "# or: make bench", "```", "",
+          "One system by hand: `strata bench all_reduce -n 2 -b 8 -e 256M -f 2 --json ar.json --plot ar.png`; "
+          "the peers: `mpirun --allow-run-as-root -np 2 build/bench/peers/mpi_bench all_reduce -b 8 -e 256M`, "
+          "`/usr/bin/python3 bench/peers/torch_bench.py all_reduce -n 2 -b 8 -e 256M`.", ""]
+    L += ["## Machine", "",
+          "| | |", "|---|---|",
+          "| date (UTC) | %s |" % m.get("date", "?"),
+          "| CPU | %s, %s logical CPUs (`nproc`) |" % (m.get("cpu", "?"), m.get("nproc", "?")),
+          "| memory | %s GiB |" % m.get("mem_gib", "?"),
+          "| kernel | %s |" % m.get("kernel", "?"),
+          "| load average (1/5/15 min) at start / end | %s / %s |" % (m.get("loadavg_start", "?"),
+                                                                     m.get("loadavg_end", "?")),
+          "| Open MPI | %s |" % m.get("openmpi", "not found"),
+          "| torch | %s (gloo) |" % (m.get("torch") or "not found"),
+          "| strata | git %s |" % m.get("git", "?"),
+          "| run time | %s s |" % m.get("seconds", "?")]
+    if runs.loads:
+        ls = [v for _, v in runs.loads]
+        L += ["| 1-min load average before each of the %d measurements (includes our own previous ranks) | "
+              "min %.2f, median %.2f, max %.2f |" % (len(ls), min(ls), statistics.median(ls), max(ls))]
+    if runs.busy:
+        bs = [v for _, v in runs.busy]
+        L += ["| CPU time taken by other processes just before each measurement | min %d%%, median %d%%, "
+              "max %d%%; over 50%% before %d of %d |" % (min(bs), statistics.median(bs), max(bs),
+                                                        sum(1 for v in bs if v > 50), len(bs))]
+    L += [""]
+    nproc = float(m.get("nproc") or 2)
+    if runs.busy:
+        busy_run = statistics.median(v for _, v in runs.busy) > 25
+        why = "a median %d%% of the CPU time was taken by other processes" % statistics.median(
+            v for _, v in runs.busy)
+    else:
+        busy_run = bool(runs.loads) and statistics.median(v for _, v in runs.loads) > nproc
+        why = "median 1-minute load %.1f on %d CPUs" % (
+            statistics.median(v for _, v in runs.loads) if runs.loads else 0, nproc)
+    if busy_run:
+        L += ["**This run was made on a busy machine** (%s: other processes competed for the cores). "
+              "Busy-polling peers suffer most from that: Open MPI's large-message "
+              "bandwidth and the memcpy reference drop well below their figures on an idle machine "
+              "(shared/MEASURED.md: Open MPI malloc-tuned ~4.6 GB/s at 64 MiB, memcpy ~15 GB/s per process with "
+              "2 copying), so ratios against them flatter strata. Rerun on an idle machine before quoting them." % why, ""]
+    L += ["The machine is shared: other processes (builds) may have run at the same time; the load average "
+          "above says how busy it was. Absolute figures vary from run to run; the ratios are the point.", ""]
+
+    L += ["## Targets (issue 3)", "",
+          "2 ranks, float32, strata on heap buffers unless the row says otherwise. \"Open MPI (faster variant)\" "
+          "is, per size, the faster of Open MPI default and Open MPI with the malloc settings, so the comparison "
+          "is against Open MPI's best. A ratio's worst case is over every size of the range.", "",
+          "| target | wanted | measured | verdict |", "|---|---|---|---|"]
+    trows = targets(runs)
+    for name, want, text, v in trows:
+        L.append("| %s | %s | %s | %s |" % (name, want, text, v))
+    misses = sum(1 for r in trows if "MISS" in r[3])
+    L += ["", "%d of %d targets met." % (len(trows) - misses, len(trows)), ""]
+    zc = zero_copy_gain(runs)
+    if zc:
+        L += ["Zero-copy gain (busbw of heap buffers ÷ busbw of external buffers, sizes ≥ 1 MiB):", "",
+              "| collective | external kind | median | range |", "|---|---|---:|---:|"] + zc + [""]
+
+    L += ["## Method", "",
+          "- **Time** per size: after %s warm-up calls, one timed call sizes a loop of `iters` back-to-back calls "
+          "lasting about %s ms (or `--iters`); the loop is timed %s times (a barrier before each), each repeat's "
+          "time being loop time ÷ iters of the *slowest* rank; the table shows the **median of the repeats**. "
+          "This is the nccl-tests method (time a loop, divide) made robust to a noisy machine: a loop measures "
+          "the steady state, including any overlap between consecutive calls, without a barrier in every "
+          "iteration (which would add its own latency and skew), and the median over repeats drops repeats "
+          "that another process interrupted. strata bench, mpi_bench and torch_bench.py run this same loop "
+          "(the first two share its code, `src/cli/bench_common.hpp`)." % (
+              _timing(runs, "warmup"), _timing(runs, "target_ms"), _timing(runs, "repeats")),
+          "- **Size** (nccl-tests): for all_reduce, reduce, broadcast, sendrecv, the bytes of the buffer each "
+          "rank passes; for all_gather, reduce_scatter, all_to_all, gather, scatter the *total* buffer "
+          "(ranks × per-rank block: the all_gather output, the reduce_scatter input, the all_to_all send buffer).",
+          "- **algbw** = size ÷ time; **busbw** = algbw × 2(n−1)/n for all_reduce, × (n−1)/n for all_gather, "
+          "reduce_scatter, all_to_all, × 1 for broadcast and reduce (GB/s = 10⁹ B/s).",
+          "- **Rounds**: the machine is shared, so every system but gloo is measured in %s rounds, the systems "
+          "alternating within a round; each figure below is the best round for that system and size (the same "
+          "rule for every system). gloo runs once." % _rounds(runs),
+          "- Buffers are allocated once at the largest size and touched before timing (first touch of a page "
+          "costs ~10 µs on these VMs); every size's result is checked once against the expected values.",
+          "- Systems: **strata heap** (`comm.alloc`, zero-copy), **strata external** (malloc'd, unregistered: "
+          "staged through the heap), **strata registered** (malloc'd + `register_buffer`: single-copy CMA), "
+          "**Open MPI** 4.1 default (vader shared-memory BTL), **Open MPI malloc-tuned** "
+          "(`MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296`, so its temporary buffers "
+          "are not mapped and unmapped per call), **gloo** (torch.distributed, one torch thread per rank; fewer "
+          "sizes and at most %s iterations per repeat, as it is ~1000× slower at small sizes; out-of-place "
+          "all_reduce is copy + in-place all_reduce, reduce_scatter is all_reduce + copy of the rank's block)."
+          % _gloo_iters(runs), ""]
+
+    if runs.memcpy:
+        mc = runs.memcpy
+        runs.memcpys.sort(key=lambda x: (0 if "start" in x[0] else 1, x[0]))
+        names = [nm for nm, _ in runs.memcpys]
+        L += ["## memcpy probe", "",
+              "%s buffers, warm pages, GB/s = bytes copied ÷ time, median of %d repeats; run at %s. The "
+              "targets use the faster probe's per-process rate (%.2f GB/s)." % (
+                  human(mc["bytes"]), mc["repeats"], " and ".join(n.replace("memcpy_", "the ") for n in names),
+                  mc["per_thread_mean_gbs"]), "",
+              "| copy | " + " | ".join(n.replace("memcpy_", "") for n in names) + " |",
+              "|---|" + "---:|" * len(names),
+              "| 1 thread alone | " + " | ".join("%.2f" % d["one_thread_gbs"] for _, d in runs.memcpys) + " |",
+              "| 2 threads at once, each (per process) | " + " | ".join(
+                  " / ".join("%.2f" % g for g in d["per_thread_gbs"]) for _, d in runs.memcpys) + " |",
+              "| 2 threads at once, total | " + " | ".join("%.2f" % d["total_gbs"] for _, d in runs.memcpys) + " |",
+              "| 1 MiB in cache, 1 thread | " + " | ".join("%.2f" % d["in_cache_1mib_gbs"] for _, d in runs.memcpys)
+              + " |", "",
+              "A two-shot all_reduce on 2 ranks moves 1.25× the bytes of a memcpy per process, so busbw ≤ 0.8× "
+              "the per-process copy rate with both cores busy.", ""]
+
+    for coll, n in runs.groups():
+        L += ["## %s, %d ranks" % (coll, n), ""]
+        png = "perf_%s_n%d.png" % (coll, n)
+        if have_mpl:
+            plot(runs, coll, n, os.path.join(o.docs, png))
+            L += ["![%s %d ranks](%s)" % (coll, n, png), ""]
+        else:
+            L += ["(plot %s not made: matplotlib is missing)" % png, ""]
+        fails = [l for l in runs.labels(coll, n) if any(r.get("check") == "FAIL"
+                                                         for r in runs.rows[(l, coll, n)].values())]
+        if fails:
+            L += ["**Correctness check FAILED** for: %s." % ", ".join(fails), ""]
+        L += ["Median time (µs):", ""] + table(runs, coll, n, "time_us", ft) + [""]
+        L += ["busbw (GB/s):", ""] + table(runs, coll, n, "busbw_gbs", fb) + [""]
+        rt = ratio_table(runs, coll, n)
+        if rt:
+            L += ["Ratios (peer time ÷ strata heap time = strata busbw ÷ peer busbw; > 1: strata heap faster):",
+                  ""] + rt + [""]
+
+    path = os.path.join(o.docs, "PERFORMANCE.md")
+    with open(path, "w") as f:
+        f.write("\n".join(L).rstrip() + "\n")
+    print("perf_report: wrote %s (%d of %d targets met)" % (path, len(trows) - misses, len(trows)))
+    return 0
+
+
+def _timing(runs, key):
+    vals = sorted({float(d["timing"][key]) for d in runs.docs.values() if key in d.get("timing", {})})
+    return "/".join("%g" % v for v in vals) if vals else "?"
+
+
+def _rounds(runs):
+    vals = sorted({v for k, v in runs.rounds.items() if k[0] != "gloo"})
+    return "/".join(str(v) for v in vals) if vals else "1"
+
+
+def _gloo_iters(runs):
+    vals = sorted({int(d["timing"]["max_iters"]) for d in runs.docs.values()
+                   if d.get("system") == "gloo" and "max_iters" in d.get("timing", {})})
+    return "/".join(str(v) for v in vals) if vals else "a capped number of"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

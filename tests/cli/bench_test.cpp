@@ -1,0 +1,209 @@
+// `strata bench`: a short sweep runs through the launcher, checks every size and writes a JSON
+// document with the documented fields; malformed command lines are usage errors (exit 2).
+
+#include <cctype>
+#include <map>
+#include <memory>
+#include <variant>
+
+#include "cli/cli_test_util.hpp"
+
+namespace strata::cli_test {
+namespace {
+
+// A small JSON reader, enough to prove the document parses and to read its fields.
+struct Json {
+  std::variant<std::nullptr_t, bool, double, std::string, std::vector<Json>, std::map<std::string, Json>> v;
+  const Json* get(const std::string& k) const {
+    auto* m = std::get_if<std::map<std::string, Json>>(&v);
+    if (!m) return nullptr;
+    auto it = m->find(k);
+    return it == m->end() ? nullptr : &it->second;
+  }
+};
+
+class JsonReader {
+ public:
+  explicit JsonReader(const std::string& s) : s_(s) {}
+  bool parse(Json& out) {
+    if (!value(out)) return false;
+    ws();
+    return i_ == s_.size();
+  }
+
+ private:
+  void ws() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  bool lit(const char* w) {
+    size_t n = std::strlen(w);
+    if (s_.compare(i_, n, w) != 0) return false;
+    i_ += n;
+    return true;
+  }
+  bool str(std::string& out) {
+    if (s_[i_] != '"') return false;
+    for (++i_; i_ < s_.size(); ++i_) {
+      char c = s_[i_];
+      if (c == '"') return ++i_, true;
+      if (c == '\\') {
+        if (++i_ >= s_.size()) return false;
+        if (s_[i_] == 'u') i_ += 4, out += '?';
+        else out += s_[i_];
+      } else {
+        out += c;
+      }
+    }
+    return false;
+  }
+  bool value(Json& out) {
+    ws();
+    if (i_ >= s_.size()) return false;
+    char c = s_[i_];
+    if (c == '{') {
+      std::map<std::string, Json> m;
+      ++i_;
+      ws();
+      if (s_[i_] == '}') return ++i_, out.v = m, true;
+      for (;;) {
+        ws();
+        std::string k;
+        Json v;
+        if (!str(k)) return false;
+        ws();
+        if (s_[i_++] != ':' || !value(v)) return false;
+        m[k] = v;
+        ws();
+        if (s_[i_] == ',') ++i_;
+        else if (s_[i_] == '}') return ++i_, out.v = m, true;
+        else return false;
+      }
+    }
+    if (c == '[') {
+      std::vector<Json> a;
+      ++i_;
+      ws();
+      if (s_[i_] == ']') return ++i_, out.v = a, true;
+      for (;;) {
+        Json v;
+        if (!value(v)) return false;
+        a.push_back(v);
+        ws();
+        if (s_[i_] == ',') ++i_;
+        else if (s_[i_] == ']') return ++i_, out.v = a, true;
+        else return false;
+      }
+    }
+    if (c == '"') {
+      std::string s;
+      if (!str(s)) return false;
+      out.v = s;
+      return true;
+    }
+    if (lit("true")) return out.v = true, true;
+    if (lit("false")) return out.v = false, true;
+    if (lit("null")) return out.v = nullptr, true;
+    char* end = nullptr;
+    double d = std::strtod(s_.c_str() + i_, &end);
+    if (end == s_.c_str() + i_) return false;
+    i_ = static_cast<size_t>(end - s_.c_str());
+    out.v = d;
+    return true;
+  }
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+TEST(BenchCli, ShortAllReduceSweepChecksEverySizeAndWritesJson) {
+  STRATA_REQUIRE_BIN();
+  TempDir dir;
+  std::string json = dir.path() + "/ar.json";
+  Outcome r = run_cli({"bench", "all_reduce", "-n", "2", "-b", "8", "-e", "64K", "-f", "4", "--iters", "5", "--json",
+                       json},
+                      {}, 60s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  // 8 B .. 64 KiB by 4: 8 32 128 512 2K 8K 32K.
+  const std::vector<size_t> sizes = {8, 32, 128, 512, 2048, 8192, 32768};
+  std::vector<std::string> rows;
+  for (const auto& l : lines_of(r.out))
+    if (!l.empty() && l[0] != '#') rows.push_back(l);
+  ASSERT_EQ(rows.size(), sizes.size()) << r.out;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::istringstream in(rows[i]);
+    size_t size = 0;
+    in >> size;
+    EXPECT_EQ(size, sizes[i]) << rows[i];
+    EXPECT_TRUE(rows[i].ends_with(" ok")) << "size " << sizes[i] << " not checked ok: " << rows[i];
+  }
+  EXPECT_TRUE(contains(r.out, "# check: all 7 sizes ok")) << r.out;
+
+  std::string text = read_file(json);
+  Json doc;
+  ASSERT_TRUE(JsonReader(text).parse(doc)) << "the JSON does not parse:\n" << text;
+  for (const char* k : {"system", "label", "collective", "nranks", "dtype", "op", "inplace", "buffers", "busbw_factor",
+                        "timing", "results"})
+    EXPECT_NE(doc.get(k), nullptr) << "missing field " << k;
+  EXPECT_EQ(std::get<std::string>(doc.get("collective")->v), "all_reduce");
+  EXPECT_EQ(std::get<double>(doc.get("nranks")->v), 2.0);
+  EXPECT_EQ(std::get<double>(doc.get("busbw_factor")->v), 1.0);  // 2(n-1)/n at n = 2
+  const auto& results = std::get<std::vector<Json>>(doc.get("results")->v);
+  ASSERT_EQ(results.size(), sizes.size());
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Json& row = results[i];
+    for (const char* k : {"size", "count", "iters", "time_us", "time_min_us", "time_max_us", "algbw_gbs",
+                          "busbw_gbs", "check", "wrong"})
+      ASSERT_NE(row.get(k), nullptr) << "row " << i << " lacks " << k;
+    EXPECT_EQ(std::get<double>(row.get("size")->v), static_cast<double>(sizes[i]));
+    EXPECT_EQ(std::get<double>(row.get("count")->v), static_cast<double>(sizes[i] / 4));
+    EXPECT_EQ(std::get<double>(row.get("iters")->v), 5.0);
+    EXPECT_EQ(std::get<std::string>(row.get("check")->v), "ok");
+    double t = std::get<double>(row.get("time_us")->v);
+    double algbw = std::get<double>(row.get("algbw_gbs")->v);
+    EXPECT_GT(t, 0);
+    EXPECT_NEAR(algbw, static_cast<double>(sizes[i]) / t / 1e3, algbw * 1e-3 + 1e-6) << "algbw = size / time";
+  }
+}
+
+TEST(BenchCli, AllGatherSizeIsTheTotalBuffer) {
+  STRATA_REQUIRE_BIN();
+  // nccl-tests: for all_gather the size is ranks x per-rank block; 1 KiB fp32 on 2 ranks =
+  // 256 elements in all, 128 per rank.
+  Outcome r = run_cli({"bench", "all_gather", "-n", "2", "-b", "1K", "-e", "1K", "--iters", "3", "--repeats", "3"}, {},
+                      60s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  bool seen = false;
+  for (const auto& l : lines_of(r.out)) {
+    if (l.empty() || l[0] == '#') continue;
+    std::istringstream in(l);
+    size_t size = 0, count = 0;
+    in >> size >> count;
+    EXPECT_EQ(size, 1024u) << l;
+    EXPECT_EQ(count, 256u) << l;
+    EXPECT_TRUE(l.ends_with(" ok")) << l;
+    seen = true;
+  }
+  EXPECT_TRUE(seen) << r.out;
+}
+
+TEST(BenchCli, BadCommandLinesAreUsageErrors) {
+  STRATA_REQUIRE_BIN();
+  Outcome bad = run_cli({"bench", "all_reduse", "-n", "2"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.out << bad.err;
+  EXPECT_TRUE(contains(bad.err, "unknown collective 'all_reduse'")) << bad.err;
+  EXPECT_EQ(run_cli({"bench", "all_reduce"}).exit_code, 2);                            // no -n
+  EXPECT_EQ(run_cli({"bench", "all_reduce", "-n", "2", "-b", "8X"}).exit_code, 2);     // bad size
+  EXPECT_EQ(run_cli({"bench", "all_reduce", "-n", "2", "--buffers", "gpu"}).exit_code, 2);
+  Outcome help = run_cli({"bench", "--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_TRUE(contains(help.out, "usage: strata bench")) << help.out;
+}
+
+}  // namespace
+}  // namespace strata::cli_test

@@ -1,0 +1,221 @@
+// Env: the typed view of STRATA_* and launcher variables, parsed from a fake environment.
+#include "common/env.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace strata {
+namespace {
+
+using namespace std::chrono_literals;
+using env_detail::parse_duration;
+using env_detail::parse_size;
+
+Env env_of(const std::map<std::string, std::string>& vars) {
+  return Env::from_lookup([&](const char* key) -> std::optional<std::string> {
+    auto it = vars.find(key);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+TEST(EnvParse, DefaultsWithEmptyEnvironment) {
+  const Env e = env_of({});
+  EXPECT_FALSE(e.rank.has_value());
+  EXPECT_FALSE(e.world_size.has_value());
+  EXPECT_FALSE(e.local_rank.has_value());
+  EXPECT_FALSE(e.local_size.has_value());
+  EXPECT_EQ(e.launcher, "");
+  EXPECT_EQ(e.store, "");
+  EXPECT_EQ(e.timeout, 300000ms);
+  EXPECT_EQ(e.store_connect_timeout, 60000ms);
+  EXPECT_EQ(e.spin_us, 50u);
+  EXPECT_EQ(e.oneshot_max_bytes, size_t{64} << 10);
+  EXPECT_EQ(e.log_level, "warn");
+  EXPECT_EQ(e.kernels, "");
+  EXPECT_EQ(e.heap_segment_size, size_t{1} << 30);
+  EXPECT_EQ(e.heap_max_size, size_t{64} << 30);
+  EXPECT_FALSE(e.heap_huge_pages);
+  EXPECT_FALSE(e.heap_prefault);
+  EXPECT_TRUE(e.cma);
+}
+
+TEST(EnvParse, StrataPlacementVariables) {
+  const Env e = env_of({{"STRATA_RANK", "3"},
+                        {"STRATA_WORLD_SIZE", "8"},
+                        {"STRATA_LOCAL_RANK", "1"},
+                        {"STRATA_LOCAL_SIZE", "2"},
+                        {"STRATA_STORE", "10.0.0.1:7000"},
+                        {"STRATA_JOB_ID", "job42"},
+                        {"STRATA_HOST_ID", "hostA"},
+                        {"STRATA_JOB_TOKEN", "s3cret"},
+                        // torchrun variables are ignored when STRATA_* are present.
+                        {"RANK", "5"},
+                        {"WORLD_SIZE", "9"}});
+  EXPECT_EQ(e.launcher, "strata");
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_size, 2);
+  EXPECT_EQ(e.store, "10.0.0.1:7000");
+  EXPECT_EQ(e.job_id, "job42");
+  EXPECT_EQ(e.host_id, "hostA");
+  EXPECT_EQ(e.job_token, "s3cret");
+}
+
+TEST(EnvParse, TorchrunVariables) {
+  const Env e = env_of({{"RANK", "2"},
+                        {"WORLD_SIZE", "4"},
+                        {"LOCAL_RANK", "0"},
+                        {"LOCAL_WORLD_SIZE", "2"},
+                        {"MASTER_ADDR", "node0"},
+                        {"MASTER_PORT", "29511"},
+                        {"TORCHELASTIC_RUN_ID", "elastic-1"}});
+  EXPECT_EQ(e.launcher, "torchrun");
+  EXPECT_EQ(e.rank, 2);
+  EXPECT_EQ(e.world_size, 4);
+  EXPECT_EQ(e.local_rank, 0);
+  EXPECT_EQ(e.local_size, 2);
+  EXPECT_EQ(e.store, "node0:29511");
+  EXPECT_EQ(e.job_id, "elastic-1");
+}
+
+TEST(EnvParse, MasterPortDefaultsAndStrataStoreWins) {
+  EXPECT_EQ(env_of({{"MASTER_ADDR", "node0"}}).store, "node0:29500");
+  EXPECT_EQ(env_of({{"MASTER_ADDR", "node0"}, {"STRATA_STORE", "h:1"}}).store, "h:1");
+}
+
+TEST(EnvParse, OpenMpiVariables) {
+  const Env e = env_of({{"OMPI_COMM_WORLD_RANK", "1"},
+                        {"OMPI_COMM_WORLD_SIZE", "2"},
+                        {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  EXPECT_EQ(e.launcher, "mpirun");
+  EXPECT_EQ(e.rank, 1);
+  EXPECT_EQ(e.world_size, 2);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_size, 2);
+}
+
+TEST(EnvParse, SlurmVariables) {
+  const Env e = env_of({{"SLURM_PROCID", "7"},
+                        {"SLURM_NTASKS", "16"},
+                        {"SLURM_LOCALID", "3"},
+                        {"SLURM_NTASKS_PER_NODE", "4"},
+                        {"SLURM_JOB_ID", "12345"}});
+  EXPECT_EQ(e.launcher, "slurm");
+  EXPECT_EQ(e.rank, 7);
+  EXPECT_EQ(e.world_size, 16);
+  EXPECT_EQ(e.local_rank, 3);
+  EXPECT_EQ(e.local_size, 4);
+  EXPECT_EQ(e.job_id, "12345");
+}
+
+TEST(EnvParse, BehaviourAndHeapSettings) {
+  const Env e = env_of({{"STRATA_TIMEOUT", "30s"},
+                        {"STRATA_STORE_TIMEOUT", "1500"},
+                        {"STRATA_SPIN_US", "0"},
+                        {"STRATA_ONESHOT_MAX_BYTES", "256K"},
+                        {"STRATA_LOG", "debug"},
+                        {"STRATA_KERNELS", "avx2"},
+                        {"STRATA_HEAP_SEGMENT_SIZE", "256M"},
+                        {"STRATA_HEAP_MAX_SIZE", "8G"},
+                        {"STRATA_HEAP_SYMMETRIC_SIZE", "64MiB"},
+                        {"STRATA_HEAP_HUGE_PAGES", "1"},
+                        {"STRATA_HEAP_PREFAULT", "yes"},
+                        {"STRATA_CMA", "0"}});
+  EXPECT_EQ(e.timeout, 30000ms);
+  EXPECT_EQ(e.store_connect_timeout, 1500ms);
+  EXPECT_EQ(e.spin_us, 0u);
+  EXPECT_EQ(e.oneshot_max_bytes, size_t{256} << 10);
+  EXPECT_EQ(e.log_level, "debug");
+  EXPECT_EQ(e.kernels, "avx2");
+  EXPECT_EQ(e.heap_segment_size, size_t{256} << 20);
+  EXPECT_EQ(e.heap_max_size, size_t{8} << 30);
+  EXPECT_EQ(e.heap_symmetric_size, size_t{64} << 20);
+  EXPECT_TRUE(e.heap_huge_pages);
+  EXPECT_TRUE(e.heap_prefault);
+  EXPECT_FALSE(e.cma);
+}
+
+TEST(EnvParse, BooleanSpellings) {
+  for (const char* off : {"0", "false", "no", "off"}) EXPECT_FALSE(env_of({{"STRATA_CMA", off}}).cma) << off;
+  for (const char* on : {"1", "true", "yes", "on"})
+    EXPECT_TRUE(env_of({{"STRATA_HEAP_PREFAULT", on}}).heap_prefault) << on;
+  EXPECT_TRUE(env_of({{"STRATA_CMA", ""}}).cma);  // empty keeps the default
+}
+
+// A value that does not parse keeps the default instead of becoming 0.
+TEST(EnvParse, InvalidValuesKeepDefaults) {
+  const Env e = env_of({{"STRATA_TIMEOUT", "soon"},
+                        {"STRATA_ONESHOT_MAX_BYTES", "12X"},
+                        {"STRATA_SPIN_US", "-5"},
+                        {"STRATA_RANK", "two"},
+                        {"STRATA_HEAP_MAX_SIZE", ""}});
+  EXPECT_EQ(e.timeout, 300000ms);
+  EXPECT_EQ(e.oneshot_max_bytes, size_t{64} << 10);
+  EXPECT_EQ(e.spin_us, 50u);
+  EXPECT_EQ(e.launcher, "strata");
+  EXPECT_FALSE(e.rank.has_value());
+  EXPECT_EQ(e.heap_max_size, size_t{64} << 30);
+}
+
+TEST(EnvParseSize, UnitsAndPlainBytes) {
+  EXPECT_EQ(parse_size("4096"), size_t{4096});
+  EXPECT_EQ(parse_size("0"), size_t{0});
+  EXPECT_EQ(parse_size("512B"), size_t{512});
+  EXPECT_EQ(parse_size("64K"), size_t{64} << 10);
+  EXPECT_EQ(parse_size("64k"), size_t{64} << 10);
+  EXPECT_EQ(parse_size("1KiB"), size_t{1} << 10);
+  EXPECT_EQ(parse_size("16M"), size_t{16} << 20);
+  EXPECT_EQ(parse_size("16MiB"), size_t{16} << 20);
+  EXPECT_EQ(parse_size("2G"), size_t{2} << 30);
+  EXPECT_EQ(parse_size("3GiB"), size_t{3} << 30);
+}
+
+TEST(EnvParseSize, RejectsMalformed) {
+  EXPECT_FALSE(parse_size("").has_value());
+  EXPECT_FALSE(parse_size("abc").has_value());
+  EXPECT_FALSE(parse_size("12X").has_value());
+  EXPECT_FALSE(parse_size("M").has_value());
+  EXPECT_FALSE(parse_size("1 M").has_value());
+}
+
+// Known gaps, kept disabled until env.cpp handles them (reported to the owner): strtoull
+// accepts a minus sign and wraps, and a size times its unit can overflow size_t.
+TEST(EnvParseSize, DISABLED_RejectsNegativeAndOverflow) {
+  EXPECT_FALSE(parse_size("-1").has_value());
+  EXPECT_FALSE(parse_size("99999999999999G").has_value());
+}
+
+TEST(EnvParseDuration, UnitsAndPlainMilliseconds) {
+  EXPECT_EQ(parse_duration("1500"), 1500ms);
+  EXPECT_EQ(parse_duration("500ms"), 500ms);
+  EXPECT_EQ(parse_duration("2s"), 2000ms);
+  EXPECT_EQ(parse_duration("1.5s"), 1500ms);
+  EXPECT_EQ(parse_duration("1m"), 60000ms);
+  EXPECT_EQ(parse_duration("2min"), 120000ms);
+  EXPECT_EQ(parse_duration("0"), 0ms);
+}
+
+TEST(EnvParseDuration, RejectsMalformed) {
+  EXPECT_FALSE(parse_duration("").has_value());
+  EXPECT_FALSE(parse_duration("fast").has_value());
+  EXPECT_FALSE(parse_duration("-1s").has_value());
+  EXPECT_FALSE(parse_duration("5h").has_value());
+  EXPECT_FALSE(parse_duration("5 s").has_value());
+}
+
+// Known gap (reported): strtod accepts "nan"/"inf", which then overflow the cast to int64.
+TEST(EnvParseDuration, DISABLED_RejectsNonFinite) {
+  EXPECT_FALSE(parse_duration("nan").has_value());
+  EXPECT_FALSE(parse_duration("inf").has_value());
+  EXPECT_FALSE(parse_duration("1e300s").has_value());
+}
+
+}  // namespace
+}  // namespace strata
