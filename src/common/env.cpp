@@ -1,16 +1,21 @@
 #include "common/env.hpp"
 
+#include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 
 namespace strata {
 namespace env_detail {
 
 std::optional<size_t> parse_size(const std::string& s) {
-  if (s.empty()) return std::nullopt;
+  if (s.empty() || !std::isdigit(static_cast<unsigned char>(s[0]))) return std::nullopt;  // no sign
   char* end = nullptr;
+  errno = 0;
   unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (end == s.c_str()) return std::nullopt;
+  if (end == s.c_str() || errno == ERANGE) return std::nullopt;
   std::string suf(end);
   size_t mul = 1;
   if (suf.empty() || suf == "B") mul = 1;
@@ -18,6 +23,7 @@ std::optional<size_t> parse_size(const std::string& s) {
   else if (suf == "M" || suf == "m" || suf == "MiB") mul = size_t{1} << 20;
   else if (suf == "G" || suf == "g" || suf == "GiB") mul = size_t{1} << 30;
   else return std::nullopt;
+  if (v > std::numeric_limits<size_t>::max() / mul) return std::nullopt;
   return static_cast<size_t>(v) * mul;
 }
 
@@ -25,13 +31,14 @@ std::optional<std::chrono::milliseconds> parse_duration(const std::string& s) {
   if (s.empty()) return std::nullopt;
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
-  if (end == s.c_str() || v < 0) return std::nullopt;
+  if (end == s.c_str() || !std::isfinite(v) || v < 0) return std::nullopt;
   std::string suf(end);
   double ms = v;
   if (suf.empty() || suf == "ms") ms = v;
   else if (suf == "s") ms = v * 1000;
   else if (suf == "m" || suf == "min") ms = v * 60000;
   else return std::nullopt;
+  if (ms > 1e15) return std::nullopt;  // ~30,000 years: a typo, not a timeout
   return std::chrono::milliseconds(static_cast<int64_t>(ms));
 }
 
