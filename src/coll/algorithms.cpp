@@ -612,7 +612,6 @@ Status run_collective(CommImpl& c, Op& op) {
   d.count = has_count(op.kind) ? op.count : 0;
   if (ext.in) {
     d.flags |= OpDesc::kHasIn;
-    d.in_bytes = ext.in;
     if (in_cma) {
       d.flags |= OpDesc::kInCma;
       d.in_off = reinterpret_cast<uint64_t>(in);
@@ -623,7 +622,6 @@ Status run_collective(CommImpl& c, Op& op) {
   }
   if (ext.out) {
     d.flags |= OpDesc::kHasOut;
-    d.out_bytes = ext.out;
     if (out_cma) {
       d.flags |= OpDesc::kOutCma;
       d.out_off = reinterpret_cast<uint64_t>(out);

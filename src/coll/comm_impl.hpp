@@ -4,6 +4,7 @@
 // engine), and the shared-memory control block layout.
 
 #include <atomic>
+#include <cstddef>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -62,9 +63,12 @@ struct alignas(64) CtrlHeader {
   int32_t pid = 0;
   uint64_t self_addr = 0;   // the block's address in its owner's address space (CMA probe)
   uint32_t cma_ok = 0;      // owner could read every peer with process_vm_readv
+  // One cache line: a peer that sees the phase change reads the descriptor without
+  // another miss.
   alignas(64) transport::Signal phase;
-  alignas(64) coll::OpDesc desc;
+  coll::OpDesc desc;
 };
+static_assert(offsetof(CtrlHeader, desc) / 64 == offsetof(CtrlHeader, phase) / 64);
 
 /// Typed view of a control block: header, then 4n size_t (v-collective arrays), then the
 /// point-to-point area (per peer: posted signal, done signal, error word, ring of slots).

@@ -44,7 +44,8 @@ struct Op {
   CollOptions opts;
 };
 
-/// Published by every rank before a collective and compared by every peer.
+/// Published by every rank before a collective and compared by every peer. 48 bytes, so it
+/// shares one cache line with the phase counter that announces it.
 struct OpDesc {
   uint32_t seq = 0;
   uint8_t kind = 0;
@@ -56,12 +57,12 @@ struct OpDesc {
   uint64_t count = 0;
   uint32_t in_seg = 0, out_seg = 0;
   uint64_t in_off = 0, out_off = 0;
-  uint64_t in_bytes = 0, out_bytes = 0;
   static constexpr uint32_t kHasIn = 1, kHasOut = 2;
   // The buffer is registered external memory: *_off holds its address in the owner's
   // process, read and written with process_vm_readv/writev.
   static constexpr uint32_t kInCma = 4, kOutCma = 8;
 };
+static_assert(sizeof(OpDesc) == 48);
 
 /// "all_reduce(count=8, dtype=float32, op=sum)" for error messages.
 std::string describe(const OpDesc& d);

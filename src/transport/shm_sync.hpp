@@ -13,8 +13,9 @@
 namespace strata::transport {
 
 /// A published counter and the count of peers sleeping on it. Lives in shared memory; both
-/// words are lock-free atomics, so they work across processes.
-struct alignas(64) Signal {
+/// words are lock-free atomics, so they work across processes. Callers place it on its own
+/// cache line (or on one it shares only with what it announces).
+struct Signal {
   std::atomic<uint32_t> value{0};
   std::atomic<uint32_t> sleepers{0};
 };
