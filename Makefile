@@ -28,7 +28,7 @@ export BUILD_DIR ASAN_DIR TSAN_DIR JOBS CTEST_JOBS CTEST_ARGS SANITIZER_CTEST_AR
 FORMAT_DIRS := src include tests bench examples
 NINJA_JOBS := $(if $(JOBS),-j $(JOBS),)
 
-.PHONY: all deps configure build test test-fast demo install format lint clean
+.PHONY: all deps configure build test test-fast demo bench install format lint clean
 
 all: build
 
@@ -60,6 +60,17 @@ demo: build
 	  exit 1; \
 	fi
 	./$(BUILD_DIR)/strata run -n 4 ./$(BUILD_DIR)/examples/demo
+
+QUICK ?= 0
+# strata vs Open MPI / gloo / memcpy in one run; rewrites docs/PERFORMANCE.md + docs/perf_*.png
+# (~13 min on an idle 2-core machine; make bench QUICK=1 for ~2 min)
+bench: deps
+	@scripts/install_bench_deps.sh
+	@if [ ! -f $(BUILD_DIR)/build.ninja ]; then \
+	  cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS); \
+	fi
+	cmake --build $(BUILD_DIR) $(NINJA_JOBS)
+	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) QUICK=$(QUICK) scripts/bench_all.sh
 
 install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
