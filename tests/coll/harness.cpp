@@ -24,6 +24,21 @@ std::string unique_job_id(const char* tag) {
          std::to_string(rd());
 }
 
+namespace {
+/// What rank r of an n-rank test job passes to init().
+InitOptions rank_options(int r, int n, const std::string& store, const std::string& token, const std::string& job,
+                         std::chrono::milliseconds timeout) {
+  InitOptions o;
+  o.rank = r;
+  o.size = n;
+  o.store = store;
+  o.token = token;
+  o.job_id = job;
+  o.timeout = timeout;
+  return o;
+}
+}  // namespace
+
 struct Team::Impl {
   std::unique_ptr<bootstrap::StoreServer> server;
   std::vector<std::thread> threads;
@@ -58,14 +73,7 @@ Team::Team(int n, std::chrono::milliseconds timeout) : n_(n), impl_(std::make_un
     for (int r = 0; r < n; ++r)
       starters.emplace_back([&, r] {
         try {
-          InitOptions o;
-          o.rank = r;
-          o.size = n;
-          o.store = store;
-          o.token = token;
-          o.job_id = job;
-          o.timeout = timeout;
-          impl_->comms[r] = strata::init(o);
+          impl_->comms[r] = strata::init(rank_options(r, n, store, token, job, timeout));
         } catch (const std::exception& e) {
           errors[r] = e.what();
         }
@@ -187,14 +195,7 @@ std::vector<ChildResult> run_forked(int n, std::chrono::milliseconds timeout,
       std::string report;
       int code = 0;
       try {
-        InitOptions o;
-        o.rank = r;
-        o.size = n;
-        o.store = store;
-        o.token = token;
-        o.job_id = job;
-        o.timeout = timeout;
-        Communicator comm = init(o);
+        Communicator comm = init(rank_options(r, n, store, token, job, timeout));
         code = body(comm, report);
       } catch (const Error& e) {
         report += std::string("error: ") + e.what();
