@@ -9,7 +9,9 @@
 // launcher, which decides what the ranks get.
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -50,7 +52,9 @@ const char kUsage[] =
     "\n"
     "Starts a rendezvous store on 127.0.0.1 and N copies of PROGRAM with STRATA_RANK,\n"
     "STRATA_WORLD_SIZE, STRATA_LOCAL_RANK, STRATA_LOCAL_SIZE, STRATA_STORE, STRATA_JOB_TOKEN\n"
-    "and STRATA_JOB_ID set. Every line a rank prints is prefixed with \"[RANK] \".\n"
+    "and STRATA_JOB_ID set, and torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,\n"
+    "MASTER_ADDR and MASTER_PORT (a free port for torch's own store), so torch.distributed\n"
+    "programs run unchanged. Every line a rank prints is prefixed with \"[RANK] \".\n"
     "\n"
     "options:\n"
     "  -n, --np N       number of ranks (at least 1)\n"
@@ -208,6 +212,8 @@ Status Launcher::spawn(Rank& r, const std::string& path, std::vector<char*>& arg
   std::vector<std::string> env_strings = shared_env;
   env_strings.push_back("STRATA_RANK=" + std::to_string(r.index));
   env_strings.push_back("STRATA_LOCAL_RANK=" + std::to_string(r.index));
+  env_strings.push_back("RANK=" + std::to_string(r.index));
+  env_strings.push_back("LOCAL_RANK=" + std::to_string(r.index));
   std::vector<char*> envp;
   envp.reserve(env_strings.size() + 1);
   for (auto& s : env_strings) envp.push_back(s.data());
@@ -277,6 +283,23 @@ Status Launcher::spawn(Rank& r, const std::string& path, std::vector<char*>& arg
   return Status::ok();
 }
 
+/// A port free on 127.0.0.1 right now, for torch's store (rank 0 binds it a moment later;
+/// torchrun's --master_port=0 makes the same choice). 29500, torch's default, if none is found.
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 29500;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 29500;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
 int Launcher::run() {
   Status ok = prepare();
   if (!ok.is_ok()) {
@@ -296,7 +319,9 @@ int Launcher::run() {
   // Our own variables replace any inherited ones (a launcher started from inside a job).
   static constexpr const char* kOwned[] = {
       "STRATA_RANK=",  "STRATA_WORLD_SIZE=", "STRATA_LOCAL_RANK=", "STRATA_LOCAL_SIZE=",
-      "STRATA_STORE=", "STRATA_JOB_TOKEN=",  "STRATA_JOB_ID="};
+      "STRATA_STORE=", "STRATA_JOB_TOKEN=",  "STRATA_JOB_ID=",
+      // torchrun's, for torch.distributed's env:// rendezvous (any backend)
+      "RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="};
   std::vector<std::string> shared_env;
   for (char** e = environ; *e; ++e) {
     bool owned = std::any_of(std::begin(kOwned), std::end(kOwned),
@@ -308,6 +333,10 @@ int Launcher::run() {
   shared_env.push_back("STRATA_STORE=127.0.0.1:" + std::to_string(store_->port()));
   shared_env.push_back("STRATA_JOB_TOKEN=" + token_);
   shared_env.push_back("STRATA_JOB_ID=" + job_id_);
+  shared_env.push_back("WORLD_SIZE=" + std::to_string(opts_.nranks));
+  shared_env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(opts_.nranks));
+  shared_env.push_back("MASTER_ADDR=127.0.0.1");
+  shared_env.push_back("MASTER_PORT=" + std::to_string(free_port()));
 
   ranks_.resize(opts_.nranks);
   for (int i = 0; i < opts_.nranks; ++i) {

@@ -25,8 +25,8 @@ struct Env {
   // Behaviour.
   std::chrono::milliseconds timeout{300000};          // STRATA_TIMEOUT (ms, or with s/ms/m suffix)
   std::chrono::milliseconds store_connect_timeout{60000};  // STRATA_STORE_TIMEOUT
-  uint32_t spin_us = 50;                              // STRATA_SPIN_US: µs a wait spins before yielding/sleeping
-  size_t oneshot_max_bytes = 64 * 1024;               // STRATA_ONESHOT_MAX_BYTES: one-shot vs two-shot all_reduce
+  uint32_t spin_us = 500;                             // STRATA_SPIN_US: µs a wait spins before yielding/sleeping
+  size_t oneshot_max_bytes = 256 * 1024;              // STRATA_ONESHOT_MAX_BYTES: one-shot vs two-shot all_reduce (2 ranks)
   std::string log_level = "warn";                     // STRATA_LOG: error|warn|info|debug
   std::string kernels;                                // STRATA_KERNELS: scalar|avx2|avx512 (empty/auto: best the CPU has)
 

@@ -33,7 +33,7 @@ struct WaitPolicy {
   /// Microseconds of pure spinning (CPU pause) before yielding the core. Long when every
   /// rank has a core of its own (the peer is running and arrives soon), near zero when the
   /// host is oversubscribed (the peer may need our core to arrive at all).
-  uint32_t spin_us = 50;
+  uint32_t spin_us = 500;
   /// Microseconds of sched_yield polling after the spin, before sleeping on the futex.
   uint32_t yield_us = 200;
   /// Called about every millisecond while sleeping; a non-OK status ends the wait

@@ -33,8 +33,8 @@ TEST(EnvParse, DefaultsWithEmptyEnvironment) {
   EXPECT_EQ(e.store, "");
   EXPECT_EQ(e.timeout, 300000ms);
   EXPECT_EQ(e.store_connect_timeout, 60000ms);
-  EXPECT_EQ(e.spin_us, 50u);
-  EXPECT_EQ(e.oneshot_max_bytes, size_t{64} << 10);
+  EXPECT_EQ(e.spin_us, 500u);
+  EXPECT_EQ(e.oneshot_max_bytes, size_t{256} << 10);
   EXPECT_EQ(e.log_level, "warn");
   EXPECT_EQ(e.kernels, "");
   EXPECT_EQ(e.heap_segment_size, size_t{1} << 30);
@@ -119,7 +119,7 @@ TEST(EnvParse, BehaviourAndHeapSettings) {
   const Env e = env_of({{"STRATA_TIMEOUT", "30s"},
                         {"STRATA_STORE_TIMEOUT", "1500"},
                         {"STRATA_SPIN_US", "0"},
-                        {"STRATA_ONESHOT_MAX_BYTES", "256K"},
+                        {"STRATA_ONESHOT_MAX_BYTES", "128K"},
                         {"STRATA_LOG", "debug"},
                         {"STRATA_KERNELS", "avx2"},
                         {"STRATA_HEAP_SEGMENT_SIZE", "256M"},
@@ -131,7 +131,7 @@ TEST(EnvParse, BehaviourAndHeapSettings) {
   EXPECT_EQ(e.timeout, 30000ms);
   EXPECT_EQ(e.store_connect_timeout, 1500ms);
   EXPECT_EQ(e.spin_us, 0u);
-  EXPECT_EQ(e.oneshot_max_bytes, size_t{256} << 10);
+  EXPECT_EQ(e.oneshot_max_bytes, size_t{128} << 10);
   EXPECT_EQ(e.log_level, "debug");
   EXPECT_EQ(e.kernels, "avx2");
   EXPECT_EQ(e.heap_segment_size, size_t{256} << 20);
@@ -157,8 +157,8 @@ TEST(EnvParse, InvalidValuesKeepDefaults) {
                         {"STRATA_RANK", "two"},
                         {"STRATA_HEAP_MAX_SIZE", ""}});
   EXPECT_EQ(e.timeout, 300000ms);
-  EXPECT_EQ(e.oneshot_max_bytes, size_t{64} << 10);
-  EXPECT_EQ(e.spin_us, 50u);
+  EXPECT_EQ(e.oneshot_max_bytes, size_t{256} << 10);
+  EXPECT_EQ(e.spin_us, 500u);
   EXPECT_EQ(e.launcher, "strata");
   EXPECT_FALSE(e.rank.has_value());
   EXPECT_EQ(e.heap_max_size, size_t{64} << 30);
