@@ -37,8 +37,9 @@ echo "--- library: $lib"
 if [[ $lib == *.so ]]; then
   unresolved=$(ldd "$prefix/bin/strata" | grep 'not found' || true)
   [[ -z $unresolved ]] || fail "installed bin/strata cannot find its libraries: $unresolved"
-  # (While the CLI is a placeholder the linker may drop the library; check it when it is used.)
+  # The CLI uses the library (heap, store), so it must load the installed copy.
   loaded=$(ldd "$prefix/bin/strata" | awk '/libstrata\.so/ { print $3 }')
+  [[ -n $loaded ]] || fail "installed bin/strata does not load libstrata"
   if [[ -n $loaded ]]; then
     [[ $(dirname "$(realpath "$loaded")") == $(realpath "$libdir") ]] ||
       fail "installed bin/strata loads $loaded, not the installed libstrata in $libdir"
