@@ -25,11 +25,17 @@ PACKAGES=(
   iproute2
   # helper scripts
   python3
+  # python/ bindings: the _strata extension, its tests, the torch.distributed backend
+  # (torch and its C++ headers for the c10d ProcessGroup)
+  python3-dev
+  pybind11-dev
+  python3-numpy
+  python3-pytest
+  python3-torch
+  libtorch-dev
   # Later, as the layers arrive (uncomment):
   # libucx-dev                      # transport/ucx
-  # openmpi-bin libopenmpi-dev      # peer baselines in strata bench
-  # python3-torch python3-numpy pybind11-dev python3-pytest   # python/ bindings
-  # python3-matplotlib              # bench plots
+  # (Open MPI, matplotlib for `make bench`: scripts/install_bench_deps.sh)
 )
 # shellcheck disable=SC2206
 PACKAGES+=(${STRATA_EXTRA_DEPS:-})

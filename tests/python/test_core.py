@@ -8,6 +8,14 @@ import numpy as np
 import pytest
 
 import strata
+from conftest import PYTHON, _clean_env, strata_bin
+
+
+def launch_code(code, n):
+    p = subprocess.run([strata_bin(), "run", "-n", str(n), PYTHON, "-c", code], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=60, env=_clean_env())
+    assert p.returncode == 0, p.stdout
+    return p.stdout, p.returncode
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +192,13 @@ def test_import_without_torch():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "1.0" in p.stdout and "False PyTorch is not installed" in p.stdout, p.stdout
+
+
+def test_strata_run_exports_torchrun_variables():
+    # torch.distributed's env:// rendezvous (any backend) works under `strata run`.
+    code = ("import os; e = os.environ; "
+            "print('VARS', e['RANK'], e['LOCAL_RANK'], e['WORLD_SIZE'], e['LOCAL_WORLD_SIZE'], "
+            "e['MASTER_ADDR'], int(e['MASTER_PORT']) > 0, e['RANK'] == e['STRATA_RANK'])")
+    out, _ = launch_code(code, 2)
+    for r in range(2):
+        assert f"[{r}] VARS {r} {r} 2 2 127.0.0.1 True True" in out, out

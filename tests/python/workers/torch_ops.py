@@ -4,6 +4,7 @@ with the same training over gloo.
 
 argv: [quick]  quick: a subset (for launch modes other than strata run)."""
 
+import os
 import sys
 import time
 import warnings
@@ -247,6 +248,10 @@ if not quick:
     with strata.torch_heap_tensors():
         c = train(None)
         assert comm.is_heap(c[0]), "tensors made under torch_heap_tensors() are in the heap"
+        pid = os.fork()  # a forked child (a DataLoader worker) must not allocate from our heap
+        if pid == 0:
+            os._exit(3 if comm.is_heap(torch.ones(100)) else 0)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, "the forked child allocated in the heap"
     if n > 1:
         assert comm.stats()["staged_bytes"] == staged, "DDP over heap tensors staged bytes"
     assert not comm.is_heap(torch.empty(100)), "the allocator is back to torch's"

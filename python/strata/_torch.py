@@ -1,0 +1,197 @@
+"""torch.distributed backend "strata": rendezvous and registration.
+
+The process group itself is C++ (_strata_torch, built only when torch and its C++ headers are
+found). Rendezvous, decided here:
+
+* Default group under ``strata run`` (STRATA_STORE set): the communicator is the one
+  ``strata.init()`` gives, from the STRATA_* variables. A program may call both
+  ``strata.init()`` and ``init_process_group("strata")``, in either order, and gets one
+  communicator (one heap): heap tensors from it move with no copy through torch.distributed.
+* Otherwise (torchrun, or MASTER_ADDR/MASTER_PORT set by hand), and for every sub-group: torch's
+  store already occupies MASTER_PORT and speaks another protocol, so the group's rank 0 serves
+  a Strata store on a free port of 127.0.0.1 (a thread of that process, one per process) and
+  publishes "address, token, job id" under the group's prefix in torch's store; the others
+  read it there. Strata's store then carries Strata's own setup; torch's store is used once.
+"""
+
+import contextlib
+import datetime
+import os
+import secrets
+
+import torch
+import torch.distributed as dist
+
+from . import _strata
+from ._strata import InvalidArgument
+
+try:
+    from . import _strata_torch
+    _import_error = None
+except ImportError as e:  # built without torch headers, or against another torch
+    _strata_torch = None
+    _import_error = e
+
+_RENDEZVOUS_KEY = "strata/rendezvous"
+_server = None  # (StoreServer, token): this process's store for torch-launched groups
+
+
+def status():
+    if _strata_torch is None:
+        return False, _missing_message()
+    return True, "available"
+
+
+def _missing_message():
+    here = os.path.dirname(os.path.abspath(__file__))
+    if any(f.startswith("_strata_torch") for f in os.listdir(here)):  # built, but does not load
+        return (f"the strata torch backend failed to load ({_import_error}); it must be built against "
+                f"the torch that is imported (torch {torch.__version__} here)")
+    return ("the strata torch backend is not built into this installation of Strata: it needs PyTorch "
+            "and its C++ headers when Strata is built (Debian: apt-get install python3-torch "
+            "libtorch-dev), then rebuild (cmake --build <build dir>)")
+
+
+def _strata_timeout(timeout):
+    """A timeout torch passes on: its 30-minute default means Strata's own (STRATA_TIMEOUT)."""
+    if timeout is None:
+        return None
+    if not isinstance(timeout, datetime.timedelta):
+        timeout = datetime.timedelta(seconds=float(timeout))
+    default = getattr(dist, "default_pg_timeout", datetime.timedelta(minutes=30))
+    if timeout == default or timeout.total_seconds() <= 0:
+        return None
+    return timeout.total_seconds()
+
+
+def rendezvous(torch_store, rank):
+    """Agrees on a Strata store through `torch_store`: (address, token, job_id)."""
+    global _server
+    if rank == 0:
+        if _server is None:
+            token = secrets.token_hex(16)
+            _server = (_strata.StoreServer("127.0.0.1", 0, token), token)
+        server, token = _server
+        job_id = "torch-" + secrets.token_hex(6)
+        value = f"127.0.0.1:{server.port}\n{token}\n{job_id}"
+        torch_store.set(_RENDEZVOUS_KEY, value)
+    else:
+        value = torch_store.get(_RENDEZVOUS_KEY)  # waits up to the store's timeout
+        value = value.decode() if isinstance(value, bytes) else value
+    address, token, job_id = value.split("\n")
+    return address, token, job_id
+
+
+_torchrun_store = None  # kept: torch's env:// rendezvous later shares its server (multi-tenant)
+
+
+def rendezvous_from_torchrun_env(rank, size, timeout):
+    """For strata.init() under torchrun: meet through torch's store at MASTER_ADDR:MASTER_PORT.
+
+    With a static rendezvous the agent serves that store. Otherwise torch's env:// rendezvous
+    has rank 0 serve it, multi-tenant, and so do we here: a later init_process_group() in this
+    process reuses the same server instead of failing to bind the port twice."""
+    global _torchrun_store
+    env = os.environ
+    rank = int(env["RANK"]) if rank is None else rank
+    size = int(env["WORLD_SIZE"]) if size is None else size
+    seconds = _strata_timeout(timeout) or 300.0
+    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    _torchrun_store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), size,
+                                    rank == 0 and not agent_store, datetime.timedelta(seconds=seconds),
+                                    wait_for_workers=False, multi_tenant=True)
+    prefix = f"strata/{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    return rendezvous(dist.PrefixStore(prefix, _torchrun_store), rank)
+
+
+def _world_communicator(torch_store, rank, size, timeout):
+    import strata
+    w = strata.world()
+    if w is not None and w.rank == rank and w.size == size:
+        return w
+    if "STRATA_STORE" in os.environ:
+        return strata.init(rank=rank, size=size, timeout=timeout)
+    address, token, job_id = rendezvous(torch_store, rank)
+    return strata.init(rank=rank, size=size, store=address, token=token, job_id=job_id, timeout=timeout)
+
+
+def _create_process_group(opts, pg_options=None):
+    """Backend creator (torch's extended API): one ProcessGroupStrata per torch group."""
+    if _strata_torch is None:
+        raise RuntimeError(_missing_message())
+    rank, size = opts.group_rank, opts.group_size
+    timeout = _strata_timeout(opts.timeout)
+    if not opts.global_ranks_in_group:  # the default group
+        comm = _world_communicator(opts.store, rank, size, timeout)
+    else:
+        address, token, job_id = rendezvous(opts.store, rank)
+        comm = _strata.init(rank=rank, size=size, store=address, token=token, job_id=job_id, timeout=timeout)
+    pg = _strata_torch.ProcessGroupStrata(comm._capsule(), rank, size, grace_us=100)
+    pg._strata_comm = comm
+    return pg
+
+
+def register(backend_cls):
+    """Registers "strata" with torch.distributed.Backend (once)."""
+    if "STRATA" in getattr(backend_cls, "_plugins", {}) or hasattr(backend_cls, "STRATA"):
+        return
+    try:
+        backend_cls.register_backend("strata", _create_process_group, extended_api=True)
+    except TypeError:  # torch before extended_api: no sub-group ranks, so world groups only
+        def creator(store, rank, size, timeout):
+            class _Opts:
+                pass
+            o = _Opts()
+            o.store, o.group_rank, o.group_size, o.timeout = store, rank, size, timeout
+            o.global_ranks_in_group = []
+            return _create_process_group(o)
+        backend_cls.register_backend("strata", creator)
+
+
+def communicator(group=None):
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    comm = getattr(pg, "_strata_comm", None)
+    if comm is None:
+        raise InvalidArgument(f"process group {pg!r} does not use the strata backend")
+    return comm
+
+
+_fork_guard = False
+
+
+def _after_fork_in_child():
+    # Heap segments are shared mappings, not copy-on-write: a forked child (a DataLoader
+    # worker) allocating from the parent's heap would hand out the parent's blocks.
+    if _strata_torch is not None and _strata_torch.heap_allocator_active():
+        _strata_torch.use_heap_allocator(None)
+
+
+def use_heap_allocator(enable=True, comm=None):
+    """Makes torch allocate every CPU tensor in Strata's heap (enable=False: torch's allocator)."""
+    global _fork_guard
+    if _strata_torch is None:
+        raise RuntimeError(_missing_message())
+    if not enable:
+        _strata_torch.use_heap_allocator(None)
+        return
+    if not _fork_guard:
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _fork_guard = True
+    if comm is None:
+        import strata
+        comm = strata.world()
+        if comm is None:
+            raise InvalidArgument("no Strata communicator yet: call strata.init() or "
+                                  "init_process_group('strata') first, or pass comm=")
+    _strata_torch.use_heap_allocator(comm._capsule())
+
+
+@contextlib.contextmanager
+def heap_tensors(comm=None):
+    was = _strata_torch is not None and _strata_torch.heap_allocator_active()
+    use_heap_allocator(True, comm)
+    try:
+        yield
+    finally:
+        if not was:
+            use_heap_allocator(False)

@@ -1,0 +1,772 @@
+// The torch.distributed backend "strata": a c10d::ProcessGroup over a strata::Communicator.
+//
+// This is the only file that depends on torch (1.13's c10d ProcessGroup/Work API); it is
+// built into its own extension, `_strata_torch`, only when torch and its C++ headers are
+// found. strata/_torch.py makes the communicator (rendezvous) and registers the backend.
+//
+// Execution: every operation except send becomes a StrataWork in the process group's queue,
+// run exactly once and in issue order (so every rank runs them in the same order), either by
+// the group's executor thread or by a caller that waits for it: a blocking torch call
+// (dist.all_reduce(t)) runs its operation on its own thread, with no hand-off (see Executor).
+// Sends are posted at once (strata's send_async) and complete when the receiver has copied,
+// so an isend can never sit in a queue behind the recv that would match the peer's isend.
+//
+// Memory: tensors from torch's allocator are external buffers to Strata (staged through the
+// heap, one copy in and one out); tensors from comm.empty_tensor(), or allocated while the
+// HeapAllocator below is installed, live in the registered heap and move with no copy.
+// Element types pass through as bytes for the operations that only move data, so those
+// accept every dtype; reductions need a Strata reduction type.
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <strata/strata.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <thread>
+
+namespace strata::torch_backend {
+
+namespace py = pybind11;
+
+// ---- types and checks ----------------------------------------------------------------------
+
+std::optional<DataType> reduction_type(at::ScalarType t) {
+  switch (t) {
+    case at::kChar: return DataType::Int8;
+    case at::kByte: return DataType::UInt8;
+    case at::kInt: return DataType::Int32;
+    case at::kLong: return DataType::Int64;
+    case at::kHalf: return DataType::Float16;
+    case at::kBFloat16: return DataType::BFloat16;
+    case at::kFloat: return DataType::Float32;
+    case at::kDouble: return DataType::Float64;
+    default: return std::nullopt;
+  }
+}
+
+ReduceOp reduce_op(const c10d::ReduceOp& op, const char* call) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return ReduceOp::Sum;
+    case c10d::ReduceOp::AVG: return ReduceOp::Avg;
+    case c10d::ReduceOp::PRODUCT: return ReduceOp::Prod;
+    case c10d::ReduceOp::MIN: return ReduceOp::Min;
+    case c10d::ReduceOp::MAX: return ReduceOp::Max;
+    default:
+      TORCH_CHECK(false, "strata backend: ", call,
+                  " supports ReduceOp SUM, AVG, PRODUCT, MIN and MAX (bitwise and PREMUL_SUM ops are not supported)");
+  }
+}
+
+void check_tensor(const at::Tensor& t, const char* call) {
+  TORCH_CHECK(t.device().is_cpu(), "strata backend: ", call, " needs CPU tensors, got one on ", t.device());
+  TORCH_CHECK(t.layout() == at::kStrided, "strata backend: ", call, " needs dense (strided) tensors");
+  TORCH_CHECK(t.is_contiguous(), "strata backend: ", call, " needs contiguous tensors (call .contiguous())");
+}
+
+const at::Tensor& single(const std::vector<at::Tensor>& ts, const char* call) {
+  TORCH_CHECK(ts.size() == 1, "strata backend: ", call, " takes exactly one tensor per call, got ", ts.size());
+  check_tensor(ts[0], call);
+  return ts[0];
+}
+
+DataType reduce_type(const at::Tensor& t, const char* call) {
+  auto dt = reduction_type(t.scalar_type());
+  TORCH_CHECK(dt, "strata backend: ", call, " cannot reduce ", t.scalar_type(),
+              " tensors (supported: int8, uint8, int32, int64, float16, bfloat16, float32, float64)");
+  return *dt;
+}
+
+size_t nbytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+
+CollOptions coll_options(std::chrono::milliseconds timeout) {
+  CollOptions o;
+  if (timeout.count() > 0) o.timeout = timeout;  // kUnsetTimeout (-1): the communicator's
+  return o;
+}
+
+/// One contiguous tensor holding `parts` back to back, or an empty tensor when they are not
+/// adjacent in one storage (then the caller copies through a temporary).
+at::Tensor as_one_block(const std::vector<at::Tensor>& parts) {
+  if (parts.empty()) return {};
+  const auto& first = parts[0];
+  auto* expect = static_cast<char*>(first.data_ptr());
+  for (const auto& p : parts) {
+    if (!p.is_contiguous() || p.scalar_type() != first.scalar_type() || !p.device().is_cpu() ||
+        !p.storage().is_alias_of(first.storage()) || static_cast<char*>(p.data_ptr()) != expect)
+      return {};
+    expect += nbytes(p);
+  }
+  int64_t total = 0;
+  for (const auto& p : parts) total += p.numel();
+  return first.as_strided({total}, {1});
+}
+
+at::Tensor flat_cat(const std::vector<at::Tensor>& parts) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(parts.size());
+  for (const auto& p : parts) flat.push_back(p.reshape({-1}));
+  return at::cat(flat);
+}
+
+void copy_out(const at::Tensor& block, std::vector<at::Tensor>& parts) {
+  int64_t off = 0;
+  for (auto& p : parts) {
+    p.view({-1}).copy_(block.narrow(0, off, p.numel()));
+    off += p.numel();
+  }
+}
+
+// ---- work and executor ---------------------------------------------------------------------
+
+class Executor;
+
+/// A queued operation: runs once (on the executor, or on a thread that waits for it).
+class StrataWork : public c10d::Work {
+ public:
+  StrataWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
+             std::function<void()> body, std::weak_ptr<Executor> exec)
+      : Work(rank, type, title),
+        outputs_(std::move(outputs)),
+        body_(std::move(body)),
+        exec_(std::move(exec)),
+        future_(c10::make_intrusive<at::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+  /// When the work was queued (the executor gives waiters a head start, see Executor).
+  std::chrono::steady_clock::time_point queued_at = std::chrono::steady_clock::now();
+
+  void run() {
+    std::exception_ptr error;
+    try {
+      body_();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    body_ = nullptr;  // drops the tensors the body captured
+    // The future first: whoever returns from wait() may read it at once.
+    if (error) future_->setError(error);
+    else future_->markCompleted(c10::IValue(outputs_));
+    finish(error);
+  }
+  /// Completion without side effects (the executor asks under its lock).
+  bool done() { return c10d::Work::isCompleted(); }
+
+  bool wait(std::chrono::milliseconds timeout) override;
+  bool isCompleted() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  std::vector<at::Tensor> result() override { return outputs_; }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  std::function<void()> body_;
+  // Weak: the executor's thread may drop the last reference to a work, and must never be
+  // the one that destroys (and joins) itself. The process group owns the executor.
+  std::weak_ptr<Executor> exec_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+/// Runs queued works in issue order, each exactly once, on its own thread or on the thread
+/// of a caller that waits for one of them.
+///
+/// A blocking torch call (dist.all_reduce(t)) waits right after queueing: that caller runs
+/// the work itself, with no hand-off between threads. Waking the executor's thread for every
+/// such call would cost two context switches on the caller's critical path (measured: tens
+/// of microseconds on a loaded 2-core machine), so while works keep coming the thread is not
+/// woken per work; it looks at the queue every kTick and starts a work nobody has claimed
+/// once it has been queued for `grace`. Anyone who will wait for a work without calling
+/// Work::wait (a future, as DDP's hooks use; a polling isCompleted()) kicks it awake to start
+/// the work at once. After kLinger without works the thread sleeps until the next one.
+class Executor {
+ public:
+  explicit Executor(std::chrono::microseconds grace) : grace_(grace), thread_([this] { loop(); }) {}
+  ~Executor() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();  // runs whatever is still queued first
+  }
+
+  void enqueue(c10::intrusive_ptr<StrataWork> w) {
+    bool wake;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      q_.push_back(std::move(w));
+      last_active_ = Clock::now();
+      wake = sleeping_;
+    }
+    if (wake) cv_.notify_all();
+  }
+
+  /// Start queued work now: someone waits for it by other means than Work::wait.
+  void kick() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (q_.empty()) return;
+      kicked_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  /// Returns once `w` has run: runs it on this thread, after what was queued before it,
+  /// unless another thread already runs it.
+  void run_through(StrataWork* w) {
+    std::unique_lock<std::mutex> lk(mu_);
+    ++waiters_;
+    cv_.wait(lk, [&] { return !busy_ || w->done(); });
+    --waiters_;
+    if (!w->done()) {
+      // Nobody is running anything and `w` has not run: it is still queued.
+      busy_ = true;
+      while (!q_.empty()) {
+        c10::intrusive_ptr<StrataWork> next = std::move(q_.front());
+        q_.pop_front();
+        lk.unlock();
+        next->run();
+        lk.lock();
+        if (next.get() == w) break;
+      }
+      busy_ = false;
+      last_active_ = Clock::now();
+    }
+    const bool wake = waiters_ > 0 || (kicked_ && !q_.empty());
+    lk.unlock();
+    if (wake) cv_.notify_all();
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr auto kTick = std::chrono::milliseconds(2);
+  static constexpr auto kLinger = std::chrono::milliseconds(200);
+
+  void loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      if (busy_ || q_.empty()) {
+        if (stop_ && q_.empty()) return;
+        if (Clock::now() - last_active_ < kLinger) {
+          cv_.wait_for(lk, kTick);
+        } else {
+          sleeping_ = true;
+          cv_.wait(lk);
+          sleeping_ = false;
+        }
+        continue;
+      }
+      const auto start = q_.front()->queued_at + grace_;
+      if (!stop_ && !kicked_ && Clock::now() < start) {
+        cv_.wait_until(lk, start);
+        continue;
+      }
+      kicked_ = false;
+      busy_ = true;
+      c10::intrusive_ptr<StrataWork> next = std::move(q_.front());
+      q_.pop_front();
+      lk.unlock();
+      next->run();
+      next.reset();  // outside the lock: may free tensors
+      lk.lock();
+      busy_ = false;
+      last_active_ = Clock::now();
+      if (waiters_ > 0) cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<c10::intrusive_ptr<StrataWork>> q_;
+  bool busy_ = false;      // a thread is running a work taken from q_
+  bool sleeping_ = false;  // the executor thread waits without a timeout
+  bool kicked_ = false;
+  bool stop_ = false;
+  int waiters_ = 0;
+  Clock::time_point last_active_ = Clock::now();
+  const std::chrono::microseconds grace_;
+  std::thread thread_;  // last: starts after the members it uses exist
+};
+
+bool StrataWork::wait(std::chrono::milliseconds timeout) {
+  // Gone only when the process group is: its destructor ran every queued work.
+  if (auto exec = exec_.lock()) exec->run_through(this);
+  return Work::wait(timeout);
+}
+
+bool StrataWork::isCompleted() {
+  if (done()) return true;
+  if (auto exec = exec_.lock()) exec->kick();  // polled: someone waits for it
+  return false;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> StrataWork::getFuture() {
+  if (auto exec = exec_.lock()) exec->kick();  // waited for through the future
+  return future_;
+}
+
+/// A send: posted at once; complete when the receiver has copied. Its future completes when
+/// the work is waited for or found complete by isCompleted().
+class SendWork : public c10d::Work {
+ public:
+  SendWork(int rank, strata::Work handle, at::Tensor tensor)
+      : c10d::Work(rank, c10d::OpType::SEND, "strata:send"),
+        handle_(std::move(handle)),
+        tensor_(std::move(tensor)),
+        future_(c10::make_intrusive<at::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+  bool isCompleted() override {
+    if (!done_) {
+      try {
+        if (!handle_.test()) return false;
+        settle(nullptr);
+      } catch (...) {
+        settle(std::current_exception());
+      }
+    }
+    return true;
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (!done_) {
+      try {
+        if (timeout.count() > 0) {
+          if (!handle_.wait_for(timeout))
+            TORCH_CHECK(false, "strata backend: send still running after ", timeout.count(), " ms");
+        } else {
+          handle_.wait();
+        }
+        settle(nullptr);
+      } catch (const c10::Error&) {
+        throw;
+      } catch (...) {
+        settle(std::current_exception());
+      }
+    }
+    return Work::wait(timeout);
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  void settle(std::exception_ptr error) {
+    std::lock_guard<std::mutex> g(settle_mu_);
+    if (done_) return;
+    done_ = true;
+    if (error) future_->setError(error);
+    else future_->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor_}));
+    finish(error);
+  }
+  strata::Work handle_;
+  at::Tensor tensor_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::mutex settle_mu_;
+  std::atomic<bool> done_{false};
+};
+
+// ---- the process group ---------------------------------------------------------------------
+
+class ProcessGroupStrata : public c10d::ProcessGroup {
+ public:
+  ProcessGroupStrata(Communicator comm, int rank, int size, std::chrono::microseconds grace)
+      : ProcessGroup(rank, size), comm_(std::move(comm)), exec_(std::make_shared<Executor>(grace)) {
+    TORCH_CHECK(comm_.rank() == rank && comm_.size() == size, "strata backend: communicator is rank ", comm_.rank(),
+                " of ", comm_.size(), " but torch asked for rank ", rank, " of ", size);
+  }
+  ~ProcessGroupStrata() override {
+    exec_.reset();  // runs what is still queued, then joins
+  }
+
+  const std::string getBackendName() const override { return "strata"; }
+  const Communicator& communicator() const { return comm_; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    at::Tensor t = single(tensors, "broadcast");
+    int root = static_cast<int>(opts.rootRank);
+    auto o = coll_options(opts.timeout);
+    return submit(c10d::OpType::BROADCAST, "strata:broadcast", {t}, [c = comm_, t, root, o]() mutable {
+      c.broadcast(t.data_ptr(), t.data_ptr(), nbytes(t), DataType::UInt8, root, o);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    at::Tensor t = single(tensors, "allreduce");
+    DataType dt = reduce_type(t, "allreduce");
+    ReduceOp op = reduce_op(opts.reduceOp, "allreduce");
+    auto o = coll_options(opts.timeout);
+    return submit(c10d::OpType::ALLREDUCE, "strata:all_reduce", {t}, [c = comm_, t, dt, op, o]() mutable {
+      c.all_reduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), dt, op, o);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override {
+    TORCH_CHECK(!tensors.empty(), "strata backend: allreduce_coalesced needs at least one tensor");
+    for (const auto& t : tensors) {
+      check_tensor(t, "allreduce_coalesced");
+      TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(),
+                  "strata backend: allreduce_coalesced needs tensors of one dtype");
+    }
+    DataType dt = reduce_type(tensors[0], "allreduce_coalesced");
+    ReduceOp op = reduce_op(opts.reduceOp, "allreduce_coalesced");
+    auto o = coll_options(opts.timeout);
+    return submit(c10d::OpType::ALLREDUCE_COALESCED, "strata:all_reduce_coalesced", tensors,
+                  [c = comm_, ts = tensors, dt, op, o]() mutable {
+                    at::Tensor flat = flat_cat(ts);
+                    c.all_reduce(flat.data_ptr(), flat.data_ptr(), static_cast<size_t>(flat.numel()), dt, op, o);
+                    copy_out(flat, ts);
+                  });
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
+    at::Tensor t = single(tensors, "reduce");
+    DataType dt = reduce_type(t, "reduce");
+    ReduceOp op = reduce_op(opts.reduceOp, "reduce");
+    int root = static_cast<int>(opts.rootRank);
+    auto o = coll_options(opts.timeout);
+    return submit(c10d::OpType::REDUCE, "strata:reduce", {t}, [c = comm_, t, dt, op, root, o]() mutable {
+      c.reduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), dt, op, root, o);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override {
+    at::Tensor in = single(inputs, "allgather");
+    TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
+                "strata backend: allgather needs one output list of ", size_, " tensors");
+    for (const auto& t : outputs[0]) {
+      check_tensor(t, "allgather");
+      TORCH_CHECK(t.numel() == in.numel() && t.scalar_type() == in.scalar_type(),
+                  "strata backend: allgather outputs must match the input's size and dtype");
+    }
+    auto o = coll_options(opts.timeout);
+    std::vector<at::Tensor> outs = outputs[0];
+    return submit(c10d::OpType::ALLGATHER, "strata:all_gather", outs, [c = comm_, in, outs, o]() mutable {
+      at::Tensor block = as_one_block(outs);
+      const bool direct = block.defined();
+      if (!direct) block = at::empty({in.numel() * static_cast<int64_t>(outs.size())}, in.options());
+      c.all_gather(in.data_ptr(), block.data_ptr(), nbytes(in), DataType::UInt8, o);
+      if (!direct) copy_out(block, outs);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override {
+    check_tensor(input, "_allgather_base");
+    check_tensor(output, "_allgather_base");
+    TORCH_CHECK(output.numel() == input.numel() * size_ && output.scalar_type() == input.scalar_type(),
+                "strata backend: _allgather_base output must hold world_size x input elements of its dtype");
+    auto o = coll_options(opts.timeout);
+    return submit(c10d::OpType::_ALLGATHER_BASE, "strata:all_gather_base", {output},
+                  [c = comm_, in = input, out = output, o]() mutable {
+                    c.all_gather(in.data_ptr(), out.data_ptr(), nbytes(in), DataType::UInt8, o);
+                  });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override {
+    // One all_gather per input: simple, and the same order on every rank.
+    TORCH_CHECK(outputs.size() == static_cast<size_t>(size_), "strata backend: allgather_coalesced needs ", size_,
+                " output lists");
+    auto o = coll_options(opts.timeout);
+    std::vector<at::Tensor> flat_outs;
+    for (auto& l : outputs) {
+      TORCH_CHECK(l.size() == inputs.size(), "strata backend: allgather_coalesced output lists must match the inputs");
+      for (auto& t : l) {
+        check_tensor(t, "allgather_coalesced");
+        flat_outs.push_back(t);
+      }
+    }
+    for (const auto& t : inputs) check_tensor(t, "allgather_coalesced");
+    return submit(
+        c10d::OpType::ALLGATHER_COALESCED, "strata:all_gather_coalesced", flat_outs,
+        [c = comm_, ins = inputs, outs = outputs, o]() mutable {
+          for (size_t i = 0; i < ins.size(); ++i) {
+            at::Tensor block = at::empty({ins[i].numel() * static_cast<int64_t>(outs.size())}, ins[i].options());
+            c.all_gather(ins[i].data_ptr(), block.data_ptr(), nbytes(ins[i]), DataType::UInt8, o);
+            for (size_t r = 0; r < outs.size(); ++r)
+              outs[r][i].view({-1}).copy_(block.narrow(0, static_cast<int64_t>(r) * ins[i].numel(), ins[i].numel()));
+          }
+        });
+  }
+
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    at::Tensor in = single(inputs, "gather");
+    int root = static_cast<int>(opts.rootRank);
+    std::vector<at::Tensor> outs;
+    if (rank_ == root) {
+      TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
+                  "strata backend: gather needs one output list of ", size_, " tensors at the root");
+      outs = outputs[0];
+      for (const auto& t : outs) {
+        check_tensor(t, "gather");
+        TORCH_CHECK(t.numel() == in.numel() && t.scalar_type() == in.scalar_type(),
+                    "strata backend: gather outputs must match the input's size and dtype");
+      }
+    } else {
+      TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                  "strata backend: gather takes output tensors only at the root");
+    }
+    auto o = coll_options(opts.timeout);
+    return submit(c10d::OpType::GATHER, "strata:gather", outs, [c = comm_, in, outs, root, o]() mutable {
+      at::Tensor block;
+      if (!outs.empty()) block = at::empty({in.numel() * static_cast<int64_t>(outs.size())}, in.options());
+      c.gather(in.data_ptr(), block.defined() ? block.data_ptr() : nullptr, nbytes(in), DataType::UInt8, root, o);
+      if (block.defined()) copy_out(block, outs);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    at::Tensor out = single(outputs, "scatter");
+    int root = static_cast<int>(opts.rootRank);
+    std::vector<at::Tensor> ins;
+    if (rank_ == root) {
+      TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
+                  "strata backend: scatter needs one input list of ", size_, " tensors at the root");
+      ins = inputs[0];
+      for (const auto& t : ins) {
+        check_tensor(t, "scatter");
+        TORCH_CHECK(t.numel() == out.numel() && t.scalar_type() == out.scalar_type(),
+                    "strata backend: scatter inputs must match the output's size and dtype");
+      }
+    } else {
+      TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                  "strata backend: scatter takes input tensors only at the root");
+    }
+    auto o = coll_options(opts.timeout);
+    return submit(c10d::OpType::SCATTER, "strata:scatter", {out}, [c = comm_, out, ins, root, o]() mutable {
+      at::Tensor block;
+      if (!ins.empty()) block = flat_cat(ins);
+      c.scatter(block.defined() ? block.data_ptr() : nullptr, out.data_ptr(), nbytes(out), DataType::UInt8, root, o);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    at::Tensor out = single(outputs, "reduce_scatter");
+    TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
+                "strata backend: reduce_scatter needs one input list of ", size_, " tensors");
+    for (const auto& t : inputs[0]) {
+      check_tensor(t, "reduce_scatter");
+      TORCH_CHECK(t.numel() == out.numel() && t.scalar_type() == out.scalar_type(),
+                  "strata backend: reduce_scatter inputs must match the output's size and dtype");
+    }
+    DataType dt = reduce_type(out, "reduce_scatter");
+    ReduceOp op = reduce_op(opts.reduceOp, "reduce_scatter");
+    auto o = coll_options(opts.timeout);
+    return submit(c10d::OpType::REDUCE_SCATTER, "strata:reduce_scatter", {out},
+                  [c = comm_, out, ins = inputs[0], dt, op, o]() mutable {
+                    at::Tensor block = as_one_block(ins);
+                    if (!block.defined()) block = flat_cat(ins);
+                    c.reduce_scatter(block.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), dt, op, o);
+                  });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override {
+    check_tensor(input, "_reduce_scatter_base");
+    check_tensor(output, "_reduce_scatter_base");
+    TORCH_CHECK(input.numel() == output.numel() * size_ && output.scalar_type() == input.scalar_type(),
+                "strata backend: _reduce_scatter_base input must hold world_size x output elements of its dtype");
+    DataType dt = reduce_type(output, "_reduce_scatter_base");
+    ReduceOp op = reduce_op(opts.reduceOp, "_reduce_scatter_base");
+    auto o = coll_options(opts.timeout);
+    return submit(c10d::OpType::_REDUCE_SCATTER_BASE, "strata:reduce_scatter_base", {output},
+                  [c = comm_, in = input, out = output, dt, op, o]() mutable {
+                    c.reduce_scatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), dt, op, o);
+                  });
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override {
+    check_tensor(input, "alltoall_base");
+    check_tensor(output, "alltoall_base");
+    TORCH_CHECK(input.scalar_type() == output.scalar_type(), "strata backend: alltoall_base needs one dtype");
+    auto o = coll_options(opts.timeout);
+    const auto n = static_cast<size_t>(size_);
+    if (output_splits.empty() && input_splits.empty()) {
+      TORCH_CHECK(input.numel() == output.numel() && static_cast<size_t>(input.numel()) % n == 0,
+                  "strata backend: all_to_all_single without split sizes needs equal input and output sizes, a "
+                  "multiple of the world size");
+      return submit(c10d::OpType::ALLTOALL_BASE, "strata:all_to_all", {output},
+                    [c = comm_, in = input, out = output, n, o]() mutable {
+                      c.all_to_all(in.data_ptr(), out.data_ptr(), nbytes(in) / n, DataType::UInt8, o);
+                    });
+    }
+    // Split sizes count rows of dim 0; Strata moves bytes.
+    auto byte_counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
+      std::vector<size_t> counts(n);
+      const int64_t rows = t.dim() ? t.size(0) : 1;
+      const size_t row_bytes = rows ? nbytes(t) / static_cast<size_t>(rows) : 0;
+      if (splits.empty()) {
+        TORCH_CHECK(rows % size_ == 0, "strata backend: all_to_all_single ", which, " has ", rows,
+                    " rows, not a multiple of the world size");
+        for (auto& c : counts) c = static_cast<size_t>(rows / size_) * row_bytes;
+      } else {
+        TORCH_CHECK(splits.size() == n, "strata backend: all_to_all_single ", which, " split sizes need ", n,
+                    " entries");
+        int64_t total = 0;
+        for (size_t j = 0; j < n; ++j) {
+          TORCH_CHECK(splits[j] >= 0, "strata backend: negative split size");
+          counts[j] = static_cast<size_t>(splits[j]) * row_bytes;
+          total += splits[j];
+        }
+        TORCH_CHECK(total == rows, "strata backend: all_to_all_single ", which, " split sizes add up to ", total,
+                    " but the tensor has ", rows, " rows");
+      }
+      return counts;
+    };
+    auto sc = byte_counts(input, input_splits, "input");
+    auto rc = byte_counts(output, output_splits, "output");
+    std::vector<size_t> sd(n, 0), rd(n, 0);
+    for (size_t j = 1; j < n; ++j) {
+      sd[j] = sd[j - 1] + sc[j - 1];
+      rd[j] = rd[j - 1] + rc[j - 1];
+    }
+    return submit(c10d::OpType::ALLTOALL_BASE, "strata:all_to_all_v", {output},
+                  [c = comm_, in = input, out = output, sc, sd, rc, rd, o]() mutable {
+                    c.all_to_all_v(in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(), rd.data(),
+                                   DataType::UInt8, o);
+                  });
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override {
+    const auto n = static_cast<size_t>(size_);
+    TORCH_CHECK(outputs.size() == n && inputs.size() == n, "strata backend: all_to_all needs ", n,
+                " input and output tensors");
+    for (size_t j = 0; j < n; ++j) {
+      check_tensor(inputs[j], "all_to_all");
+      check_tensor(outputs[j], "all_to_all");
+      TORCH_CHECK(
+          inputs[j].scalar_type() == inputs[0].scalar_type() && outputs[j].scalar_type() == inputs[0].scalar_type(),
+          "strata backend: all_to_all needs one dtype");
+    }
+    std::vector<size_t> sc(n), rc(n), sd(n, 0), rd(n, 0);
+    for (size_t j = 0; j < n; ++j) {
+      sc[j] = nbytes(inputs[j]);
+      rc[j] = nbytes(outputs[j]);
+      if (j) {
+        sd[j] = sd[j - 1] + sc[j - 1];
+        rd[j] = rd[j - 1] + rc[j - 1];
+      }
+    }
+    auto o = coll_options(opts.timeout);
+    return submit(c10d::OpType::ALLTOALL, "strata:all_to_all", outputs,
+                  [c = comm_, ins = inputs, outs = outputs, sc, sd, rc, rd, o]() mutable {
+                    at::Tensor in = flat_cat(ins);
+                    int64_t total = 0;
+                    for (const auto& t : outs) total += t.numel();
+                    at::Tensor out = at::empty({total}, outs[0].options());
+                    c.all_to_all_v(in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(), rd.data(),
+                                   DataType::UInt8, o);
+                    copy_out(out, outs);
+                  });
+  }
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    at::Tensor t = single(tensors, "send");
+    // Posted now (see the file comment); the tensor stays referenced by the work.
+    strata::Work h = comm_.send_async(t.data_ptr(), nbytes(t), DataType::UInt8, dst, tag);
+    return c10::make_intrusive<SendWork>(rank_, std::move(h), t);
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    at::Tensor t = single(tensors, "recv");
+    return submit(c10d::OpType::RECV, "strata:recv", {t},
+                  [c = comm_, t, src, tag]() mutable { c.recv(t.data_ptr(), nbytes(t), DataType::UInt8, src, tag); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
+    TORCH_CHECK(false, "strata backend: recv from any source is not supported; name the source rank");
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    auto o = coll_options(opts.timeout);
+    return submit(c10d::OpType::BARRIER, "strata:barrier", {}, [c = comm_, o]() mutable { c.barrier(o); });
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
+                                        std::function<void()> body) {
+    auto w = c10::make_intrusive<StrataWork>(rank_, type, title, std::move(outputs), std::move(body), exec_);
+    exec_->enqueue(w);
+    return w;
+  }
+
+  Communicator comm_;
+  std::shared_ptr<Executor> exec_;
+};
+
+// ---- heap allocator ----------------------------------------------------------------------
+
+/// torch's CPU allocator over a communicator's heap: every CPU tensor allocated while it is
+/// installed lives in registered memory, so collectives on it (DDP's gradient buckets
+/// included) move with no copy. Each block keeps the heap alive (Buffer owns a reference).
+class HeapAllocator final : public c10::Allocator {
+ public:
+  explicit HeapAllocator(Communicator comm) : comm_(std::move(comm)) {}
+  c10::DataPtr allocate(size_t n) const override {
+    if (n == 0) return {nullptr, nullptr, &release, c10::Device(c10::DeviceType::CPU)};
+    auto* block = new Buffer<uint8_t>(comm_.alloc<uint8_t>(n));
+    return {block->data(), block, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+
+ private:
+  static void release(void* block) { delete static_cast<Buffer<uint8_t>*>(block); }
+  mutable Communicator comm_;
+};
+
+}  // namespace strata::torch_backend
+
+// ---- module ----------------------------------------------------------------------------------
+
+PYBIND11_MODULE(_strata_torch, m) {
+  namespace py = pybind11;
+  using strata::torch_backend::HeapAllocator;
+  using strata::torch_backend::ProcessGroupStrata;
+  m.doc() = "torch.distributed backend 'strata' (C++ part; registered by the strata package)";
+  // The base class must be registered with pybind before we derive from it.
+  py::module_::import("torch.distributed");
+  py::class_<ProcessGroupStrata, c10::intrusive_ptr<ProcessGroupStrata>, c10d::ProcessGroup>(m, "ProcessGroupStrata",
+                                                                                             py::dynamic_attr())
+      .def(py::init([](py::capsule comm, int rank, int size, int grace_us) {
+             if (std::string(comm.name()) != "strata.Communicator")
+               throw std::invalid_argument("ProcessGroupStrata needs Communicator._capsule()");
+             return c10::make_intrusive<ProcessGroupStrata>(*comm.get_pointer<strata::Communicator>(), rank, size,
+                                                            std::chrono::microseconds(grace_us));
+           }),
+           py::arg("comm"), py::arg("rank"), py::arg("size"), py::arg("grace_us") = 100);
+
+  // Allocators installed here are never destroyed: tensors may outlive the switch back, and
+  // torch keeps a raw pointer while one is installed.
+  static c10::Allocator* original = nullptr;
+  m.def(
+      "use_heap_allocator",
+      [](py::object comm) {
+        if (!original) original = c10::GetCPUAllocator();
+        if (comm.is_none()) {
+          c10::SetCPUAllocator(original);
+          return;
+        }
+        auto cap = comm.cast<py::capsule>();
+        if (std::string(cap.name()) != "strata.Communicator")
+          throw std::invalid_argument("use_heap_allocator needs Communicator._capsule() or None");
+        c10::SetCPUAllocator(new HeapAllocator(*cap.get_pointer<strata::Communicator>()));
+      },
+      py::arg("comm"),
+      "Makes torch allocate CPU tensors in the communicator's heap (None: back to torch's allocator).");
+  m.def("heap_allocator_active", [] { return dynamic_cast<HeapAllocator*>(c10::GetCPUAllocator()) != nullptr; });
+}
