@@ -443,6 +443,10 @@ def main():
             L += ["Ratios (peer time ÷ strata heap time = strata busbw ÷ peer busbw; > 1: strata heap faster):",
                   ""] + rt + [""]
 
+    L += ["## torch.distributed (Python)", "",
+          "Backend `strata` against `gloo` through torch.distributed (all_reduce 4 KiB–64 MiB, DDP step "
+          "time): [PERFORMANCE_PYTHON.md](PERFORMANCE_PYTHON.md), measured by `python/bench_torch.py`.", ""]
+
     path = os.path.join(o.docs, "PERFORMANCE.md")
     with open(path, "w") as f:
         f.write("\n".join(L).rstrip() + "\n")
