@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "bootstrap/store.hpp"  // the store server (internal API: the bindings are in-tree)
+#include "coll/counts.hpp"       // v-collective counts (shared with the collectives)
 #include "interop.hpp"
 
 namespace strata::python {
@@ -66,18 +67,8 @@ std::vector<size_t> to_counts(py::handle seq, int n, const std::string& what) {
   return v;
 }
 
-std::vector<size_t> prefix_sums(const std::vector<size_t>& c) {
-  std::vector<size_t> d(c.size(), 0);
-  for (size_t i = 1; i < c.size(); ++i) d[i] = d[i - 1] + c[i - 1];
-  return d;
-}
-
-size_t max_end(const std::vector<size_t>& counts, const std::vector<size_t>& displs) {
-  size_t m = 0;
-  for (size_t i = 0; i < counts.size(); ++i)
-    if (counts[i]) m = std::max(m, displs[i] + counts[i]);
-  return m;
-}
+using strata::coll::max_end;
+using strata::coll::prefix_sums;
 
 std::string shape_str(const std::vector<py::ssize_t>& s) {
   std::string r = "(";

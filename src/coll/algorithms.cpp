@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "coll/comm_impl.hpp"
+#include "coll/counts.hpp"
 #include "common/reduce.hpp"
 
 namespace strata::coll {
@@ -71,18 +72,8 @@ constexpr uint8_t kOneShot = 1, kTwoShot = 2;
 
 size_t sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t{0}); }
 
-std::vector<size_t> prefix(const std::vector<size_t>& v) {
-  std::vector<size_t> d(v.size(), 0);
-  for (size_t i = 1; i < v.size(); ++i) d[i] = d[i - 1] + v[i - 1];
-  return d;
-}
-
-size_t max_end(const std::vector<size_t>& counts, const std::vector<size_t>& displs) {
-  size_t m = 0;
-  for (size_t i = 0; i < counts.size(); ++i)
-    if (counts[i]) m = std::max(m, displs[i] + counts[i]);
-  return m;
-}
+using coll::max_end;
+std::vector<size_t> prefix(const std::vector<size_t>& v) { return coll::prefix_sums(v); }
 
 /// Bytes this rank reads from `in` and writes to `out`.
 struct Extent {
