@@ -354,6 +354,13 @@ class Communicator {
   Communicator split(int color, int key) const;
   /// Fails every pending and later operation of this communicator with Aborted, now.
   void abort();
+  /// After PeerFailed in a job run by `strata run --ft`: waits for the controller's new
+  /// epoch, meets the replacement rank(s) and rebuilds this (world) communicator, keeping
+  /// everything that did not touch a failed rank. Operations queued before it fail.
+  /// Sub-communicators stay revoked: destroy them and split again. Unavailable outside --ft.
+  void recover();
+  /// The failure epoch this communicator was last (re)built for; 0 before any failure.
+  uint64_t epoch() const;
   /// Waits for pending work and releases this handle's resources (other copies become invalid).
   void destroy();
 

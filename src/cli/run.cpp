@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -27,6 +28,8 @@
 
 #include "bootstrap/store.hpp"
 #include "cli/commands.hpp"
+#include "cli/ft_controller.hpp"
+#include "common/env.hpp"
 
 extern char** environ;
 
@@ -72,6 +75,8 @@ struct RunOptions {
   std::optional<std::chrono::milliseconds> timeout;
   std::string timeout_text;  // as the user wrote it, for the message
   uint16_t port = 0;
+  bool ft = false;
+  FtOptions ft_opts;
   std::vector<std::string> argv;
 };
 
@@ -112,6 +117,17 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
       auto p = parse_long(value);
       if (!p || *p < 0 || *p > 65535) return usage_error("--port must be 0-65535, got '" + value + "'");
       o.port = static_cast<uint16_t>(*p);
+    } else if (arg == "--ft") {
+      o.ft = true;
+      ++i;
+    } else if (arg == "--restart-all") {
+      o.ft_opts.restart_all = true;
+      ++i;
+    } else if (take_option(argc, argv, i, {"--max-failures"}, value, error)) {
+      if (!error.empty()) return usage_error(error);
+      auto k = parse_long(value);
+      if (!k || *k < 0 || *k > 1'000'000) return usage_error("--max-failures must be a number >= 0, got '" + value + "'");
+      o.ft_opts.max_failures = static_cast<int>(*k);
     } else {
       return usage_error("unknown option '" + std::string(arg) + "'");
     }
@@ -119,6 +135,7 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
   for (; i < argc; ++i) o.argv.emplace_back(argv[i]);
   if (o.nranks == 0) return usage_error("missing -n N (the number of ranks)");
   if (o.argv.empty()) return usage_error("missing the program to run");
+  if (o.ft_opts.restart_all && !o.ft) return usage_error("--restart-all needs --ft");
   return std::nullopt;
 }
 
@@ -159,6 +176,7 @@ class Launcher {
     int index = 0;
     pid_t pid = -1;
     bool running = false;
+    bool current = true;  // the newest process of this rank (--ft keeps replaced ones for their output)
     Stream out, err;
   };
 
@@ -168,6 +186,8 @@ class Launcher {
   void on_signals();
   void reap();
   void on_exit(Rank& r, int status);
+  void replace(const std::vector<Rank*>& failed, const std::string& why, int exit_code);
+  void check_heartbeats();
   void relay(Rank& r, Stream& s);
   void emit(const Rank& r, Stream& s, bool at_eof);
   void stop(int sig, bool escalate);
@@ -176,7 +196,13 @@ class Launcher {
   bool any_pipe_open() const;
 
   RunOptions opts_;
-  std::vector<Rank> ranks_;
+  std::deque<Rank> ranks_;  // a deque: replacements are appended while others are referenced
+  std::string path_;
+  std::vector<char*> argv_;
+  std::vector<std::string> shared_env_;
+  std::unique_ptr<FtController> ft_;
+  int restarts_ = 0;
+  std::optional<Clock::time_point> next_tick_;
   int sigfd_ = -1;
   int devnull_ = -1;
   std::string token_, job_id_;
@@ -312,17 +338,17 @@ int Launcher::run() {
     print_error(kWho, opts_.argv[0] + (is_path ? ": no such executable file" : ": command not found in PATH"));
     return kNotFoundExit;
   }
-  std::vector<char*> argv;
-  for (auto& a : opts_.argv) argv.push_back(a.data());
-  argv.push_back(nullptr);
+  path_ = *path;
+  for (auto& a : opts_.argv) argv_.push_back(a.data());
+  argv_.push_back(nullptr);
 
   // Our own variables replace any inherited ones (a launcher started from inside a job).
   static constexpr const char* kOwned[] = {
       "STRATA_RANK=",  "STRATA_WORLD_SIZE=", "STRATA_LOCAL_RANK=", "STRATA_LOCAL_SIZE=",
-      "STRATA_STORE=", "STRATA_JOB_TOKEN=",  "STRATA_JOB_ID=",
+      "STRATA_STORE=", "STRATA_JOB_TOKEN=",  "STRATA_JOB_ID=", "STRATA_FT=", "STRATA_EPOCH=",
       // torchrun's, for torch.distributed's env:// rendezvous (any backend)
       "RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="};
-  std::vector<std::string> shared_env;
+  std::vector<std::string>& shared_env = shared_env_;
   for (char** e = environ; *e; ++e) {
     bool owned = std::any_of(std::begin(kOwned), std::end(kOwned),
                              [&](const char* p) { return std::strncmp(*e, p, std::strlen(p)) == 0; });
@@ -337,11 +363,24 @@ int Launcher::run() {
   shared_env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(opts_.nranks));
   shared_env.push_back("MASTER_ADDR=127.0.0.1");
   shared_env.push_back("MASTER_PORT=" + std::to_string(free_port()));
+  if (opts_.ft) {
+    shared_env.push_back("STRATA_FT=1");
+    const Env& env = Env::get();
+    opts_.ft_opts.heartbeat_interval = env.heartbeat_interval;
+    opts_.ft_opts.heartbeat_timeout = env.heartbeat_timeout;
+    ft_ = std::make_unique<FtController>(opts_.ft_opts, job_id_, opts_.nranks);
+    Status c = ft_->connect({"127.0.0.1", store_->port()}, token_);
+    if (!c.is_ok()) {
+      print_error(kWho, "--ft: cannot reach the job's store: " + c.message());
+      store_->stop();
+      return 1;
+    }
+  }
 
   ranks_.resize(opts_.nranks);
   for (int i = 0; i < opts_.nranks; ++i) {
     ranks_[i].index = i;
-    Status s = spawn(ranks_[i], *path, argv, shared_env);
+    Status s = spawn(ranks_[i], path_, argv_, shared_env);
     if (!s.is_ok()) {
       print_error(kWho, "rank " + std::to_string(i) + ": " + s.message());
       exit_code_ = s.code() == Code::InvalidArgument ? kNotFoundExit : 1;
@@ -397,8 +436,12 @@ void Launcher::loop() {
       }
     }
 
+    if (ft_ && !stopping_ && (!next_tick_ || now >= *next_tick_)) {
+      check_heartbeats();
+      next_tick_ = Clock::now() + ft_->tick_interval();
+    }
     std::optional<Clock::time_point> wake;
-    for (const auto& t : {kill_at_, job_deadline_, drain_until_})
+    for (const auto& t : {kill_at_, job_deadline_, drain_until_, ft_ ? next_tick_ : std::nullopt})
       if (t && (!wake || *t < *wake)) wake = t;
     int timeout = -1;
     if (wake) {
@@ -452,7 +495,9 @@ void Launcher::on_signals() {
 }
 
 void Launcher::reap() {
-  for (auto& r : ranks_) {
+  // By index: a replacement appended meanwhile invalidates deque iterators (not references).
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    Rank& r = ranks_[i];
     if (!r.running) continue;
     int status = 0;
     pid_t p = ::waitpid(r.pid, &status, WNOHANG);
@@ -466,22 +511,113 @@ void Launcher::on_exit(Rank& r, int status) {
   relay(r, r.out);
   relay(r, r.err);
   bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  if (!failed || stopping_) return;  // casualties of our own stop are not news
+  if (!failed || stopping_ || !r.current) return;  // casualties of our own stop are not news
   std::string what;
+  int code;
   if (WIFEXITED(status)) {
     what = "exited with code " + std::to_string(WEXITSTATUS(status));
-    exit_code_ = WEXITSTATUS(status);
+    code = WEXITSTATUS(status);
   } else {
     int sig = WTERMSIG(status);
     what = "was killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")";
     if (WCOREDUMP(status)) what += ", core dumped";
-    exit_code_ = 128 + sig;
+    code = 128 + sig;
   }
-  int others = running_count();
   std::string msg = "rank " + std::to_string(r.index) + " (pid " + std::to_string(r.pid) + ") " + what;
+  if (ft_) {
+    replace({&r}, msg, code);
+    return;
+  }
+  exit_code_ = code;
+  int others = running_count();
   if (others > 0) msg += "; stopping the other " + std::to_string(others) + " rank(s)";
   print_error(kWho, msg);
   stop(SIGTERM, true);
+}
+
+void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why, int exit_code) {
+  std::vector<int> idx;
+  for (Rank* r : failed) {
+    idx.push_back(r->index);
+    r->current = false;
+    if (r->running) {
+      // A hung or stopped process: make sure it is gone before its replacement binds its
+      // names (heap socket) and before survivors drop its memory.
+      ::kill(-r->pid, SIGKILL);
+      int st = 0;
+      while (::waitpid(r->pid, &st, 0) < 0 && errno == EINTR) {
+      }
+      r->running = false;
+      relay(*r, r->out);
+      relay(*r, r->err);
+    }
+  }
+  if (!ft_->on_failure(idx, why)) {
+    exit_code_ = exit_code;
+    print_error(kWho, why + "; " + std::to_string(ft_->failures()) + " failure(s) exceed --max-failures " +
+                          std::to_string(ft_->options().max_failures) + ", stopping the job");
+    stop(SIGTERM, true);
+    return;
+  }
+  std::vector<int> respawn = idx;
+  std::vector<std::string> env = shared_env_;
+  if (ft_->options().restart_all) {
+    // The baseline: every rank goes, all start again under a fresh job id.
+    respawn.clear();
+    for (auto& r : ranks_) {
+      if (!r.current) continue;
+      r.current = false;
+      if (r.running) {
+        ::kill(-r.pid, SIGKILL);
+        int st = 0;
+        while (::waitpid(r.pid, &st, 0) < 0 && errno == EINTR) {
+        }
+        r.running = false;
+        relay(r, r.out);
+        relay(r, r.err);
+      }
+    }
+    for (int i = 0; i < opts_.nranks; ++i) respawn.push_back(i);
+    std::string job = job_id_ + "-restart" + std::to_string(++restarts_);
+    for (auto& e : shared_env_)
+      if (e.rfind("STRATA_JOB_ID=", 0) == 0) e = "STRATA_JOB_ID=" + job;
+    env = shared_env_;
+    ft_->set_job(job);
+  } else {
+    env.push_back("STRATA_EPOCH=" + std::to_string(ft_->epoch()));
+  }
+  print_error(kWho, why + "; " + (ft_->options().restart_all ? "restarting every rank" : "replacing it") +
+                        " (epoch " + std::to_string(ft_->epoch()) + ", failure " + std::to_string(ft_->failures()) +
+                        " of at most " + std::to_string(ft_->options().max_failures) + ")");
+  for (int i : respawn) {
+    Rank& nr = ranks_.emplace_back();
+    nr.index = i;
+    Status s = spawn(nr, path_, argv_, env);
+    if (!s.is_ok()) {
+      print_error(kWho, "replacement of rank " + std::to_string(i) + ": " + s.message());
+      exit_code_ = 1;
+      stop(SIGTERM, true);
+      return;
+    }
+  }
+  ft_->on_spawned();
+}
+
+void Launcher::check_heartbeats() {
+  std::vector<int> running;
+  for (const auto& r : ranks_)
+    if (r.current && r.running) running.push_back(r.index);
+  for (int i : ft_->check(running)) {
+    for (auto& r : ranks_) {
+      if (r.index != i || !r.current || !r.running) continue;
+      replace({&r},
+              "rank " + std::to_string(i) + " (pid " + std::to_string(r.pid) + ") sent no heartbeat for " +
+                  std::to_string(ft_->options().heartbeat_timeout.count()) + " ms (hung or stopped)",
+              128 + SIGKILL);
+      break;
+    }
+    if (stopping_) return;
+  }
 }
 
 void Launcher::relay(Rank& r, Stream& s) {

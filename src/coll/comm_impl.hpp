@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include <strata/recovery.hpp>
 #include <strata/strata.hpp>
 
 #include "bootstrap/job_info.hpp"
@@ -25,6 +26,24 @@
 #include "transport/shm_sync.hpp"
 
 namespace strata::detail {
+
+struct CommImpl;
+
+/// A process-wide service the recovery layer attaches to a context (the failure monitor);
+/// the context only owns it, so the collectives never depend on recovery.
+struct ContextService {
+  virtual ~ContextService() = default;
+};
+
+/// What this process knows about the job's failure epochs (all times CLOCK_REALTIME ns, so
+/// they compare across processes).
+struct EpochState {
+  std::atomic<uint64_t> latest{0};   // newest epoch announced by the controller
+  std::atomic<int64_t> seen_ns{0};   // when this process saw `latest` announced
+  uint64_t joined = 0;               // epoch the world communicator was last built for
+  std::mutex mu;
+  recovery::Report report;           // the last recovery, for recovery::last_report
+};
 
 /// One rank's process-level state, shared by all its communicators and buffers.
 struct ContextImpl {
@@ -39,6 +58,15 @@ struct ContextImpl {
   std::vector<std::pair<uintptr_t, size_t>> registered;
   /// True when [p, p + bytes) lies inside one registered external buffer.
   bool is_registered(const void* p, size_t bytes);
+
+  // Failure handling: every live communicator, so a failure notice can revoke them all.
+  std::vector<std::weak_ptr<CommImpl>> comms;
+  EpochState epochs;
+  std::unique_ptr<ContextService> monitor;  // null unless the job runs under `strata run --ft`
+  /// Fails every pending and later operation of every communicator with `why` (sticky).
+  void revoke_all(const Status& why);
+  /// Key under the job's store namespace ("strata/<job>/<suffix>").
+  std::string key(const std::string& suffix) const { return "strata/" + job.job_id + "/" + suffix; }
   ~ContextImpl();
 };
 
@@ -180,10 +208,41 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   Status sync(Deadline d, const char* what);
   Result<void*> scratch_block(int which, size_t bytes);
   void shutdown();
+
+  // Rebuild hooks for the recovery layer (context.cpp). Callers hold exec_mu, so nothing
+  // else runs on this communicator meanwhile.
+  /// Zeroes this rank's sequence counters and its control block's sync state, keeping its
+  /// identity (and every peer's mapping of it).
+  void reset_sync_state();
+  /// Maps member r's (new) control block and watches its (new) process.
+  Status attach_peer(int r, const memory::SegRef& ref, Deadline d);
+  /// Clears the abort flag and the sticky error: the communicator is usable again.
+  void clear_broken();
 };
 
-/// Builds the world communicator of an initialised context.
+/// Builds the world communicator of an initialised context. A replacement rank (epoch > 0)
+/// joins the survivors through the recovery layer's rebuild instead.
 Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>& ctx);
+/// This rank's record in the store for the world communicator: host, pid, control block.
+std::string world_record(const ContextImpl& ctx, const memory::SegRef& ctrl);
+struct WorldRecord {
+  std::string host;
+  long pid = 0;
+  memory::SegRef ctrl{};
+};
+Result<WorldRecord> parse_world_record(const std::string& v);
+/// Allocates and initialises this rank's control block for a communicator of n ranks.
+Result<void*> new_ctrl_block(ContextImpl& ctx, int rank, int n);
+/// The communicator object without any peer attached (the rebuild attaches them).
+std::shared_ptr<CommImpl> new_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id, std::vector<int> members,
+                                   int rank, void* ctrl_mem);
+
+// Implemented by the recovery layer (src/recovery/).
+/// Starts the failure monitor when the job runs under a recovery controller (no-op otherwise).
+Status start_recovery_services(const std::shared_ptr<ContextImpl>& ctx);
+/// Rebuilds the world communicator in the newest epoch: survivors keep everything that did
+/// not touch a failed rank; `fresh` is a replacement joining for the first time.
+Status rebuild_world(CommImpl& c, bool fresh);
 /// Creates a communicator over `members` (global ranks) given every member's control block.
 Result<std::shared_ptr<CommImpl>> make_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id,
                                             std::vector<int> members, int rank, void* ctrl_mem,

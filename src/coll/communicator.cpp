@@ -23,7 +23,7 @@ void heap_free(const std::shared_ptr<ContextImpl>& ctx, void* p, bool symmetric)
 
 void throw_invalid(const std::string& message) { throw Error(Code::InvalidArgument, message); }
 
-Result<void*> new_ctrl_block(ContextImpl& ctx, int rank, int n);  // context.cpp
+
 
 namespace {
 
@@ -649,6 +649,7 @@ Communicator init(const InitOptions& opts) {
                                            " ranks needs a store (STRATA_STORE or MASTER_ADDR/MASTER_PORT)", rank);
   }
   ctx->heap = value_or_throw(memory::Heap::create(memory::HeapOptions::from_env(ctx->env), ctx->job.job_id, rank), rank);
+  throw_if_error(detail::start_recovery_services(ctx), rank);
   return Communicator(value_or_throw(detail::make_world(ctx), rank));
 }
 

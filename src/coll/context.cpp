@@ -23,6 +23,19 @@ bool ContextImpl::is_registered(const void* p, size_t bytes) {
   return false;
 }
 
+void ContextImpl::revoke_all(const Status& why) {
+  std::vector<std::shared_ptr<CommImpl>> live;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    for (auto& w : comms)
+      if (auto c = w.lock()) live.push_back(std::move(c));
+  }
+  for (auto& c : live) {
+    c->set_broken(why);
+    c->abort_flag.store(true, std::memory_order_release);
+  }
+}
+
 namespace {
 
 int open_pidfd(int pid) {
@@ -124,9 +137,45 @@ CommImpl::~CommImpl() {
   ctx->retired_ctrl.emplace_back(ctrl_mem, false);
 }
 
-Result<std::shared_ptr<CommImpl>> make_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id,
-                                            std::vector<int> members, int rank, void* ctrl_mem,
-                                            const std::vector<memory::SegRef>& ctrl_refs, Deadline d) {
+void CommImpl::reset_sync_state() {
+  seq = 0;
+  phase = 0;
+  std::fill(send_seq.begin(), send_seq.end(), 0);
+  std::fill(recv_seq.begin(), recv_seq.end(), 0);
+  CtrlHeader* h = self.hdr();
+  h->desc = coll::OpDesc{};
+  transport::publish(h->phase, 0);
+  char* base = static_cast<char*>(self.base());
+  std::memset(base + sizeof(CtrlHeader), 0, CtrlView::bytes(size) - sizeof(CtrlHeader));
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+Status CommImpl::attach_peer(int r, const memory::SegRef& ref, Deadline d) {
+  const size_t bytes = CtrlView::bytes(size);
+  auto p = ctx->heap->peer_ptr(members[r], ref, bytes, d);
+  if (!p.is_ok()) return p.status().with_context("mapping the control block of rank " + std::to_string(r) + ": ");
+  CtrlView v(p.value(), size);
+  CtrlHeader* h = v.hdr();
+  if (h->magic != kCtrlMagic || h->rank != r || h->size != size)
+    return internal_error("control block of rank " + std::to_string(r) + " is not initialised (magic " +
+                          std::to_string(h->magic) + ", rank " + std::to_string(h->rank) + ")");
+  peers[r] = v;
+  if (pidfds[r] >= 0) ::close(pidfds[r]);
+  pidfds[r] = -1;
+  pids[r] = h->pid;
+  if (h->pid != static_cast<int>(getpid())) pidfds[r] = open_pidfd(h->pid);
+  return Status::ok();
+}
+
+void CommImpl::clear_broken() {
+  std::lock_guard<std::mutex> g(err_mu);
+  sticky = Status::ok();
+  is_broken.store(false, std::memory_order_release);
+  abort_flag.store(false, std::memory_order_release);
+}
+
+std::shared_ptr<CommImpl> new_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id, std::vector<int> members,
+                                   int rank, void* ctrl_mem) {
   auto c = std::make_shared<CommImpl>();
   c->ctx = ctx;
   c->id = std::move(id);
@@ -137,50 +186,52 @@ Result<std::shared_ptr<CommImpl>> make_comm(const std::shared_ptr<ContextImpl>& 
   c->ctrl_mem = ctrl_mem;
   c->self = CtrlView(ctrl_mem, c->size);
   c->peers.resize(c->size);
+  c->peers[rank] = c->self;
   c->pids.assign(c->size, 0);
+  c->pids[rank] = static_cast<int>(getpid());
   c->pidfds.assign(c->size, -1);
   c->send_seq.assign(c->size, 0);
+  c->recv_seq.assign(c->size, 0);
+  c->cma_tmp.resize(c->size);
   cpu_set_t set;
   int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
   c->oversubscribed = c->size > cpus;
-  c->recv_seq.assign(c->size, 0);
-  const size_t bytes = CtrlView::bytes(c->size);
-  const int my_pid = static_cast<int>(getpid());
-  for (int r = 0; r < c->size; ++r) {
-    if (r == rank) {
-      c->peers[r] = c->self;
-    } else {
-      auto p = ctx->heap->peer_ptr(c->members[r], ctrl_refs[r], bytes, d);
-      if (!p.is_ok()) return p.status().with_context("mapping the control block of rank " + std::to_string(r) + ": ");
-      c->peers[r] = CtrlView(p.value(), c->size);
-    }
-    CtrlHeader* h = c->peers[r].hdr();
-    if (h->magic != kCtrlMagic || h->rank != r || h->size != c->size)
-      return internal_error("control block of rank " + std::to_string(r) + " is not initialised (magic " +
-                            std::to_string(h->magic) + ", rank " + std::to_string(h->rank) + ")");
-    c->pids[r] = h->pid;
-    if (h->pid != my_pid) c->pidfds[r] = open_pidfd(h->pid);
+  std::lock_guard<std::mutex> g(ctx->mu);
+  // Drop entries of communicators that are gone, so a job that splits often stays small.
+  std::erase_if(ctx->comms, [](const std::weak_ptr<CommImpl>& w) { return w.expired(); });
+  ctx->comms.push_back(c);
+  return c;
+}
+
+/// Whether process `pid` can be read with process_vm_readv at `addr` (the CMA probe).
+static bool probe_cma(const CommImpl& c) {
+  bool ok = c.ctx->env.cma;
+  for (int r = 0; r < c.size && ok; ++r) {
+    if (r == c.rank) continue;
+    CtrlHeader* h = c.peers[r].hdr();
+    ok = memory::cma_probe(h->pid, reinterpret_cast<const void*>(h->self_addr), sizeof(CtrlHeader));
   }
+  return ok;
+}
+
+Result<std::shared_ptr<CommImpl>> make_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id,
+                                            std::vector<int> members, int rank, void* ctrl_mem,
+                                            const std::vector<memory::SegRef>& ctrl_refs, Deadline d) {
+  auto c = new_comm(ctx, std::move(id), std::move(members), rank, ctrl_mem);
+  for (int r = 0; r < c->size; ++r)
+    if (r != rank) STRATA_RETURN_IF_ERROR(c->attach_peer(r, ctrl_refs[r], d));
   // Everyone has mapped everyone before any operation publishes into the blocks.
   STRATA_RETURN_IF_ERROR(c->sync(d, "communicator setup"));
   // CMA probe: can we read each peer's control block through process_vm_readv? The verdict
   // must be the same on every rank (a rank decides alone whether to publish a registered
   // buffer for CMA), so each publishes its result and all take the AND.
-  bool ok = ctx->env.cma;
-  for (int r = 0; r < c->size && ok; ++r) {
-    if (r == rank) continue;
-    CtrlHeader* h = c->peers[r].hdr();
-    ok = memory::cma_probe(h->pid, reinterpret_cast<const void*>(h->self_addr), sizeof(CtrlHeader));
-  }
-  c->self.hdr()->cma_ok = ok ? 1 : 0;
+  c->self.hdr()->cma_ok = probe_cma(*c) ? 1 : 0;
   STRATA_RETURN_IF_ERROR(c->sync(d, "communicator setup"));
   c->cma_all = true;
   for (int r = 0; r < c->size; ++r) c->cma_all = c->cma_all && c->peers[r].hdr()->cma_ok;
-  c->cma_tmp.resize(c->size);
   return c;
 }
 
-/// Allocates and initialises this rank's control block for a communicator of n ranks.
 Result<void*> new_ctrl_block(ContextImpl& ctx, int rank, int n) {
   size_t bytes = CtrlView::bytes(n);
   STRATA_ASSIGN_OR_RETURN(void* mem, ctx.heap->alloc(bytes));
@@ -194,36 +245,54 @@ Result<void*> new_ctrl_block(ContextImpl& ctx, int rank, int n) {
   return mem;
 }
 
+std::string world_record(const ContextImpl& ctx, const memory::SegRef& ctrl) {
+  std::ostringstream os;
+  os << ctx.job.host_id << "\n" << getpid() << "\n" << ctrl.seg << "\n" << ctrl.offset;
+  return os.str();
+}
+
+Result<WorldRecord> parse_world_record(const std::string& v) {
+  WorldRecord w;
+  std::istringstream is(v);
+  std::getline(is, w.host);
+  if (!(is >> w.pid >> w.ctrl.seg >> w.ctrl.offset)) return internal_error("malformed world record '" + v + "'");
+  return w;
+}
+
 Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>& ctx) {
   const int n = ctx->job.world_size, me = ctx->job.rank;
   Deadline d = Deadline::after(ctx->timeout);
   STRATA_ASSIGN_OR_RETURN(void* ctrl, new_ctrl_block(*ctx, me, n));
   auto ref = ctx->heap->locate(ctrl, 1);
   if (!ref) return internal_error("control block is not in the heap");
+  std::vector<int> members(n);
+  for (int r = 0; r < n; ++r) members[r] = r;
+  if (ctx->env.epoch > 0 && n > 1) {
+    // A replacement: the survivors keep their blocks; meet them in the newest epoch.
+    auto c = new_comm(ctx, "world", std::move(members), me, ctrl);
+    std::unique_lock<std::mutex> ex(c->exec_mu);
+    STRATA_RETURN_IF_ERROR(rebuild_world(*c, /*fresh=*/true));
+    c->self.hdr()->cma_ok = probe_cma(*c) ? 1 : 0;
+    c->cma_all = c->self.hdr()->cma_ok != 0;
+    return c;
+  }
   std::vector<memory::SegRef> refs(n);
   refs[me] = *ref;
   if (n > 1) {
-    std::ostringstream os;
-    os << ctx->job.host_id << "\n" << getpid() << "\n" << ref->seg << "\n" << ref->offset;
-    STRATA_RETURN_IF_ERROR(ctx->store->set(world_key(*ctx, me), os.str()));
+    STRATA_RETURN_IF_ERROR(ctx->store->set(world_key(*ctx, me), world_record(*ctx, *ref)));
     for (int r = 0; r < n; ++r) {
       if (r == me) continue;
       auto v = ctx->store->get(world_key(*ctx, r), ctx->timeout);
       if (!v.is_ok())
         return v.status().with_context("waiting for rank " + std::to_string(r) + " to join the job: ");
-      std::istringstream is(v.value());
-      std::string host;
-      long pid = 0;
-      std::getline(is, host);
-      is >> pid >> refs[r].seg >> refs[r].offset;
-      if (host != ctx->job.host_id)
-        return unavailable("rank " + std::to_string(r) + " is on host '" + host + "' and rank " + std::to_string(me) +
+      STRATA_ASSIGN_OR_RETURN(WorldRecord w, parse_world_record(v.value()));
+      refs[r] = w.ctrl;
+      if (w.host != ctx->job.host_id)
+        return unavailable("rank " + std::to_string(r) + " is on host '" + w.host + "' and rank " + std::to_string(me) +
                            " on '" + ctx->job.host_id +
                            "': ranks on different hosts need the UCX transport, which this build does not have");
     }
   }
-  std::vector<int> members(n);
-  for (int r = 0; r < n; ++r) members[r] = r;
   return make_comm(ctx, "world", std::move(members), me, ctrl, refs, d);
 }
 

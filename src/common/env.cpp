@@ -124,6 +124,12 @@ Env parse(Lookup lookup, void* ctx) {
   e.heap_huge_pages = to_bool(get("STRATA_HEAP_HUGE_PAGES"), false);
   e.heap_prefault = to_bool(get("STRATA_HEAP_PREFAULT"), false);
   e.cma = to_bool(get("STRATA_CMA"), true);
+  e.ft = to_bool(get("STRATA_FT"), false);
+  if (auto v = to_int(get("STRATA_EPOCH")); v && *v >= 0) e.epoch = static_cast<uint64_t>(*v);
+  if (auto s = get("STRATA_HEARTBEAT_INTERVAL"))
+    if (auto d = parse_duration(*s); d && d->count() > 0) e.heartbeat_interval = *d;
+  if (auto s = get("STRATA_HEARTBEAT_TIMEOUT"))
+    if (auto d = parse_duration(*s); d && d->count() > 0) e.heartbeat_timeout = *d;
   return e;
 }
 

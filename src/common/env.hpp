@@ -38,6 +38,12 @@ struct Env {
   bool heap_prefault = false;                         // STRATA_HEAP_PREFAULT: touch pages when a segment is made
   bool cma = true;                                    // STRATA_CMA=0 disables process_vm_readv/writev
 
+  // Failure recovery (set by `strata run --ft`; see docs/RECOVERY.md).
+  bool ft = false;                                    // STRATA_FT: the job runs under a recovery controller
+  uint64_t epoch = 0;                                 // STRATA_EPOCH: >0 for a replacement started in that epoch
+  std::chrono::milliseconds heartbeat_interval{100};  // STRATA_HEARTBEAT_INTERVAL: how often a rank beats
+  std::chrono::milliseconds heartbeat_timeout{1000};  // STRATA_HEARTBEAT_TIMEOUT: silence that counts as a hang
+
   /// Reads the process environment.
   static Env from_process();
   /// Reads from a lookup function (tests use this to avoid touching the real environment).

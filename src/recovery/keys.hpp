@@ -1,0 +1,52 @@
+#pragma once
+// Store keys of the recovery protocol, shared by the controller (`strata run --ft`) and the
+// library. Everything lives under "strata/<job>/ft/".
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace strata::recovery::keys {
+
+inline std::string base(const std::string& job) { return "strata/" + job + "/ft/"; }
+/// Set by the controller when the job enters epoch e: the ranks being replaced ("2,5"),
+/// cumulative since the last completed recovery. Ranks wait on it: it is the revoke notice.
+inline std::string epoch(const std::string& job, uint64_t e) { return base(job) + "epoch/" + std::to_string(e); }
+/// Controller's timestamps (CLOCK_REALTIME ns) for epoch e.
+inline std::string detected(const std::string& job, uint64_t e) { return base(job) + "detected/" + std::to_string(e); }
+inline std::string spawned(const std::string& job, uint64_t e) { return base(job) + "spawned/" + std::to_string(e); }
+/// Written right before a deliberate failure (recovery::mark_failure).
+inline std::string injected(const std::string& job, uint64_t e) { return base(job) + "injected/" + std::to_string(e); }
+/// A rank's heartbeat counter.
+inline std::string heartbeat(const std::string& job, int rank) { return base(job) + "hb/" + std::to_string(rank); }
+/// A replaced rank's world record in epoch e (host, pid, control block).
+inline std::string join(const std::string& job, uint64_t e, int rank) {
+  return base(job) + "join/" + std::to_string(e) + "/" + std::to_string(rank);
+}
+/// Arrival counter and completion flag of the rebuild of epoch e.
+inline std::string arrived(const std::string& job, uint64_t e) { return base(job) + "arrived/" + std::to_string(e); }
+inline std::string ready(const std::string& job, uint64_t e) { return base(job) + "ready/" + std::to_string(e); }
+
+/// "2,5" -> {2, 5}; malformed entries are skipped.
+inline std::vector<int> parse_ranks(const std::string& s) {
+  std::vector<int> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    try {
+      out.push_back(std::stoi(s.substr(i, j - i)));
+    } catch (...) {
+    }
+    i = j + 1;
+  }
+  return out;
+}
+
+inline std::string format_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
+
+}  // namespace strata::recovery::keys

@@ -1,0 +1,198 @@
+// Rebuilding the world communicator after a failure, without restarting the survivors.
+//
+// Survivors keep their process, heap, control block and every mapping of the other
+// survivors. What touched a failed rank is dropped (its heap mappings, its pidfd) and
+// re-attached to the replacement's new control block; every rank zeroes its own sync state.
+// The meeting point is the store: replacements publish their world record under the epoch,
+// every rank bumps one arrival counter and the last one raises the epoch's "ready" flag, so
+// a survivor does O(failed ranks) work whatever the job's size. A failure during the
+// rebuild moves the job to a newer epoch; everyone notices while waiting and starts over
+// with the (cumulative) set of ranks being replaced.
+
+#include <algorithm>
+
+#include "coll/comm_impl.hpp"
+#include "common/log.hpp"
+#include "recovery/keys.hpp"
+
+namespace strata {
+namespace detail {
+namespace {
+
+constexpr auto kSlice = std::chrono::milliseconds(20);
+
+// Waits for `key` while the job stays in epoch `e`: the value, nullopt when a newer epoch
+// was announced meanwhile, or Timeout at the deadline.
+Result<std::optional<std::string>> wait_in_epoch(ContextImpl& ctx, const std::string& key, uint64_t e, Deadline d,
+                                                 const std::string& what) {
+  for (;;) {
+    auto v = ctx.store->get(key, kSlice);
+    if (v.is_ok()) return std::optional<std::string>(std::move(v.value()));
+    if (v.status().code() != Code::Timeout) return v.status();
+    if (ctx.epochs.latest.load(std::memory_order_acquire) > e) return std::optional<std::string>();
+    if (d.expired())
+      return timeout_error("recovery of epoch " + std::to_string(e) + " on rank " + std::to_string(ctx.job.rank) +
+                           " timed out waiting for " + what);
+  }
+}
+
+bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+}  // namespace
+
+Status rebuild_world(CommImpl& c, bool fresh) {
+  ContextImpl& ctx = *c.ctx;
+  if (!ctx.monitor)
+    return unavailable("recover() on rank " + std::to_string(c.rank) +
+                       ": this job does not run under a recovery controller (start it with `strata run --ft`)");
+  if (c.id != "world")
+    return invalid_argument("recover() on rank " + std::to_string(c.rank) + ": communicator '" + c.id +
+                            "' is a sub-communicator; recover the world communicator, then split again");
+  const std::string& job = ctx.job.job_id;
+  const int me = c.rank, n = c.size;
+  const Deadline d = Deadline::after(c.timeout);
+  const int64_t start_ns = recovery::now_ns();
+  std::vector<bool> attached(n, !fresh);
+  attached[me] = true;
+
+  for (;;) {
+    uint64_t e = ctx.epochs.latest.load(std::memory_order_acquire);
+    if (!fresh && e == ctx.epochs.joined) {
+      // The failure was seen locally (a pidfd, a deadline) before the controller's notice
+      // arrived: wait for the notice.
+      if (d.expired())
+        return timeout_error("recover() on rank " + std::to_string(me) + ": no new epoch was announced within " +
+                             std::to_string(c.timeout.count()) + " ms (is the controller alive?)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    STRATA_ASSIGN_OR_RETURN(auto notice, wait_in_epoch(ctx, recovery::keys::epoch(job, e), e, d, "the epoch notice"));
+    if (!notice) continue;
+    const std::vector<int> failed = recovery::keys::parse_ranks(*notice);
+    STRATA_LOG(Info, "rank " << me << ": rebuilding the world communicator in epoch " << e << " (replacing "
+                             << *notice << ")");
+
+    c.reset_sync_state();
+    for (int f : failed) {
+      if (f == me || f < 0 || f >= n) continue;
+      c.peers[f] = CtrlView();
+      ctx.heap->drop_peer(c.members[f]);
+      attached[f] = false;
+    }
+    if (contains(failed, me)) {
+      auto ref = ctx.heap->locate(c.ctrl_mem, 1);
+      if (!ref) return internal_error("control block is not in the heap");
+      std::string rec = world_record(ctx, *ref);
+      STRATA_RETURN_IF_ERROR(ctx.store->set(ctx.key("world/" + std::to_string(me)), rec));
+      STRATA_RETURN_IF_ERROR(ctx.store->set(recovery::keys::join(job, e, me), rec));
+    }
+
+    bool moved = false;
+    for (int r = 0; r < n && !moved; ++r) {
+      if (attached[r]) continue;
+      bool replaced = contains(failed, r);
+      std::string key = replaced ? recovery::keys::join(job, e, r) : ctx.key("world/" + std::to_string(r));
+      STRATA_ASSIGN_OR_RETURN(auto v, wait_in_epoch(ctx, key, e, d, "rank " + std::to_string(r) + " to join"));
+      if (!v) {
+        moved = true;
+        break;
+      }
+      STRATA_ASSIGN_OR_RETURN(WorldRecord w, parse_world_record(*v));
+      if (w.host != ctx.job.host_id)
+        return unavailable("rank " + std::to_string(r) + " rejoined on host '" + w.host + "' but rank " +
+                           std::to_string(me) + " is on '" + ctx.job.host_id + "'");
+      STRATA_RETURN_IF_ERROR(c.attach_peer(r, w.ctrl, d));
+      attached[r] = true;
+    }
+    if (moved) continue;
+
+    // Every rank has zeroed its sync state and attached the new blocks before anyone
+    // proceeds: the last arrival raises the flag.
+    STRATA_ASSIGN_OR_RETURN(int64_t arrived, ctx.store->add(recovery::keys::arrived(job, e), 1));
+    if (arrived == n) STRATA_RETURN_IF_ERROR(ctx.store->set(recovery::keys::ready(job, e), "1"));
+    STRATA_ASSIGN_OR_RETURN(auto ready, wait_in_epoch(ctx, recovery::keys::ready(job, e), e, d, "every rank to arrive"));
+    if (!ready) continue;
+    const int64_t joined_ns = recovery::now_ns();
+
+    c.clear_broken();
+    if (ctx.epochs.latest.load(std::memory_order_acquire) != e) {
+      // Another failure was announced in the meantime: that revoke must stand.
+      c.set_broken(peer_failed("another failure was announced during recovery", -1));
+      c.abort_flag.store(true);
+      continue;
+    }
+    ctx.epochs.joined = e;
+    STRATA_RETURN_IF_ERROR(c.sync(d, "recovery"));
+
+    auto get_ns = [&](const std::string& key) -> int64_t {
+      auto v = ctx.store->try_get(key);
+      if (!v.is_ok() || !v.value()) return 0;
+      try {
+        return std::stoll(*v.value());
+      } catch (...) {
+        return 0;
+      }
+    };
+    std::lock_guard<std::mutex> g(ctx.epochs.mu);
+    recovery::Report& rep = ctx.epochs.report;
+    rep = recovery::Report{};
+    rep.epoch = e;
+    rep.failed = failed;
+    rep.replacement = fresh;
+    rep.injected_ns = get_ns(recovery::keys::injected(job, e));
+    rep.detected_ns = get_ns(recovery::keys::detected(job, e));
+    rep.spawned_ns = get_ns(recovery::keys::spawned(job, e));
+    rep.seen_ns = ctx.epochs.seen_ns.load();
+    rep.rebuild_start_ns = start_ns;
+    rep.joined_ns = joined_ns;
+    rep.rebuilt_ns = recovery::now_ns();
+    return Status::ok();
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+detail::CommImpl& impl_or_throw(const std::shared_ptr<detail::CommImpl>& impl) {
+  if (!impl) throw Error(Code::InvalidArgument, "operation on an invalid (default-constructed or destroyed) communicator");
+  return *impl;
+}
+
+}  // namespace
+
+void Communicator::recover() {
+  auto& c = impl_or_throw(impl_);
+  // Nothing runs on this communicator while it is rebuilt; what was queued before the
+  // failure belongs to the old epoch and fails.
+  std::unique_lock<std::mutex> ex(c.exec_mu);
+  std::deque<std::shared_ptr<detail::WorkState>> stale;
+  {
+    std::lock_guard<std::mutex> g(c.q_mu);
+    stale.swap(c.queue);
+  }
+  for (auto& w : stale)
+    w->finish(peer_failed("operation issued before recovery on rank " + std::to_string(c.rank) + " was discarded"));
+  Status s = detail::rebuild_world(c, /*fresh=*/false);
+  if (!s.is_ok()) throw Error(s.code(), s.message(), c.rank, s.peer());
+}
+
+uint64_t Communicator::epoch() const { return impl_or_throw(impl_).ctx->epochs.joined; }
+
+namespace recovery {
+
+Report last_report(const Communicator& comm) {
+  auto& ctx = *impl_or_throw(comm.impl()).ctx;
+  std::lock_guard<std::mutex> g(ctx.epochs.mu);
+  return ctx.epochs.report;
+}
+
+void mark_failure(const Communicator& comm) {
+  auto& ctx = *impl_or_throw(comm.impl()).ctx;
+  if (!ctx.store) return;
+  uint64_t next = ctx.epochs.latest.load() + 1;
+  (void)ctx.store->set(keys::injected(ctx.job.job_id, next), std::to_string(now_ns()));
+}
+
+}  // namespace recovery
+}  // namespace strata

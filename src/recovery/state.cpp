@@ -1,0 +1,193 @@
+// Training state restored from a replica, and the step loop that makes "redo one step" safe.
+//
+// Why a commit barrier between compute and apply: a rank that finished the gradient
+// all_reduce cannot tell whether every other rank did too. Applying only after a barrier
+// that every rank passed makes the common case (failure before the barrier) a clean
+// discard on all survivors. The one race left (the barrier completed on some ranks and
+// failed on others, so some applied the step and some did not) is closed by restore():
+// whoever is behind receives the state of a replica that applied the most steps, exactly
+// like a replacement does. Either way every rank resumes from the same bytes.
+
+#include <algorithm>
+#include <cstring>
+
+#include "coll/comm_impl.hpp"
+
+namespace strata::recovery {
+namespace {
+
+constexpr int kStateTag = 0x5354;  // "ST"
+
+uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// What every rank tells the others before a restore.
+struct Info {
+  uint64_t step;
+  uint64_t manifest;  // hash of (name, bytes) of every registered buffer, in order
+  uint64_t bytes;
+  int32_t group;
+  uint32_t fresh;     // a replacement that has not received its state yet
+};
+
+bool recoverable(Code c) { return c == Code::PeerFailed || c == Code::Aborted || c == Code::Timeout; }
+
+}  // namespace
+
+struct State::Impl {
+  Communicator* comm = nullptr;
+  int group = 0;
+  struct Entry {
+    std::string name;
+    void* data;
+    size_t bytes;
+  };
+  std::vector<Entry> entries;
+  uint64_t step = 0;
+  bool restored = false;
+};
+
+State::State(Communicator& comm, int replica_group) : impl_(std::make_unique<Impl>()) {
+  if (!comm.valid()) throw Error(Code::InvalidArgument, "recovery::State: the communicator is not valid");
+  impl_->comm = &comm;
+  impl_->group = replica_group;
+  impl_->entries.push_back({"step", &impl_->step, sizeof impl_->step});
+}
+
+State::~State() = default;
+
+void State::add_bytes(const std::string& name, void* data, size_t bytes) {
+  for (const auto& e : impl_->entries)
+    if (e.name == name)
+      throw Error(Code::InvalidArgument, "recovery::State::add: a buffer named '" + name + "' is already registered",
+                  impl_->comm->rank());
+  if (data == nullptr && bytes > 0)
+    throw Error(Code::InvalidArgument, "recovery::State::add: buffer '" + name + "' is null", impl_->comm->rank());
+  impl_->entries.push_back({name, data, bytes});
+}
+
+uint64_t& State::step() { return impl_->step; }
+
+size_t State::bytes() const {
+  size_t n = 0;
+  for (const auto& e : impl_->entries) n += e.bytes;
+  return n;
+}
+
+void State::restore() {
+  Communicator& comm = *impl_->comm;
+  const int me = comm.rank(), n = comm.size();
+  Info mine{};
+  mine.step = impl_->step;
+  mine.manifest = 0xcbf29ce484222325ull;
+  for (const auto& e : impl_->entries) {
+    mine.manifest = fnv1a(mine.manifest, e.name.data(), e.name.size() + 1);
+    mine.manifest = fnv1a(mine.manifest, &e.bytes, sizeof e.bytes);
+  }
+  mine.bytes = bytes();
+  mine.group = impl_->group;
+  mine.fresh = (is_replacement() && !impl_->restored) ? 1 : 0;
+  std::vector<Info> all(static_cast<size_t>(n));
+  comm.all_gather(&mine, all.data(), sizeof(Info), DataType::UInt8);
+
+  // Every rank evaluates every group the same way, so all of them agree on who sends what
+  // and all of them fail with the same error when a group cannot be restored.
+  int donor = -1;
+  std::vector<int> receivers;
+  std::vector<int> groups;
+  for (const auto& i : all) groups.push_back(i.group);
+  std::sort(groups.begin(), groups.end());
+  groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
+  for (int g : groups) {
+    int best = -1, first = -1;
+    std::vector<int> fresh;
+    for (int r = 0; r < n; ++r) {
+      if (all[r].group != g) continue;
+      if (first < 0) first = r;
+      if (all[r].manifest != all[first].manifest)
+        throw Error(Code::InvalidArgument,
+                    "recovery::State::restore: rank " + std::to_string(r) + " registered different buffers (" +
+                        std::to_string(all[r].bytes) + " bytes) than rank " + std::to_string(first) + " (" +
+                        std::to_string(all[first].bytes) + " bytes) in replica group " + std::to_string(g) +
+                        "; register the same names and sizes in the same order on every replica",
+                    me, r);
+      if (all[r].fresh) fresh.push_back(r);
+      else if (best < 0 || all[r].step > all[best].step) best = r;
+    }
+    if (best < 0) {
+      std::string list;
+      for (int r : fresh) list += (list.empty() ? "" : ", ") + std::to_string(r);
+      throw Error(Code::Unavailable,
+                  "recovery::State::restore: no healthy replica holds the state of rank(s) " + list +
+                      " (replica group " + std::to_string(g) + "): every member was replaced; a checkpoint is needed",
+                  me, fresh.empty() ? -1 : fresh.front());
+    }
+    if (all[me].group != g) continue;
+    donor = best;
+    for (int r = 0; r < n; ++r)
+      if (all[r].group == g && (all[r].fresh || all[r].step < all[best].step)) receivers.push_back(r);
+  }
+
+  uint64_t moved = 0;
+  if (me == donor) {
+    for (int r : receivers)
+      for (const auto& e : impl_->entries) {
+        comm.send(e.data, e.bytes, DataType::UInt8, r, kStateTag);
+        moved += e.bytes;
+      }
+  } else if (std::find(receivers.begin(), receivers.end(), me) != receivers.end()) {
+    for (const auto& e : impl_->entries) {
+      comm.recv(e.data, e.bytes, DataType::UInt8, donor, kStateTag);
+      moved += e.bytes;
+    }
+  }
+  impl_->restored = true;
+  auto& ctx = *comm.impl()->ctx;
+  std::lock_guard<std::mutex> g(ctx.epochs.mu);
+  ctx.epochs.report.restored_ns = now_ns();
+  ctx.epochs.report.restored_bytes = moved;
+}
+
+void run(Communicator& comm, State& state, uint64_t total_steps, const StepFunctions& fns, const RunOptions& opts) {
+  if (!fns.compute || !fns.apply)
+    throw Error(Code::InvalidArgument, "recovery::run: both StepFunctions::compute and ::apply are required",
+                comm.rank());
+  bool need_restore = is_replacement();
+  int recoveries = 0;
+  for (;;) {
+    try {
+      if (need_restore) {
+        state.restore();
+        need_restore = false;
+        if (opts.on_recovered) opts.on_recovered(last_report(comm));
+      }
+      if (state.step() >= total_steps) break;
+      fns.compute(state.step());
+      comm.barrier();  // the commit point: every rank has the step's reduced gradients
+    } catch (const Error& e) {
+      if (!recoverable(e.code()) || ++recoveries > opts.max_recoveries) throw;
+      if (opts.on_failure) opts.on_failure();
+      // A failure during the rebuild moves the job to a newer epoch: rebuild again.
+      for (;;) {
+        try {
+          comm.recover();
+          break;
+        } catch (const Error& again) {
+          if (!recoverable(again.code()) || ++recoveries > opts.max_recoveries) throw;
+        }
+      }
+      need_restore = true;
+      continue;
+    }
+    fns.apply(state.step());
+    ++state.step();
+  }
+}
+
+}  // namespace strata::recovery
