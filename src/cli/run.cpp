@@ -203,6 +203,9 @@ class Launcher {
   std::unique_ptr<FtController> ft_;
   int restarts_ = 0;
   std::optional<Clock::time_point> next_tick_;
+  std::vector<Rank*> exited_;  // failed in the current reap pass (--ft)
+  std::string exited_why_;
+  int exited_code_ = 0;
   int sigfd_ = -1;
   int devnull_ = -1;
   std::string token_, job_id_;
@@ -503,6 +506,13 @@ void Launcher::reap() {
     pid_t p = ::waitpid(r.pid, &status, WNOHANG);
     if (p == r.pid) on_exit(r, status);
   }
+  if (!exited_.empty()) {
+    auto failed = std::move(exited_);
+    auto why = std::move(exited_why_);
+    exited_.clear();
+    exited_why_.clear();
+    replace(failed, why, exited_code_);
+  }
 }
 
 void Launcher::on_exit(Rank& r, int status) {
@@ -525,7 +535,10 @@ void Launcher::on_exit(Rank& r, int status) {
   }
   std::string msg = "rank " + std::to_string(r.index) + " (pid " + std::to_string(r.pid) + ") " + what;
   if (ft_) {
-    replace({&r}, msg, code);
+    // Replaced after the whole reap pass, so ranks that died together share one epoch.
+    exited_.push_back(&r);
+    exited_why_ += (exited_why_.empty() ? "" : "; ") + msg;
+    exited_code_ = code;
     return;
   }
   exit_code_ = code;

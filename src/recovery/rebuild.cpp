@@ -52,6 +52,7 @@ Status rebuild_world(CommImpl& c, bool fresh) {
   const int me = c.rank, n = c.size;
   const Deadline d = Deadline::after(c.timeout);
   const int64_t start_ns = recovery::now_ns();
+  const uint64_t prev_joined = fresh ? 0 : ctx.epochs.joined;
   std::vector<bool> attached(n, !fresh);
   attached[me] = true;
 
@@ -101,7 +102,17 @@ Status rebuild_world(CommImpl& c, bool fresh) {
       if (w.host != ctx.job.host_id)
         return unavailable("rank " + std::to_string(r) + " rejoined on host '" + w.host + "' but rank " +
                            std::to_string(me) + " is on '" + ctx.job.host_id + "'");
-      STRATA_RETURN_IF_ERROR(c.attach_peer(r, w.ctrl, d));
+      Status a = c.attach_peer(r, w.ctrl, d);
+      if (!a.is_ok()) {
+        // A peer that cannot be reached now has most likely just failed too: its notice
+        // (a newer epoch) is on the way. Only a deadline without one is an error.
+        while (!moved && !d.expired()) {
+          moved = ctx.epochs.latest.load(std::memory_order_acquire) > e;
+          if (!moved) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+        if (!moved) return a;
+        break;
+      }
       attached[r] = true;
     }
     if (moved) continue;
@@ -139,9 +150,13 @@ Status rebuild_world(CommImpl& c, bool fresh) {
     rep.epoch = e;
     rep.failed = failed;
     rep.replacement = fresh;
-    rep.injected_ns = get_ns(recovery::keys::injected(job, e));
-    rep.detected_ns = get_ns(recovery::keys::detected(job, e));
-    rep.spawned_ns = get_ns(recovery::keys::spawned(job, e));
+    // Several epochs may have passed since the last rebuild (failures during this one):
+    // the failure that started it is the first of them.
+    for (uint64_t k = e; k > prev_joined; --k) {
+      if (int64_t t = get_ns(recovery::keys::injected(job, k))) rep.injected_ns = t;
+      if (int64_t t = get_ns(recovery::keys::detected(job, k))) rep.detected_ns = t;
+      if (int64_t t = get_ns(recovery::keys::spawned(job, k))) rep.spawned_ns = t;
+    }
     rep.seen_ns = ctx.epochs.seen_ns.load();
     rep.rebuild_start_ns = start_ns;
     rep.joined_ns = joined_ns;

@@ -1,0 +1,349 @@
+// Deterministic data-parallel training of a small MLP, gradients all-reduced by Strata, with
+// checkpoint-free failure recovery and fault injection.
+//
+//   strata run --ft -n 4 ./build/examples/train_dp --steps 30 --fail 2:10:kill
+//
+// Every rank trains a replica of y = W2·relu(W1·x + b1) + b2 against a fixed teacher on
+// synthetic data that depends only on (step, rank, data cursor, RNG state), so a run with
+// failures must end with the same parameter bytes as a run without. Rank 0 prints, per
+// recovery, the detection time, the RTO and its breakdown; every rank prints a RECOVERY line
+// with raw timestamps for scripts (scripts/bench_recovery.sh).
+//
+// Fault injection (each fires once, in the original process of RANK):
+//   --fail RANK:STEP[:kill|stop|exit|killmid]  at STEP, after the local gradients: SIGKILL,
+//                                   SIGSTOP (a hang), exit(3), or SIGKILL while its own
+//                                   all_reduce is in flight (killmid)
+//   --fail-in-recovery RANK         RANK dies as soon as it enters the first recovery
+//   --fail-replacement RANK         the first replacement of RANK dies before restoring
+//   --no-replica                    every rank is its own replica group: nothing to restore from
+// Baseline (restart everything, reload a checkpoint; run with `strata run --ft --restart-all`):
+//   --checkpoint PATH --checkpoint-every K
+
+#include <strata/recovery.hpp>
+#include <strata/strata.hpp>
+
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using strata::recovery::now_ns;
+
+struct Fault {
+  int rank = -1;
+  uint64_t step = 0;
+  std::string mode = "kill";
+};
+
+struct Options {
+  uint64_t steps = 30;
+  int in = 32, hidden = 128, out = 8, batch = 16;
+  float lr = 0.05f, momentum = 0.9f;
+  std::vector<Fault> faults;
+  int fail_in_recovery = -1;
+  int fail_replacement = -1;
+  bool no_replica = false;
+  std::string checkpoint;
+  uint64_t checkpoint_every = 5;
+  bool quiet = false;
+};
+
+[[noreturn]] void usage(const std::string& msg) {
+  std::fprintf(stderr, "train_dp: %s\n", msg.c_str());
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) usage("missing value after " + a);
+      return argv[++i];
+    };
+    if (a == "--steps") o.steps = std::stoull(next());
+    else if (a == "--hidden") o.hidden = std::stoi(next());
+    else if (a == "--in") o.in = std::stoi(next());
+    else if (a == "--batch") o.batch = std::stoi(next());
+    else if (a == "--fail") {
+      std::string v = next();
+      Fault f;
+      size_t c1 = v.find(':');
+      if (c1 == std::string::npos) usage("--fail wants RANK:STEP[:MODE], got '" + v + "'");
+      size_t c2 = v.find(':', c1 + 1);
+      f.rank = std::stoi(v.substr(0, c1));
+      f.step = std::stoull(v.substr(c1 + 1, c2 == std::string::npos ? std::string::npos : c2 - c1 - 1));
+      if (c2 != std::string::npos) f.mode = v.substr(c2 + 1);
+      if (f.mode != "kill" && f.mode != "stop" && f.mode != "exit" && f.mode != "killmid")
+        usage("--fail mode must be kill, stop, exit or killmid, got '" + f.mode + "'");
+      o.faults.push_back(f);
+    } else if (a == "--fail-in-recovery") o.fail_in_recovery = std::stoi(next());
+    else if (a == "--fail-replacement") o.fail_replacement = std::stoi(next());
+    else if (a == "--no-replica") o.no_replica = true;
+    else if (a == "--checkpoint") o.checkpoint = next();
+    else if (a == "--checkpoint-every") o.checkpoint_every = std::stoull(next());
+    else if (a == "--quiet") o.quiet = true;
+    else usage("unknown option '" + a + "'");
+  }
+  return o;
+}
+
+// Counter-based randomness: the same (a, b, c) gives the same number in every process.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+float uniform(uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t h = mix(a ^ mix(b ^ mix(c)));
+  return static_cast<float>(h >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f;
+}
+
+class Model {
+ public:
+  Model(strata::Communicator& comm, const Options& o)
+      : o_(o),
+        n_(static_cast<size_t>(o.hidden) * o.in + o.hidden + static_cast<size_t>(o.out) * o.hidden + o.out),
+        params(comm.alloc<float>(n_)),
+        momentum(comm.alloc<float>(n_)),
+        grads(comm.alloc<float>(n_)) {
+    for (size_t i = 0; i < n_; ++i) params[i] = 0.1f * uniform(1, i, 7);
+    std::fill(momentum.begin(), momentum.end(), 0.0f);
+  }
+  size_t size() const { return n_; }
+
+  // Local gradients of the mean squared error over this rank's batch of `step`.
+  void gradients(int rank, uint64_t cursor, uint64_t rng) {
+    const int D = o_.in, H = o_.hidden, C = o_.out, B = o_.batch;
+    const float* W1 = params.data();
+    const float* b1 = W1 + static_cast<size_t>(H) * D;
+    const float* W2 = b1 + H;
+    const float* b2 = W2 + static_cast<size_t>(C) * H;
+    float* gW1 = grads.data();
+    float* gb1 = gW1 + static_cast<size_t>(H) * D;
+    float* gW2 = gb1 + H;
+    float* gb2 = gW2 + static_cast<size_t>(C) * H;
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    std::vector<float> x(D), h(H), y(C), dy(C), dh(H);
+    for (int s = 0; s < B; ++s) {
+      uint64_t sample = cursor + static_cast<uint64_t>(rank) * B + s;
+      for (int d = 0; d < D; ++d) x[d] = uniform(sample, d, rng);
+      for (int j = 0; j < H; ++j) {
+        float a = b1[j];
+        for (int d = 0; d < D; ++d) a += W1[static_cast<size_t>(j) * D + d] * x[d];
+        h[j] = a > 0 ? a : 0;
+      }
+      for (int c = 0; c < C; ++c) {
+        float a = b2[c];
+        for (int j = 0; j < H; ++j) a += W2[static_cast<size_t>(c) * H + j] * h[j];
+        float target = std::sin(x[c % D] * 2.0f + x[(c * 7 + 3) % D]);
+        y[c] = a;
+        dy[c] = 2.0f * (a - target);
+      }
+      std::fill(dh.begin(), dh.end(), 0.0f);
+      for (int c = 0; c < C; ++c) {
+        gb2[c] += dy[c];
+        for (int j = 0; j < H; ++j) {
+          gW2[static_cast<size_t>(c) * H + j] += dy[c] * h[j];
+          dh[j] += dy[c] * W2[static_cast<size_t>(c) * H + j];
+        }
+      }
+      for (int j = 0; j < H; ++j) {
+        if (h[j] <= 0) continue;
+        gb1[j] += dh[j];
+        for (int d = 0; d < D; ++d) gW1[static_cast<size_t>(j) * D + d] += dh[j] * x[d];
+      }
+    }
+  }
+
+  void apply(int world) {
+    const float scale = 1.0f / static_cast<float>(world * o_.batch);
+    for (size_t i = 0; i < n_; ++i) {
+      momentum[i] = o_.momentum * momentum[i] + grads[i] * scale;
+      params[i] -= o_.lr * momentum[i];
+    }
+  }
+
+  uint64_t hash() const {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const auto* p = reinterpret_cast<const unsigned char*>(params.data());
+    for (size_t i = 0; i < n_ * sizeof(float); ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+  }
+
+ private:
+  const Options& o_;
+  size_t n_;
+
+ public:
+  strata::Buffer<float> params, momentum, grads;
+};
+
+double ms(int64_t a, int64_t b) { return (a > 0 && b > 0) ? static_cast<double>(b - a) / 1e6 : -1.0; }
+
+void inject(strata::Communicator& comm, const std::string& mode) {
+  std::printf("INJECT rank=%d mode=%s t=%" PRId64 "\n", comm.rank(), mode.c_str(), now_ns());
+  std::fflush(stdout);
+  strata::recovery::mark_failure(comm);
+  if (mode == "stop") ::raise(SIGSTOP);
+  else if (mode == "exit") std::_Exit(3);
+  else ::raise(SIGKILL);
+}
+
+// Plain loop with a checkpoint every K steps: the restart-everything baseline.
+int run_checkpointed(strata::Communicator& comm, const Options& o, Model& m) {
+  uint64_t step = 0, cursor = 0, rng = 12345;
+  {
+    std::ifstream in(o.checkpoint, std::ios::binary);
+    if (in) {
+      in.read(reinterpret_cast<char*>(&step), sizeof step);
+      in.read(reinterpret_cast<char*>(&cursor), sizeof cursor);
+      in.read(reinterpret_cast<char*>(&rng), sizeof rng);
+      in.read(reinterpret_cast<char*>(m.params.data()), static_cast<std::streamsize>(m.size() * sizeof(float)));
+      in.read(reinterpret_cast<char*>(m.momentum.data()), static_cast<std::streamsize>(m.size() * sizeof(float)));
+      if (comm.rank() == 0) std::printf("CKPT_LOADED step=%" PRIu64 " t=%" PRId64 "\n", step, now_ns());
+    }
+  }
+  const bool restarted = step > 0;
+  for (; step < o.steps;) {
+    m.gradients(comm.rank(), cursor, rng);
+    for (const Fault& f : o.faults)
+      if (!restarted && f.rank == comm.rank() && f.step == step) inject(comm, f.mode);
+    comm.all_reduce(m.grads.span(), strata::ReduceOp::Sum);
+    m.apply(comm.size());
+    ++step;
+    cursor += static_cast<uint64_t>(comm.size()) * o.batch;
+    rng = mix(rng);
+    if (comm.rank() == 0) {
+      std::printf("STEP_DONE step=%" PRIu64 " t=%" PRId64 "\n", step - 1, now_ns());
+      if (step % o.checkpoint_every == 0) {
+        std::string tmp = o.checkpoint + ".tmp";
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out.write(reinterpret_cast<const char*>(&step), sizeof step);
+        out.write(reinterpret_cast<const char*>(&cursor), sizeof cursor);
+        out.write(reinterpret_cast<const char*>(&rng), sizeof rng);
+        out.write(reinterpret_cast<const char*>(m.params.data()), static_cast<std::streamsize>(m.size() * sizeof(float)));
+        out.write(reinterpret_cast<const char*>(m.momentum.data()),
+                  static_cast<std::streamsize>(m.size() * sizeof(float)));
+        out.close();
+        std::rename(tmp.c_str(), o.checkpoint.c_str());
+      }
+    }
+    // Ranks must not run ahead of the checkpoint they may be restarted from.
+    comm.barrier();
+  }
+  if (comm.rank() == 0) std::printf("final params hash %016" PRIx64 " after %" PRIu64 " steps\n", m.hash(), step);
+  return 0;
+}
+
+}  // namespace
+
+int train(int argc, char** argv);
+
+int main(int argc, char** argv) {
+  try {
+    return train(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_dp: %s\n", e.what());
+    return 1;
+  }
+}
+
+int train(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  const int64_t started = now_ns();
+  strata::Communicator comm = strata::init();
+  const int rank = comm.rank();
+  const bool replacement = strata::recovery::is_replacement();
+  std::printf("START rank=%d pid=%d replacement=%d\n", rank, static_cast<int>(getpid()), replacement ? 1 : 0);
+  std::fflush(stdout);
+  Model m(comm, o);
+  if (!o.checkpoint.empty()) return run_checkpointed(comm, o, m);
+
+  if (replacement && rank == o.fail_replacement && comm.epoch() == 1) inject(comm, "kill");
+
+  strata::recovery::State state(comm, o.no_replica ? rank : 0);
+  uint64_t cursor = 0, rng = 12345;
+  state.add("params", m.params.span());
+  state.add("momentum", m.momentum.span());
+  state.add("cursor", std::span<uint64_t>(&cursor, 1));
+  state.add("rng", std::span<uint64_t>(&rng, 1));
+
+  bool in_recovery_fired = false;
+  bool report_pending = false;
+  strata::recovery::Report last;
+  strata::recovery::StepFunctions fns;
+  fns.compute = [&](uint64_t step) {
+    m.gradients(rank, cursor, rng);
+    for (const Fault& f : o.faults) {
+      if (replacement || f.rank != rank || f.step != step) continue;
+      if (f.mode == "killmid") {
+        strata::Work w = comm.all_reduce_async(m.grads.span(), strata::ReduceOp::Sum);
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        inject(comm, "kill");
+      }
+      inject(comm, f.mode);
+    }
+    comm.all_reduce(m.grads.span(), strata::ReduceOp::Sum);
+  };
+  fns.apply = [&](uint64_t step) {
+    m.apply(comm.size());
+    cursor += static_cast<uint64_t>(comm.size()) * o.batch;
+    rng = mix(rng);
+    int64_t t = now_ns();
+    if (rank == 0 && !o.quiet) std::printf("STEP_DONE step=%" PRIu64 " t=%" PRId64 "\n", step, t);
+    if (report_pending) {
+      report_pending = false;
+      const auto& r = last;
+      std::printf("RECOVERY rank=%d epoch=%" PRIu64 " replacement=%d injected=%" PRId64 " detected=%" PRId64
+                  " spawned=%" PRId64 " seen=%" PRId64 " rebuild_start=%" PRId64 " joined=%" PRId64
+                  " rebuilt=%" PRId64 " restored=%" PRId64 " step_done=%" PRId64 " bytes=%" PRIu64 "\n",
+                  rank, r.epoch, r.replacement ? 1 : 0, r.injected_ns, r.detected_ns, r.spawned_ns, r.seen_ns,
+                  r.rebuild_start_ns, r.joined_ns, r.rebuilt_ns, r.restored_ns, t, r.restored_bytes);
+      if (rank == 0) {
+        std::string failed;
+        for (int f : r.failed) failed += (failed.empty() ? "" : ",") + std::to_string(f);
+        std::printf(
+            "recovered epoch %" PRIu64 " (replaced rank %s): detection %.1f ms, RTO %.1f ms = detect %.1f + revoke %.1f"
+            " + join %.1f (replacement spawned after %.1f) + rebuild %.1f + state transfer %.1f + redone step %.1f ms\n",
+            r.epoch, failed.c_str(), ms(r.injected_ns, r.seen_ns), ms(r.injected_ns, t), ms(r.injected_ns, r.detected_ns),
+            ms(r.detected_ns, r.seen_ns), ms(r.rebuild_start_ns, r.joined_ns), ms(r.detected_ns, r.spawned_ns),
+            ms(r.joined_ns, r.rebuilt_ns),
+            ms(r.rebuilt_ns, r.restored_ns), ms(r.restored_ns, t));
+      }
+      std::fflush(stdout);
+    }
+  };
+  strata::recovery::RunOptions ro;
+  ro.on_failure = [&] {
+    if (rank == o.fail_in_recovery && !replacement && !in_recovery_fired) {
+      in_recovery_fired = true;
+      inject(comm, "kill");
+    }
+  };
+  ro.on_recovered = [&](const strata::recovery::Report& r) {
+    last = r;
+    report_pending = true;
+  };
+  try {
+    strata::recovery::run(comm, state, o.steps, fns, ro);
+  } catch (const strata::Error& e) {
+    std::fprintf(stderr, "rank %d: training failed: %s\n", rank, e.what());
+    return 1;
+  }
+  std::printf("DONE rank=%d pid=%d steps=%" PRIu64 " startup_ms=%.1f\n", rank, static_cast<int>(getpid()),
+              state.step(), ms(started, now_ns()));
+  if (rank == 0) std::printf("final params hash %016" PRIx64 " after %" PRIu64 " steps\n", m.hash(), state.step());
+  return 0;
+}
