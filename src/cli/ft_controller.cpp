@@ -50,7 +50,7 @@ std::vector<int> FtController::check(const std::vector<int>& running) {
   const auto now = Clock::now();
   for (int r : running) {
     auto v = store_->try_get(keys::heartbeat(job_, r));
-    if (!v.is_ok() || !v.value()) continue;  // not up yet: nothing to watch
+    if (!v.is_ok() || !v.value() || *v.value() == keys::kExiting) continue;  // not up yet, or leaving
     Beat& b = beats_[static_cast<size_t>(r)];
     if (!b.seen || *v.value() != b.value) {
       b.value = *v.value();

@@ -17,7 +17,8 @@ inline std::string detected(const std::string& job, uint64_t e) { return base(jo
 inline std::string spawned(const std::string& job, uint64_t e) { return base(job) + "spawned/" + std::to_string(e); }
 /// Written right before a deliberate failure (recovery::mark_failure).
 inline std::string injected(const std::string& job, uint64_t e) { return base(job) + "injected/" + std::to_string(e); }
-/// A rank's heartbeat counter.
+/// A rank's heartbeat counter; kExiting once it shuts down (no longer watched).
+inline constexpr const char* kExiting = "exiting";
 inline std::string heartbeat(const std::string& job, int rank) { return base(job) + "hb/" + std::to_string(rank); }
 /// A replaced rank's world record in epoch e (host, pid, control block).
 inline std::string join(const std::string& job, uint64_t e, int rank) {

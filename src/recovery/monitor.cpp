@@ -74,8 +74,13 @@ class Monitor final : public ContextService {
   }
   ~Monitor() override {
     loop_->stop.store(true);
-    if (thread_.get_id() == std::this_thread::get_id()) thread_.detach();
-    else thread_.join();
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();
+      return;
+    }
+    thread_.join();
+    // The process is shutting down: its silence from now on is not a hang.
+    (void)loop_->client->set(recovery::keys::heartbeat(loop_->job, loop_->rank), recovery::keys::kExiting);
   }
 
  private:

@@ -36,6 +36,43 @@ struct Info {
   uint32_t fresh;     // a replacement that has not received its state yet
 };
 
+// Who sends to whom, decided by rank 0 from every rank's Info. In each replica group the
+// donor is the healthy member that applied the most steps (lowest rank on ties); the
+// receivers are the fresh members and those behind it.
+std::vector<int64_t> make_plan(const std::vector<Info>& all) {
+  const int n = static_cast<int>(all.size());
+  std::vector<int64_t> plan(3 + static_cast<size_t>(n), -1);
+  plan[0] = 0;
+  int64_t* donor_of = plan.data() + 3;
+  std::vector<int> groups;
+  for (const auto& i : all) groups.push_back(i.group);
+  std::sort(groups.begin(), groups.end());
+  groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
+  for (int g : groups) {
+    int best = -1, first = -1, first_fresh = -1;
+    for (int r = 0; r < n; ++r) {
+      if (all[r].group != g) continue;
+      if (first < 0) first = r;
+      if (all[r].manifest != all[first].manifest) {
+        plan[0] = 1, plan[1] = r, plan[2] = first;
+        return plan;
+      }
+      if (all[r].fresh) {
+        if (first_fresh < 0) first_fresh = r;
+      } else if (best < 0 || all[r].step > all[best].step) {
+        best = r;
+      }
+    }
+    if (best < 0) {
+      plan[0] = 2, plan[1] = first_fresh, plan[2] = g;
+      return plan;
+    }
+    for (int r = 0; r < n; ++r)
+      if (all[r].group == g && (all[r].fresh || all[r].step < all[best].step)) donor_of[r] = best;
+  }
+  return plan;
+}
+
 bool recoverable(Code c) { return c == Code::PeerFailed || c == Code::Aborted || c == Code::Timeout; }
 
 }  // namespace
@@ -93,55 +130,40 @@ void State::restore() {
   mine.bytes = bytes();
   mine.group = impl_->group;
   mine.fresh = (is_replacement() && !impl_->restored) ? 1 : 0;
-  std::vector<Info> all(static_cast<size_t>(n));
-  comm.all_gather(&mine, all.data(), sizeof(Info), DataType::UInt8);
-
-  // Every rank evaluates every group the same way, so all of them agree on who sends what
-  // and all of them fail with the same error when a group cannot be restored.
-  int donor = -1;
+  // Rank 0 plans and broadcasts the plan, so a replacement talks to rank 0 and its donor
+  // only (an all_gather would make it map every peer's memory first).
+  std::vector<Info> all(me == 0 ? static_cast<size_t>(n) : 1);
+  comm.gather(&mine, all.data(), sizeof(Info), DataType::UInt8, 0);
+  // plan = [verdict, rank, other, donor of rank 0, donor of rank 1, ...]; donor -1 = none.
+  enum Verdict : int64_t { kOk = 0, kMismatch = 1, kNoReplica = 2 };
+  std::vector<int64_t> plan(3 + static_cast<size_t>(n), -1);
+  if (me == 0) plan = make_plan(all);
+  comm.broadcast(plan.data(), plan.data(), plan.size(), DataType::Int64, 0);
+  if (plan[0] == kMismatch)
+    throw Error(Code::InvalidArgument,
+                "recovery::State::restore: rank " + std::to_string(plan[1]) + " registered different buffers than rank " +
+                    std::to_string(plan[2]) +
+                    " of its replica group; register the same names and sizes in the same order on every replica",
+                me, static_cast<int>(plan[1]));
+  if (plan[0] == kNoReplica)
+    throw Error(Code::Unavailable,
+                "recovery::State::restore: no healthy replica holds the state of rank(s) " + std::to_string(plan[1]) +
+                    " (replica group " + std::to_string(plan[2]) + "): every member was replaced; a checkpoint is needed",
+                me, static_cast<int>(plan[1]));
+  const int64_t* donor_of = plan.data() + 3;
+  const int donor = static_cast<int>(donor_of[me]);
   std::vector<int> receivers;
-  std::vector<int> groups;
-  for (const auto& i : all) groups.push_back(i.group);
-  std::sort(groups.begin(), groups.end());
-  groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
-  for (int g : groups) {
-    int best = -1, first = -1;
-    std::vector<int> fresh;
-    for (int r = 0; r < n; ++r) {
-      if (all[r].group != g) continue;
-      if (first < 0) first = r;
-      if (all[r].manifest != all[first].manifest)
-        throw Error(Code::InvalidArgument,
-                    "recovery::State::restore: rank " + std::to_string(r) + " registered different buffers (" +
-                        std::to_string(all[r].bytes) + " bytes) than rank " + std::to_string(first) + " (" +
-                        std::to_string(all[first].bytes) + " bytes) in replica group " + std::to_string(g) +
-                        "; register the same names and sizes in the same order on every replica",
-                    me, r);
-      if (all[r].fresh) fresh.push_back(r);
-      else if (best < 0 || all[r].step > all[best].step) best = r;
-    }
-    if (best < 0) {
-      std::string list;
-      for (int r : fresh) list += (list.empty() ? "" : ", ") + std::to_string(r);
-      throw Error(Code::Unavailable,
-                  "recovery::State::restore: no healthy replica holds the state of rank(s) " + list +
-                      " (replica group " + std::to_string(g) + "): every member was replaced; a checkpoint is needed",
-                  me, fresh.empty() ? -1 : fresh.front());
-    }
-    if (all[me].group != g) continue;
-    donor = best;
-    for (int r = 0; r < n; ++r)
-      if (all[r].group == g && (all[r].fresh || all[r].step < all[best].step)) receivers.push_back(r);
-  }
+  for (int r = 0; r < n; ++r)
+    if (donor_of[r] == me) receivers.push_back(r);
 
   uint64_t moved = 0;
-  if (me == donor) {
+  if (!receivers.empty()) {
     for (int r : receivers)
       for (const auto& e : impl_->entries) {
         comm.send(e.data, e.bytes, DataType::UInt8, r, kStateTag);
         moved += e.bytes;
       }
-  } else if (std::find(receivers.begin(), receivers.end(), me) != receivers.end()) {
+  } else if (donor >= 0) {
     for (const auto& e : impl_->entries) {
       comm.recv(e.data, e.bytes, DataType::UInt8, donor, kStateTag);
       moved += e.bytes;
