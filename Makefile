@@ -60,6 +60,12 @@ demo: build
 	  exit 1; \
 	fi
 	./$(BUILD_DIR)/strata run -n 4 ./$(BUILD_DIR)/examples/demo
+	@echo
+	@echo "==> failure recovery: 4-rank data-parallel training, rank 2 SIGKILLed at step 10;"
+	@echo "    only rank 2 is replaced, it restores from a replica, the step is redone"
+	./$(BUILD_DIR)/strata run --ft -n 4 ./$(BUILD_DIR)/examples/train_dp --steps 20 --quiet --fail 2:10:kill
+	@echo "    (reference without failure:)"
+	@./$(BUILD_DIR)/strata run -n 4 ./$(BUILD_DIR)/examples/train_dp --steps 20 --quiet | grep "final params"
 
 QUICK ?= 0
 # strata vs Open MPI / gloo / memcpy in one run; rewrites docs/PERFORMANCE.md + docs/perf_*.png

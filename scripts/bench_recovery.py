@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Recovery figures for docs/RECOVERY.md, from one run.
+
+For N ranks on this host, runs examples/train_dp twice per repeat:
+  - strata: `strata run --ft` kills rank 1 at step FAIL_STEP; the controller replaces only
+    that rank, survivors recover() and the replacement restores from a replica;
+  - baseline: `strata run --ft --restart-all` with a checkpoint written every K steps; the
+    kill restarts every rank, which reload the checkpoint and redo the lost steps.
+Detection = kill -> every survivor has seen the revoke. RTO = kill -> the interrupted step
+completed again (for strata the redone step; for the baseline after the lost steps too).
+
+  scripts/bench_recovery.py [--ranks 4,8,16,32,64] [--repeats 3] [--build build]
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cmd, env=None, timeout=600):
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr, time.time() - t0
+
+
+def kv(line):
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(-?\d+)", line)}
+
+
+def strata_once(build, n, steps, fail_step, hidden, env):
+    cmd = [f"{build}/strata", "run", "--ft", "-n", str(n), "--", f"{build}/examples/train_dp", "--steps", str(steps),
+           "--hidden", str(hidden), "--quiet", "--fail", f"1:{fail_step}:kill"]
+    rc, out, err, _ = run(cmd, env)
+    if rc != 0:
+        raise RuntimeError(f"strata run failed (rc {rc}):\n{err[-3000:]}")
+    recs = [kv(l) for l in out.splitlines() if "RECOVERY rank=" in l]
+    survivors = [r for r in recs if r["replacement"] == 0]
+    repl = [r for r in recs if r["replacement"] == 1]
+    r0 = next(r for r in survivors if r["rank"] == 0)
+    inj = r0["injected"]
+    ms = lambda a, b: (b - a) / 1e6
+    return {
+        "detect_all": ms(inj, max(r["seen"] for r in survivors)),
+        "rto": ms(inj, r0["step_done"]),
+        "detect": ms(inj, r0["detected"]),
+        "spawn": ms(r0["detected"], r0["spawned"]),
+        "replacement_start": ms(r0["spawned"], repl[0]["seen"]) if repl else float("nan"),
+        "join": ms(r0["rebuild_start"], r0["joined"]),
+        "rebuild": ms(r0["joined"], r0["rebuilt"]),
+        "state": ms(r0["rebuilt"], r0["restored"]),
+        "redo": ms(r0["restored"], r0["step_done"]),
+        "bytes": max(r["bytes"] for r in recs),
+    }
+
+
+def baseline_once(build, n, steps, fail_step, hidden, every, env):
+    ckpt = f"/tmp/strata-bench-ckpt-{os.getpid()}-{n}"
+    for f in (ckpt, ckpt + ".tmp"):
+        if os.path.exists(f):
+            os.remove(f)
+    cmd = [f"{build}/strata", "run", "--ft", "--restart-all", "--max-failures", "1", "-n", str(n), "--",
+           f"{build}/examples/train_dp", "--steps", str(steps), "--hidden", str(hidden), "--checkpoint", ckpt,
+           "--checkpoint-every", str(every), "--fail", f"1:{fail_step}:kill"]
+    rc, out, err, _ = run(cmd, env)
+    for f in (ckpt, ckpt + ".tmp"):
+        if os.path.exists(f):
+            os.remove(f)
+    if rc != 0:
+        raise RuntimeError(f"baseline failed (rc {rc}):\n{err[-3000:]}")
+    lines = out.splitlines()
+    inj = next(kv(l)["t"] for l in lines if "INJECT rank=" in l)
+    loaded = [i for i, l in enumerate(lines) if "CKPT_LOADED" in l]
+    if not loaded:
+        raise RuntimeError("baseline did not reload a checkpoint:\n" + out[-2000:])
+    after = lines[loaded[-1]:]
+    t_load = kv(lines[loaded[-1]])["t"]
+    done = next(kv(l)["t"] for l in after if f"STEP_DONE step={fail_step} " in l + " ")
+    return {"rto": (done - inj) / 1e6, "reload": (t_load - inj) / 1e6, "lost": fail_step - kv(lines[loaded[-1]])["step"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", default="4,8,16,32,64")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--fail-step", type=int, default=8)
+    ap.add_argument("--checkpoint-every", type=int, default=5)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "RECOVERY.md"))
+    a = ap.parse_args()
+    env = dict(os.environ)
+    ranks = [int(x) for x in a.ranks.split(",")]
+    rows = []
+    for n in ranks:
+        s_runs, b_runs = [], []
+        for i in range(a.repeats):
+            s_runs.append(strata_once(a.build, n, a.steps, a.fail_step, a.hidden, env))
+            b_runs.append(baseline_once(a.build, n, a.steps, a.fail_step, a.hidden, a.checkpoint_every, env))
+            print(f"N={n} run {i + 1}/{a.repeats}: strata RTO {s_runs[-1]['rto']:.0f} ms, "
+                  f"baseline RTO {b_runs[-1]['rto']:.0f} ms", file=sys.stderr, flush=True)
+        med = lambda runs, k: statistics.median(r[k] for r in runs)
+        rows.append({"n": n, **{k: med(s_runs, k) for k in s_runs[0]},
+                     "base_rto": med(b_runs, "rto"), "base_reload": med(b_runs, "reload"),
+                     "lost": b_runs[0]["lost"]})
+    write_doc(a, rows)
+
+
+def write_doc(a, rows):
+    cmd = "python3 scripts/bench_recovery.py" + (f" --ranks {a.ranks}" if a.ranks != "4,8,16,32,64" else "") + \
+        (f" --repeats {a.repeats}" if a.repeats != 3 else "")
+    state_kib = rows[0]["bytes"] / 1024
+    L = []
+    L.append("# Failure recovery: measured\n")
+    L.append("Generated by `scripts/bench_recovery.py`; reproduce with (after `make build`):\n")
+    L.append(f"```sh\n{cmd}\n```\n")
+    L.append(f"One host (2 cores, shared), N ranks of `examples/train_dp` (an MLP, hidden {a.hidden}; "
+             f"{state_kib:.0f} KiB of registered state per rank: parameters, momentum, step, data cursor, RNG), "
+             f"{a.steps} steps, rank 1 SIGKILLed at step {a.fail_step}. Medians of {a.repeats} runs per row, "
+             "all rows from one run of the script. Times in ms.\n")
+    L.append("- **detection**: kill → every survivor has seen the revoke (its pending collective fails with "
+             "PeerFailed).\n- **RTO**: kill → the interrupted step completed again on rank 0.\n"
+             "- breakdown (rank 0's view): *detect* kill → controller noticed; *spawn* controller noticed → "
+             "replacement started; *start* replacement process start → its init; *join* rank 0 began rebuilding → "
+             "every rank arrived (includes the replacement's start-up); *rebuild* → world communicator usable; "
+             "*state* restore from a replica; *redo* the redone step.\n"
+             f"- **baseline**: `strata run --ft --restart-all`: every rank killed and restarted under a new job, "
+             f"checkpoint written every {a.checkpoint_every} steps reloaded, {rows[0]['lost']} lost steps redone "
+             "(kill → the interrupted step completed again).\n")
+    L.append("| ranks | detection | RTO | detect | spawn | start | join | rebuild | state | redo | baseline RTO | "
+             "baseline / strata |")
+    L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        L.append(f"| {r['n']} | {r['detect_all']:.1f} | {r['rto']:.0f} | {r['detect']:.1f} | {r['spawn']:.1f} | "
+                 f"{r['replacement_start']:.1f} | {r['join']:.1f} | {r['rebuild']:.1f} | {r['state']:.1f} | "
+                 f"{r['redo']:.1f} | {r['base_rto']:.0f} | {r['base_rto'] / r['rto']:.1f}× |")
+    first, last = rows[0], rows[-1]
+    L.append("")
+    L.append(f"RTO({last['n']}) / RTO({first['n']}) = {last['rto'] / first['rto']:.2f}; "
+             "0 steps lost in every strata run (the final parameters are bit-identical to a run without failure: "
+             "`tests/recovery/recovery_test.cpp` checks this for every fault kind).\n")
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        ns = [r["n"] for r in rows]
+        ax.plot(ns, [r["rto"] for r in rows], "o-", label="strata: replace failed rank, restore from replica")
+        ax.plot(ns, [r["base_rto"] for r in rows], "s-", label="baseline: restart all + checkpoint")
+        ax.plot(ns, [r["detect_all"] for r in rows], "^--", label="strata detection (all survivors)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("ranks (one host, 2 cores)")
+        ax.set_ylabel("ms (median)")
+        ax.set_title("Recovery time after a SIGKILL")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        png = os.path.join(os.path.dirname(a.out), "recovery_rto.png")
+        fig.tight_layout()
+        fig.savefig(png, dpi=110)
+        L.append("![RTO vs ranks](recovery_rto.png)\n")
+    except ImportError:
+        L.append("(matplotlib is not installed: `scripts/install_bench_deps.sh` adds it; no plot.)\n")
+    L.append("## Reading the figures\n")
+    L.append("The machine has 2 cores, so every extra rank is another process competing for them: start-up "
+             "(exec, heap, mapping peers), the controller's own loop and the redone collective all slow down "
+             "with N here for reasons that a host with a core per rank does not have. What recovery itself "
+             "does per survivor does not grow with N: one epoch notice, dropping the failed rank's mappings, "
+             "attaching its new control block, one store counter and one flag (see `src/recovery/rebuild.cpp`). "
+             "The replacement maps the peers it talks to (every control block of the world communicator, "
+             "its donor's state) and that is what grows.\n")
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        f.write("\n".join(L))
+    print(f"wrote {a.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
