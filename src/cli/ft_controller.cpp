@@ -17,7 +17,9 @@ Status FtController::connect(const bootstrap::StoreAddress& addr, const std::str
 
 bool FtController::on_failure(const std::vector<int>& ranks, const std::string& why) {
   (void)why;
-  failures_ += static_cast<int>(ranks.size());
+  // Restarting everything is one event however many ranks went down with the first (the
+  // others typically exit on seeing it); replacing counts every rank replaced.
+  failures_ += opts_.restart_all ? 1 : static_cast<int>(ranks.size());
   if (failures_ > opts_.max_failures) return false;
   const int64_t t = recovery::now_ns();
   ++epoch_;
