@@ -18,6 +18,8 @@ Status FtController::start(const bootstrap::StoreAddress& addr, const std::strin
   auto deadline = Deadline::after(std::chrono::seconds(10));
   STRATA_ASSIGN_OR_RETURN(store_, bootstrap::StoreClient::connect(addr, token, deadline));
   STRATA_ASSIGN_OR_RETURN(watch_store_, bootstrap::StoreClient::connect(addr, token, deadline));
+  // The store lives in this process: a broken connection means it is shutting down.
+  watch_store_->set_reconnect_timeout(std::chrono::seconds(1));
   beats_.assign(static_cast<size_t>(n_), Beat{});
   event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (event_fd_ < 0) return errno_status("eventfd", errno);
@@ -25,9 +27,13 @@ Status FtController::start(const bootstrap::StoreAddress& addr, const std::strin
   return Status::ok();
 }
 
-FtController::~FtController() {
+void FtController::stop() {
   stop_.store(true);
   if (watcher_.joinable()) watcher_.join();
+}
+
+FtController::~FtController() {
+  stop();
   if (event_fd_ >= 0) ::close(event_fd_);
 }
 

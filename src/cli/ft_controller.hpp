@@ -29,6 +29,8 @@ class FtController {
  public:
   FtController(FtOptions opts, std::string job_id, int nranks) : opts_(opts), job_(std::move(job_id)), n_(nranks) {}
   ~FtController();
+  /// Stops the watcher; call before the store goes away (it would retry reaching it).
+  void stop();
 
   /// Connects to the launcher's own store and starts the heartbeat watcher: a thread with
   /// its own connection, so that reading every rank's beat never delays the launcher's

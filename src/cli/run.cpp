@@ -395,6 +395,7 @@ int Launcher::run() {
   // Every rank is gone, but descendants that ignored the SIGTERM may not be: do not leave
   // them behind just because the ranks exited before the grace time ran out.
   if (kill_at_) signal_ranks(SIGKILL);
+  if (ft_) ft_->stop();
   store_->stop();
   return exit_code_;
 }
