@@ -28,7 +28,7 @@ export BUILD_DIR ASAN_DIR TSAN_DIR JOBS CTEST_JOBS CTEST_ARGS SANITIZER_CTEST_AR
 FORMAT_DIRS := src include tests bench examples
 NINJA_JOBS := $(if $(JOBS),-j $(JOBS),)
 
-.PHONY: all deps configure build test test-fast demo bench install format lint clean
+.PHONY: all deps configure build test test-fast demo bench bench-recovery install format lint clean
 
 all: build
 
@@ -77,6 +77,12 @@ bench: deps
 	fi
 	cmake --build $(BUILD_DIR) $(NINJA_JOBS)
 	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) QUICK=$(QUICK) scripts/bench_all.sh
+
+# Recovery figures (detection, RTO and its breakdown at 4-64 ranks vs restart-all + checkpoint);
+# rewrites docs/RECOVERY.md + docs/recovery_rto.png (~6 min)
+bench-recovery: build
+	@scripts/install_bench_deps.sh
+	/usr/bin/python3 scripts/bench_recovery.py --build $(BUILD_DIR)
 
 install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
