@@ -223,6 +223,7 @@ def test_killed_rank_is_replaced_and_training_matches_a_run_without_failure(base
     assert final_hash(out) == baseline, "the recovered run ended with other parameters\n" + out
 
     start, done, recovered = lines(out, "START"), lines(out, "DONE"), lines(out, "RECOVERED")
+    ticks = lines(out, "TICKS")
     assert f"[{fail_rank}] INJECT rank={fail_rank} step={fail_step}" in out, out
     for r in range(3):
         assert len(done[r]) == 1 and done[r][0]["steps"] == str(STEPS), out
@@ -236,3 +237,4 @@ def test_killed_rank_is_replaced_and_training_matches_a_run_without_failure(base
             # A survivor is the same process from start to end.
             assert len(start[r]) == 1 and start[r][0]["replacement"] == "0", out
             assert done[r][0]["pid"] == start[r][0]["pid"], out
+            assert len(ticks[r]) == 1, out  # recover() let another thread run (checked by the worker)

@@ -8,6 +8,7 @@ rank), all of it registered in a strata.State, so a run in which FAIL_RANK SIGKI
 at FAIL_STEP must end with the same bytes as a run without failure. Lines for the test:
     START rank=R pid=P replacement=0|1
     RECOVERED rank=R epoch=E failed=F replacement=0|1 step=S bytes=B
+    TICKS rank=R ticks=N waited_ms=T       (survivors: a Python thread ran during the recovery)
     DONE rank=R pid=P steps=S recoveries=K epoch=E
     HASH <sha256 of the state>             (rank 0)
     OK ...
@@ -23,6 +24,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import hashlib  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -107,15 +110,37 @@ def apply(step):
 
 
 recoveries = []
+ticker = {}
+
+
+def tick(stop, count):
+    while not stop.is_set():
+        count[0] += 1
+        time.sleep(0.001)
+
+
+def on_failure():
+    # A Python thread must keep running while recover() and restore() wait for the replacement.
+    ticker["stop"], ticker["count"], ticker["t0"] = threading.Event(), [0], time.monotonic()
+    ticker["thread"] = threading.Thread(target=tick, args=(ticker["stop"], ticker["count"]))
+    ticker["thread"].start()
 
 
 def on_recovered(report):
     recoveries.append(report)
+    if ticker:
+        ticker["stop"].set()
+        ticker["thread"].join()
+        waited = time.monotonic() - ticker["t0"]
+        # The replacement needs a Python start-up at least, so the wait is long enough to tell.
+        assert waited < 0.2 or ticker["count"][0] >= 10, \
+            f"rank {rank}: the ticker ran {ticker['count'][0]} times in {waited:.2f} s of recovery"
+        print(f"TICKS rank={rank} ticks={ticker['count'][0]} waited_ms={waited * 1000:.0f}", flush=True)
     print(f"RECOVERED rank={rank} epoch={report.epoch} failed={','.join(map(str, report.failed))} "
           f"replacement={int(report.replacement)} step={state.step} bytes={report.restored_bytes}", flush=True)
 
 
-strata.recovery_run(comm, state, steps, compute, apply, on_recovered=on_recovered)
+strata.recovery_run(comm, state, steps, compute, apply, on_failure=on_failure, on_recovered=on_recovered)
 
 digest = hashlib.sha256()
 for a in (params, momentum, cursor, rng_state):
