@@ -4,9 +4,9 @@
 // strata/__init__.py re-exports it with the Python-side glue.
 //
 // GIL: every call that can block (collectives, Work.wait, init, split, recover,
-// State.restore, allocation of fresh pages) runs with the GIL released. Pointers are taken from the arrays before that, and the
-// arrays stay referenced by the caller (blocking) or by the communicator's pending list
-// (async) until the operation has completed.
+// State.restore, allocation of fresh pages) runs with the GIL released. Pointers are taken
+// from the arrays before that, and the arrays stay referenced by the caller (blocking), by
+// the communicator's pending list (async) or by the State until the memory is no longer used.
 
 #include <pybind11/stl.h>
 
@@ -655,8 +655,9 @@ class PyState {
   std::shared_ptr<PyComm> comm_;
   std::vector<std::string> names_;
   py::list arrays_;
-  std::unique_ptr<recovery::State> state_;  // declared last: destroyed before what it points to
   bool busy_ = false;
+  // After comm_ and arrays_, so it is destroyed before what it points to.
+  std::unique_ptr<recovery::State> state_;
 };
 
 py::dict report_dict(const recovery::Report& r) {
