@@ -1,5 +1,10 @@
 #include "cli/ft_controller.hpp"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 #include <strata/recovery.hpp>
 
 #include "recovery/keys.hpp"
@@ -9,10 +14,69 @@ namespace strata::cli {
 namespace keys = recovery::keys;
 using Clock = std::chrono::steady_clock;
 
-Status FtController::connect(const bootstrap::StoreAddress& addr, const std::string& token) {
-  STRATA_ASSIGN_OR_RETURN(store_, bootstrap::StoreClient::connect(addr, token, Deadline::after(std::chrono::seconds(10))));
+Status FtController::start(const bootstrap::StoreAddress& addr, const std::string& token) {
+  auto deadline = Deadline::after(std::chrono::seconds(10));
+  STRATA_ASSIGN_OR_RETURN(store_, bootstrap::StoreClient::connect(addr, token, deadline));
+  STRATA_ASSIGN_OR_RETURN(watch_store_, bootstrap::StoreClient::connect(addr, token, deadline));
   beats_.assign(static_cast<size_t>(n_), Beat{});
+  event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (event_fd_ < 0) return errno_status("eventfd", errno);
+  watcher_ = std::thread([this] { watch_loop(); });
   return Status::ok();
+}
+
+FtController::~FtController() {
+  stop_.store(true);
+  if (watcher_.joinable()) watcher_.join();
+  if (event_fd_ >= 0) ::close(event_fd_);
+}
+
+void FtController::watch_loop() {
+  while (!stop_.load()) {
+    std::this_thread::sleep_for(tick_interval());
+    std::string job;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      job = job_;
+    }
+    bool found = false;
+    for (int r = 0; r < n_ && !stop_.load(); ++r) {
+      auto v = watch_store_->try_get(keys::heartbeat(job, r));
+      const auto now = Clock::now();
+      std::lock_guard<std::mutex> g(mu_);
+      Beat& b = beats_[static_cast<size_t>(r)];
+      if (job != job_ || !v.is_ok() || !v.value() || *v.value() == keys::kExiting) continue;  // not up, or leaving
+      if (!b.seen || *v.value() != b.value) {
+        b.value = *v.value();
+        b.seen = true;
+        b.changed = now;
+      } else if (!b.reported && now - b.changed > opts_.heartbeat_timeout) {
+        b.reported = true;
+        hung_.emplace_back(r, b.gen);
+        found = true;
+      }
+    }
+    if (found) {
+      uint64_t one = 1;
+      (void)!::write(event_fd_, &one, sizeof one);
+    }
+  }
+}
+
+std::vector<int> FtController::take_hung() {
+  uint64_t drain;
+  (void)!::read(event_fd_, &drain, sizeof drain);
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<int> out;
+  for (auto [r, gen] : hung_)
+    if (beats_[static_cast<size_t>(r)].gen == gen) out.push_back(r);
+  hung_.clear();
+  // Completed rebuilds end the cumulative set of ranks being replaced.
+  if (!pending_.empty()) {
+    auto ready = store_->try_get(keys::ready(job_, epoch_));
+    if (ready.is_ok() && ready.value()) pending_.clear();
+  }
+  return out;
 }
 
 bool FtController::on_failure(const std::vector<int>& ranks, const std::string& why) {
@@ -23,11 +87,16 @@ bool FtController::on_failure(const std::vector<int>& ranks, const std::string& 
   if (failures_ > opts_.max_failures) return false;
   const int64_t t = recovery::now_ns();
   ++epoch_;
+  if (!pending_.empty()) {
+    auto ready = store_->try_get(keys::ready(job_, epoch_ - 1));
+    if (ready.is_ok() && ready.value()) pending_.clear();
+  }
   pending_.insert(ranks.begin(), ranks.end());
   std::vector<int> list(pending_.begin(), pending_.end());
   // The timestamps first: a rank that wakes on the notice reads them in its report.
   (void)store_->set(keys::detected(job_, epoch_), std::to_string(t));
   (void)store_->set(keys::epoch(job_, epoch_), keys::format_ranks(list));
+  std::lock_guard<std::mutex> g(mu_);
   for (int r : ranks) reset_heartbeat(r);
   return true;
 }
@@ -36,33 +105,17 @@ void FtController::on_spawned() { (void)store_->set(keys::spawned(job_, epoch_),
 
 void FtController::reset_heartbeat(int rank) {
   if (rank < 0 || rank >= n_) return;
-  beats_[static_cast<size_t>(rank)] = Beat{};
+  Beat& b = beats_[static_cast<size_t>(rank)];
+  b = Beat{{}, false, false, b.gen + 1, {}};
   // The predecessor's counter must not count as the replacement's first beat: a slow start
   // would look like a hang.
   (void)store_->del(keys::heartbeat(job_, rank));
 }
 
-std::vector<int> FtController::check(const std::vector<int>& running) {
-  std::vector<int> hung;
-  if (!store_) return hung;
-  if (!pending_.empty()) {
-    auto ready = store_->try_get(keys::ready(job_, epoch_));
-    if (ready.is_ok() && ready.value()) pending_.clear();
-  }
-  const auto now = Clock::now();
-  for (int r : running) {
-    auto v = store_->try_get(keys::heartbeat(job_, r));
-    if (!v.is_ok() || !v.value() || *v.value() == keys::kExiting) continue;  // not up yet, or leaving
-    Beat& b = beats_[static_cast<size_t>(r)];
-    if (!b.seen || *v.value() != b.value) {
-      b.value = *v.value();
-      b.seen = true;
-      b.changed = now;
-    } else if (now - b.changed > opts_.heartbeat_timeout) {
-      hung.push_back(r);
-    }
-  }
-  return hung;
+void FtController::set_job(std::string job_id) {
+  std::lock_guard<std::mutex> g(mu_);
+  job_ = std::move(job_id);
+  for (auto& b : beats_) b = Beat{{}, false, false, b.gen + 1, {}};
 }
 
 }  // namespace strata::cli

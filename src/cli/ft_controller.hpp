@@ -5,10 +5,13 @@
 // watches heartbeats so a hung or stopped rank is caught as well as one that exited.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bootstrap/store.hpp"
@@ -25,9 +28,16 @@ struct FtOptions {
 class FtController {
  public:
   FtController(FtOptions opts, std::string job_id, int nranks) : opts_(opts), job_(std::move(job_id)), n_(nranks) {}
+  ~FtController();
 
-  /// Connects to the launcher's own store.
-  Status connect(const bootstrap::StoreAddress& addr, const std::string& token);
+  /// Connects to the launcher's own store and starts the heartbeat watcher: a thread with
+  /// its own connection, so that reading every rank's beat never delays the launcher's
+  /// reaction to an exit. It signals event_fd() when it finds a hung rank.
+  Status start(const bootstrap::StoreAddress& addr, const std::string& token);
+  int event_fd() const { return event_fd_; }
+  /// Ranks whose heartbeat stopped for longer than the timeout, each reported once per
+  /// process (a report about a rank replaced meanwhile is dropped).
+  std::vector<int> take_hung();
 
   /// A rank failed (`why` says how). Returns false when the failure budget is spent (the
   /// job must stop); otherwise bumps the epoch, publishes the notice and the caller starts
@@ -35,23 +45,9 @@ class FtController {
   bool on_failure(const std::vector<int>& ranks, const std::string& why);
   /// Records that replacements were started (for the recovery report).
   void on_spawned();
-  /// The replacement of `rank` started: forget its predecessor's heartbeats.
-  void reset_heartbeat(int rank);
-
-  /// Call every tick_interval(): ranks (among `running`) whose heartbeat stopped for
-  /// longer than the timeout. Also notices completed rebuilds.
-  std::vector<int> check(const std::vector<int>& running);
-  /// Reading every rank's beat costs one store round trip each: a quarter of the timeout
-  /// is often enough to catch a hang within 1.25x the timeout.
-  std::chrono::milliseconds tick_interval() const {
-    return std::max(opts_.heartbeat_interval, opts_.heartbeat_timeout / 4);
-  }
-
   /// restart_all: the restarted job runs under a new id (nothing of the old one is reused).
-  void set_job(std::string job_id) {
-    job_ = std::move(job_id);
-    beats_.assign(static_cast<size_t>(n_), Beat{});
-  }
+  void set_job(std::string job_id);
+
   uint64_t epoch() const { return epoch_; }
   int failures() const { return failures_; }
   const FtOptions& options() const { return opts_; }
@@ -59,17 +55,33 @@ class FtController {
  private:
   struct Beat {
     std::string value;
-    bool seen = false;  // a first beat arrived: the rank is up and watched
+    bool seen = false;      // a first beat arrived: the rank is up and watched
+    bool reported = false;  // reported hung; not again until it is replaced
+    uint64_t gen = 0;       // bumped per replacement
     std::chrono::steady_clock::time_point changed{};
   };
+  void reset_heartbeat(int rank);  // caller holds mu_
+  void watch_loop();
+  std::chrono::milliseconds tick_interval() const {
+    // A quarter of the timeout catches a hang within 1.25x the timeout.
+    return std::max(opts_.heartbeat_interval, opts_.heartbeat_timeout / 4);
+  }
+
   FtOptions opts_;
   std::string job_;
   int n_;
-  std::unique_ptr<bootstrap::StoreClient> store_;
+  std::unique_ptr<bootstrap::StoreClient> store_;        // the launcher thread's
+  std::unique_ptr<bootstrap::StoreClient> watch_store_;  // the watcher's
   uint64_t epoch_ = 0;
   int failures_ = 0;
   std::set<int> pending_;  // replaced since the last completed rebuild
+
+  std::mutex mu_;  // guards job_ (for the watcher), beats_, hung_
   std::vector<Beat> beats_;
+  std::vector<std::pair<int, uint64_t>> hung_;  // (rank, gen) found by the watcher
+  std::thread watcher_;
+  std::atomic<bool> stop_{false};
+  int event_fd_ = -1;
 };
 
 }  // namespace strata::cli

@@ -202,7 +202,6 @@ class Launcher {
   std::vector<std::string> shared_env_;
   std::unique_ptr<FtController> ft_;
   int restarts_ = 0;
-  std::optional<Clock::time_point> next_tick_;
   std::vector<Rank*> exited_;  // failed in the current reap pass (--ft)
   std::string exited_why_;
   int exited_code_ = 0;
@@ -372,7 +371,7 @@ int Launcher::run() {
     opts_.ft_opts.heartbeat_interval = env.heartbeat_interval;
     opts_.ft_opts.heartbeat_timeout = env.heartbeat_timeout;
     ft_ = std::make_unique<FtController>(opts_.ft_opts, job_id_, opts_.nranks);
-    Status c = ft_->connect({"127.0.0.1", store_->port()}, token_);
+    Status c = ft_->start({"127.0.0.1", store_->port()}, token_);
     if (!c.is_ok()) {
       print_error(kWho, "--ft: cannot reach the job's store: " + c.message());
       store_->stop();
@@ -439,12 +438,8 @@ void Launcher::loop() {
       }
     }
 
-    if (ft_ && !stopping_ && (!next_tick_ || now >= *next_tick_)) {
-      check_heartbeats();
-      next_tick_ = Clock::now() + ft_->tick_interval();
-    }
     std::optional<Clock::time_point> wake;
-    for (const auto& t : {kill_at_, job_deadline_, drain_until_, ft_ ? next_tick_ : std::nullopt})
+    for (const auto& t : {kill_at_, job_deadline_, drain_until_})
       if (t && (!wake || *t < *wake)) wake = t;
     int timeout = -1;
     if (wake) {
@@ -455,6 +450,7 @@ void Launcher::loop() {
     fds.clear();
     streams.clear();
     fds.push_back({sigfd_, POLLIN, 0});
+    fds.push_back({ft_ ? ft_->event_fd() : -1, POLLIN, 0});  // hung ranks found (--ft)
     for (auto& r : ranks_)
       for (Stream* s : {&r.out, &r.err})
         if (s->fd >= 0) {
@@ -472,8 +468,9 @@ void Launcher::loop() {
     // Output first, so lines a rank printed before it died come before the report of
     // its death.
     for (size_t i = 0; i < streams.size(); ++i)
-      if (fds[i + 1].revents) relay(*streams[i].first, *streams[i].second);
+      if (fds[i + 2].revents) relay(*streams[i].first, *streams[i].second);
     if (fds[0].revents & POLLIN) on_signals();
+    if ((fds[1].revents & POLLIN) && !stopping_) check_heartbeats();
   }
 }
 
@@ -617,10 +614,7 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
 }
 
 void Launcher::check_heartbeats() {
-  std::vector<int> running;
-  for (const auto& r : ranks_)
-    if (r.current && r.running) running.push_back(r.index);
-  for (int i : ft_->check(running)) {
+  for (int i : ft_->take_hung()) {
     for (auto& r : ranks_) {
       if (r.index != i || !r.current || !r.running) continue;
       replace({&r},

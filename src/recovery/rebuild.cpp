@@ -10,6 +10,8 @@
 // with the (cumulative) set of ranks being replaced.
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 
 #include "coll/comm_impl.hpp"
 #include "common/log.hpp"
@@ -88,7 +90,12 @@ Status rebuild_world(CommImpl& c, bool fresh) {
       STRATA_RETURN_IF_ERROR(ctx.store->set(recovery::keys::join(job, e, me), rec));
     }
 
+    // Records first, then the mappings in parallel: a replacement attaches every peer, and
+    // each mapping waits for that peer's fd server to be scheduled, which on a busy host is
+    // the bulk of its join. Survivors attach only the replaced ranks.
     bool moved = false;
+    std::vector<int> todo;
+    std::vector<WorldRecord> recs(static_cast<size_t>(n));
     for (int r = 0; r < n && !moved; ++r) {
       if (attached[r]) continue;
       bool replaced = contains(failed, r);
@@ -98,11 +105,28 @@ Status rebuild_world(CommImpl& c, bool fresh) {
         moved = true;
         break;
       }
-      STRATA_ASSIGN_OR_RETURN(WorldRecord w, parse_world_record(*v));
-      if (w.host != ctx.job.host_id)
-        return unavailable("rank " + std::to_string(r) + " rejoined on host '" + w.host + "' but rank " +
+      STRATA_ASSIGN_OR_RETURN(recs[r], parse_world_record(*v));
+      if (recs[r].host != ctx.job.host_id)
+        return unavailable("rank " + std::to_string(r) + " rejoined on host '" + recs[r].host + "' but rank " +
                            std::to_string(me) + " is on '" + ctx.job.host_id + "'");
-      Status a = c.attach_peer(r, w.ctrl, d);
+      todo.push_back(r);
+    }
+    if (moved) continue;
+    if (todo.size() > 1) {
+      std::atomic<size_t> next{0};
+      auto map_some = [&] {
+        for (size_t i = next++; i < todo.size(); i = next++) {
+          int r = todo[i];
+          (void)ctx.heap->peer_ptr(c.members[r], recs[r].ctrl, CtrlView::bytes(n), d);  // errors: below
+        }
+      };
+      std::vector<std::thread> workers;
+      for (size_t t = 1; t < std::min<size_t>(8, todo.size()); ++t) workers.emplace_back(map_some);
+      map_some();
+      for (auto& w : workers) w.join();
+    }
+    for (int r : todo) {
+      Status a = c.attach_peer(r, recs[r].ctrl, d);
       if (!a.is_ok()) {
         // A peer that cannot be reached now has most likely just failed too: its notice
         // (a newer epoch) is on the way. Only a deadline without one is an error.
