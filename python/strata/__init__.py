@@ -12,6 +12,9 @@ torch tensors: in place (``comm.all_reduce(a)``) or out of place (``out=b``), bl
 live in the registered heap and move with no copy; any other C-contiguous array works too
 (staged through the heap). Blocking calls release the GIL.
 
+Failure recovery under ``strata run --ft``: register the training state in a ``State`` and
+run the loop with ``recovery_run`` (see docs/PYTHON.md, "Failure recovery").
+
 torch: importing strata registers the backend "strata", so
 ``torch.distributed.init_process_group("strata")`` works under ``strata run`` and torchrun.
 """
@@ -37,21 +40,29 @@ from ._strata import (
     InvalidArgument,
     PeerFailed,
     ReduceOp,
+    RecoveryReport,
     Registration,
+    State,
     StoreServer,
     Timeout,
     Unavailable,
     Work,
     dtype_name,
     dtype_size,
+    is_replacement,
+    last_recovery,
+    mark_failure,
+    now_ns,
 )
+from ._recovery import recovery_run
 
 __version__ = "0.1.0"
 __all__ = [
     "init", "world", "Communicator", "Work", "Registration", "StoreServer", "ReduceOp", "Algorithm", "Code",
     "Error", "InvalidArgument", "Timeout", "PeerFailed", "Aborted", "Unavailable", "Internal",
     "dtype_size", "dtype_name", "torch_communicator", "torch_backend_status", "torch_heap_allocator",
-    "torch_heap_tensors",
+    "torch_heap_tensors", "State", "RecoveryReport", "recovery_run", "is_replacement", "mark_failure",
+    "last_recovery", "now_ns",
 ]
 
 # Errors raised from Python carry the same attributes as those the library raises.

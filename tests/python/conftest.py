@@ -47,10 +47,12 @@ def _report(cmd, proc_out, rc):
     return f"command: {' '.join(map(str, cmd))}\nexit code: {rc}\n--- output ---\n{proc_out}"
 
 
-def launch(script, n, *args, timeout=150, env=None, expect_ok=True):
-    """Runs `strata run -n N python WORKERS/script args...`; returns the combined output.
+def launch(script, n, *args, timeout=150, env=None, expect_ok=True, launcher_args=()):
+    """Runs `strata run [launcher_args] -n N python WORKERS/script args...` (launcher_args such as
+    ["--ft"]); returns the combined output.
     With expect_ok, fails unless the job succeeded and every rank printed an OK line."""
-    cmd = [strata_bin(), "run", "-n", str(n), "--", PYTHON, str(WORKERS / script), *map(str, args)]
+    cmd = [strata_bin(), "run", *map(str, launcher_args), "-n", str(n), "--", PYTHON, str(WORKERS / script),
+           *map(str, args)]
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=timeout, env=_clean_env(env), cwd=ROOT)
