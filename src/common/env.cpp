@@ -124,6 +124,9 @@ Env parse(Lookup lookup, void* ctx) {
   e.heap_huge_pages = to_bool(get("STRATA_HEAP_HUGE_PAGES"), false);
   e.heap_prefault = to_bool(get("STRATA_HEAP_PREFAULT"), false);
   e.cma = to_bool(get("STRATA_CMA"), true);
+  if (auto s = get("STRATA_UCX_TLS")) e.ucx_tls = *s;
+  if (auto s = get("STRATA_UCX_NET_DEVICES")) e.ucx_net_devices = *s;
+  if (auto s = get("STRATA_UCX_DATAPATH"); s && (*s == "auto" || *s == "tag" || *s == "put")) e.ucx_datapath = *s;
   return e;
 }
 
