@@ -355,19 +355,19 @@ Result<TransferPtr> Ucx::recv(int peer, uint64_t tag, void* buf, size_t bytes) {
   x->peer = peer;
   x->bytes = bytes;
   x->is_recv = true;
-  ucp_tag_recv_info_t info{};
   ucp_request_param_t rp{};
-  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
+  // Completion always through the callback: UCX 1.13 does not report the received length
+  // of a receive that completes immediately.
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   rp.cb.recv = &Ucx::on_recv;
   rp.user_data = x.get();
-  rp.recv_info.tag_info = &info;
   std::lock_guard<std::mutex> g(mu_);
   ucs_status_ptr_t r = ucp_tag_recv_nbx(worker_, buf, bytes, tag, ~uint64_t{0}, &rp);
   if (UCS_PTR_IS_PTR(r)) {
     x->handle = r;
     x->self = x;
   } else {
-    finish(x.get(), UCS_PTR_STATUS(r), info.length);
+    finish(x.get(), UCS_PTR_STATUS(r), 0);
   }
   return x;
 }

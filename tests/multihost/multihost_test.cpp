@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -105,8 +106,11 @@ std::vector<RankOutcome> run_job(const std::vector<std::string>& hosts, const st
 }
 
 void expect_all_pass(const std::vector<RankOutcome>& res) {
-  for (size_t r = 0; r < res.size(); ++r)
+  for (size_t r = 0; r < res.size(); ++r) {
     EXPECT_EQ(res[r].exit_code, 0) << "rank " << r << " (signal " << res[r].signal << "):\n" << res[r].output;
+    // Each rank's summary (how many checks it made) goes to the log.
+    std::cout << res[r].output;
+  }
 }
 
 // The collective matrix, p2p, split across hosts and mismatch detection.
@@ -130,6 +134,7 @@ TEST(MultiHost, PeerOnOtherHostKilled) {
   auto res = run_job({"h0", "h0", "h1", "h1"}, {"--fault", "3", "--iters", "10"}, "2s", 60s);
   EXPECT_EQ(res[3].signal, SIGKILL) << res[3].output;
   for (int r : {0, 1, 2}) {
+    std::cout << res[r].output;
     EXPECT_EQ(res[r].exit_code, 0) << "rank " << r << ":\n" << res[r].output;
     EXPECT_NE(res[r].output.find("FAULT"), std::string::npos) << res[r].output;
   }
