@@ -45,7 +45,8 @@ std::string read_all(int fd) {
 /// Runs mh_rank once per entry of `hosts` (rank r on host hosts[r]) and waits for all;
 /// kills every rank still running after `wall`.
 std::vector<RankOutcome> run_job(const std::vector<std::string>& hosts, const std::vector<std::string>& args,
-                                 const std::string& timeout, std::chrono::seconds wall) {
+                                 const std::string& timeout, std::chrono::seconds wall,
+                                 const std::vector<std::pair<std::string, std::string>>& env = {}) {
   const std::string token = "mh-token";
   auto server = bootstrap::StoreServer::start("127.0.0.1", 0, token);
   if (!server.is_ok()) throw std::runtime_error("store: " + server.status().to_string());
@@ -72,6 +73,7 @@ std::vector<RankOutcome> run_job(const std::vector<std::string>& hosts, const st
       setenv("STRATA_HOST_ID", hosts[r].c_str(), 1);
       setenv("STRATA_TIMEOUT", timeout.c_str(), 1);
       setenv("STRATA_UCX_TLS", "tcp,self", 0);
+      for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
       std::vector<char*> argv;
       argv.push_back(const_cast<char*>(STRATA_MH_RANK));
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -126,6 +128,13 @@ TEST(MultiHost, MatrixThreeUnevenHosts) {
 // Hosts interleaved in rank order: the hierarchical path must follow hosts, not rank blocks.
 TEST(MultiHost, MatrixInterleavedHosts) {
   expect_all_pass(run_job({"a", "b", "a", "b"}, {"--quick", "--large", "4096"}, "20s", 240s));
+}
+
+// One-sided puts into the receivers' registered heap buffers (the RDMA data path; UCX
+// emulates it over TCP here), forced on.
+TEST(MultiHost, MatrixPutDataPath) {
+  expect_all_pass(
+      run_job({"h0", "h0", "h1", "h1"}, {"--quick", "--large", "4096"}, "20s", 240s, {{"STRATA_UCX_DATAPATH", "put"}}));
 }
 
 // A rank on the other host is SIGKILLed mid-loop: every other rank fails with PeerFailed or
