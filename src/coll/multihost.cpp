@@ -241,6 +241,102 @@ bool even_hosts(const CommImpl& c) {
   return true;
 }
 
+/// Comm ranks are grouped by host: host h holds ranks h*L .. h*L+L-1 (the launcher's
+/// placement). The hierarchical all_gather / reduce_scatter need it, so that each host's
+/// blocks are contiguous for the intra-host step.
+bool contiguous_hosts(const CommImpl& c) {
+  const size_t L = c.host_members[0].size();
+  for (size_t h = 0; h < c.host_members.size(); ++h)
+    for (size_t l = 0; l < c.host_members[h].size(); ++l)
+      if (c.host_members[h][l] != static_cast<int>(h * L + l)) return false;
+  return true;
+}
+
+Op local_op(const NetExec& x, OpKind kind, const void* in, void* out, std::vector<size_t> counts, ReduceOp rop) {
+  Op o;
+  o.kind = kind;
+  o.dtype = x.op.dtype;
+  o.rop = rop;
+  o.in = in;
+  o.out = out;
+  o.counts = std::move(counts);
+  o.opts.timeout = x.deadline.remaining() + std::chrono::milliseconds(1);
+  return o;
+}
+
+/// Rails first, then the host: every rank sends its block once to the rank of equal local
+/// index on each other host, straight into that rank's output; then each host's L blocks
+/// of every host are completed by one intra-host all-gather per host (in place, shm).
+Status all_gather_hier(NetExec& x, const std::vector<size_t>& counts) {
+  CommImpl& c = x.c;
+  const int L = c.local->size, li = c.local->rank, H = static_cast<int>(c.host_members.size());
+  const int me = c.rank, hm = c.host_of[me];
+  const size_t e = x.esz;
+  auto displ = coll::prefix_sums(counts);
+  if (counts[me] && x.out + displ[me] * e != x.in) kernels::copy(x.out + displ[me] * e, x.in, counts[me] * e);
+  for (int h = 0; h < H; ++h) {
+    int r = c.host_members[h][li];
+    if (h != hm && counts[r]) STRATA_RETURN_IF_ERROR(x.expect(r, kRailGather, x.out + displ[r] * e, counts[r] * e));
+  }
+  for (int h = 0; h < H; ++h) {
+    int r = c.host_members[h][li];
+    if (h != hm && counts[me])
+      STRATA_RETURN_IF_ERROR(x.deliver(r, kRailGather, x.out + displ[me] * e, counts[me] * e, displ[me] * e));
+  }
+  STRATA_RETURN_IF_ERROR(x.wait(coll::to_string(x.op.kind)));
+  for (int h = 0; h < H; ++h) {
+    const int first = h * L;
+    std::vector<size_t> hc(counts.begin() + first, counts.begin() + first + L);
+    Op ag = local_op(x, OpKind::AllGatherV, x.out + displ[first + li] * e, x.out + displ[first] * e, std::move(hc),
+                     ReduceOp::Sum);
+    STRATA_RETURN_IF_ERROR(run_collective(*c.local, ag).with_context("intra-host all-gather: "));
+  }
+  return Status::ok();
+}
+
+/// The host first, then rails: for each host h, the local ranks reduce-scatter this host's
+/// contributions to h's blocks (shm), so local rank l holds the host's partial of block
+/// (h, l); partials go once along the rail to their owner, which reduces the H of them.
+Status reduce_scatter_hier(NetExec& x, const std::vector<size_t>& counts) {
+  CommImpl& c = x.c;
+  const int L = c.local->size, li = c.local->rank, H = static_cast<int>(c.host_members.size());
+  const int me = c.rank, hm = c.host_of[me];
+  const size_t e = x.esz;
+  auto displ = coll::prefix_sums(counts);
+  std::vector<size_t> pc(H);  // partials this rank holds: block (h, li) of every host h
+  for (int h = 0; h < H; ++h) pc[h] = counts[h * L + li];
+  auto pd = coll::prefix_sums(pc);
+  STRATA_ASSIGN_OR_RETURN(void* pv, c.scratch_block(1, std::max<size_t>(1, (pd[H - 1] + pc[H - 1]) * e)));
+  STRATA_ASSIGN_OR_RETURN(void* rv, c.scratch_block(2, std::max<size_t>(1, (H - 1) * counts[me] * e)));
+  char* part = static_cast<char*>(pv);
+  char* recvd = static_cast<char*>(rv);
+  const ReduceOp lop = x.op.rop == ReduceOp::Avg ? ReduceOp::Sum : x.op.rop;
+  for (int h = 0; h < H; ++h) {
+    const int first = h * L;
+    std::vector<size_t> hc(counts.begin() + first, counts.begin() + first + L);
+    Op rs = local_op(x, OpKind::ReduceScatterV, x.in + displ[first] * e, part + pd[h] * e, std::move(hc), lop);
+    STRATA_RETURN_IF_ERROR(run_collective(*c.local, rs).with_context("intra-host reduce-scatter: "));
+  }
+  const size_t mine = counts[me];
+  for (int k = 1; k < H; ++k) {
+    int h = (hm + k) % H;
+    if (mine) STRATA_RETURN_IF_ERROR(x.recv(c.host_members[h][li], kRailReduce, recvd + (k - 1) * mine * e, mine * e));
+  }
+  for (int k = 1; k < H; ++k) {
+    int h = (hm + k) % H;
+    if (pc[h]) STRATA_RETURN_IF_ERROR(x.send(c.host_members[h][li], kRailReduce, part + pd[h] * e, pc[h] * e));
+  }
+  STRATA_RETURN_IF_ERROR(x.wait(coll::to_string(x.op.kind)));
+  if (!mine) return Status::ok();
+  std::vector<const void*> srcs(H);
+  for (int h = 0; h < H; ++h) {
+    int k = (h - hm + H) % H;
+    srcs[h] = k == 0 ? static_cast<const void*>(part + pd[hm] * e) : recvd + (k - 1) * mine * e;
+  }
+  kernels::reduce(x.op.dtype, x.op.rop, x.out, srcs.data(), H, mine, c.size);
+  return Status::ok();
+}
+
 Status reduce_scatter(NetExec& x, const std::vector<size_t>& counts) {
   const int n = x.c.size, me = x.c.rank;
   auto displ = coll::prefix_sums(counts);
@@ -460,9 +556,12 @@ Status run_collective_net(CommImpl& c, Op& op) {
   x.in = const_cast<char*>(static_cast<const char*>(op.in));
   x.out = static_cast<char*>(op.out);
   x.seq = ++c.seq;
-  const bool even = even_hosts(c);
-  const bool hier = op.kind == OpKind::AllReduce && even && c.local && c.host_members.size() > 1 &&
-                    op.opts.algorithm != Algorithm::OneShot && op.opts.algorithm != Algorithm::TwoShot;
+  // Hierarchical where every host has the same number of ranks (rails of equal length);
+  // uneven hosts take the direct patterns. Algorithm::OneShot/TwoShot ask for the direct one.
+  const bool rails = even_hosts(c) && c.host_members.size() > 1 && c.local->size > 1 &&
+                     op.opts.algorithm != Algorithm::OneShot && op.opts.algorithm != Algorithm::TwoShot;
+  const bool hier = rails && op.kind == OpKind::AllReduce;
+  const bool hier_blocks = rails && contiguous_hosts(c);
 
   OpDesc d{};
   d.seq = x.seq;
@@ -488,10 +587,18 @@ Status run_collective_net(CommImpl& c, Op& op) {
       case OpKind::AllReduce: st = hier ? all_reduce_hier(x) : all_reduce_direct(x); break;
       case OpKind::Reduce: st = reduce(x); break;
       case OpKind::Broadcast: st = broadcast(x); break;
-      case OpKind::AllGather: st = all_gather(x, std::vector<size_t>(c.size, op.count)); break;
-      case OpKind::AllGatherV: st = all_gather(x, op.counts); break;
-      case OpKind::ReduceScatter: st = reduce_scatter(x, std::vector<size_t>(c.size, op.count)); break;
-      case OpKind::ReduceScatterV: st = reduce_scatter(x, op.counts); break;
+      case OpKind::AllGather:
+      case OpKind::AllGatherV: {
+        auto counts = op.kind == OpKind::AllGather ? std::vector<size_t>(c.size, op.count) : op.counts;
+        st = hier_blocks ? all_gather_hier(x, counts) : all_gather(x, counts);
+        break;
+      }
+      case OpKind::ReduceScatter:
+      case OpKind::ReduceScatterV: {
+        auto counts = op.kind == OpKind::ReduceScatter ? std::vector<size_t>(c.size, op.count) : op.counts;
+        st = hier_blocks ? reduce_scatter_hier(x, counts) : reduce_scatter(x, counts);
+        break;
+      }
       case OpKind::AllToAll:
       case OpKind::AllToAllV: st = all_to_all(x); break;
       case OpKind::Gather: st = gather(x); break;
