@@ -79,4 +79,8 @@ Result<std::unique_ptr<Net>> make_ucx_net(const std::string& job_id, int rank, i
                                           std::chrono::milliseconds timeout, const std::string& tls,
                                           const std::string& net_devices, const std::string& datapath);
 
+/// One line for `strata info`: the UCX version, the data path `auto` would pick here and the
+/// STRATA_UCX_* settings; "no (...)" in a build without UCX.
+std::string ucx_summary(const std::string& tls, const std::string& net_devices, const std::string& datapath);
+
 }  // namespace strata::transport

@@ -1,5 +1,6 @@
 target_sources(strata PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/shm_sync.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/net.cpp
 )
 if(STRATA_WITH_UCX)
   target_sources(strata PRIVATE ${CMAKE_CURRENT_LIST_DIR}/ucx.cpp)

@@ -496,6 +496,17 @@ Status Ucx::wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, c
 
 }  // namespace
 
+std::string ucx_summary(const std::string& tls, const std::string& net_devices, const std::string& datapath) {
+  const bool put = datapath == "put" || (datapath == "auto" && have_rdma_devices() && tls.find("tcp") == std::string::npos);
+  std::string s = std::string("UCX ") + ucp_get_version_string() + ", data path " + (put ? "put" : "tag") + " (" +
+                  (datapath == "auto" ? std::string(have_rdma_devices() ? "RDMA devices found" : "no RDMA devices") +
+                                            ", STRATA_UCX_DATAPATH=auto"
+                                      : "STRATA_UCX_DATAPATH=" + datapath) +
+                  "), transports " + (tls.empty() ? std::string("UCX default") : tls) + " (STRATA_UCX_TLS)";
+  if (!net_devices.empty()) s += ", devices " + net_devices + " (STRATA_UCX_NET_DEVICES)";
+  return s;
+}
+
 Result<std::unique_ptr<Net>> make_ucx_net(const std::string& job_id, int rank, int world_size,
                                           std::shared_ptr<bootstrap::StoreClient> store, memory::Heap& heap,
                                           std::chrono::milliseconds timeout, const std::string& tls,
