@@ -94,11 +94,11 @@ struct NetExec {
     if (net().use_put() && (descs[c.rank].flags & kOutHeap)) return recv(r, ch, nullptr, 0);
     return recv(r, ch, dst, bytes);
   }
-  Status wait(const char* what) {
+  Status wait(const char* /*what: the caller adds the operation's name*/) {
     std::vector<transport::TransferPtr> v;
     v.swap(xs);
     if (v.empty()) return Status::ok();
-    Status s = net().wait(v, c.policy(deadline), what);
+    Status s = net().wait(v, c.policy(deadline), "network transfer");
     if (!s.is_ok()) {
       const int gr = s.peer();
       // Name the peer by its rank in this communicator.

@@ -58,11 +58,11 @@ Status from_ucs(ucs_status_t st, int peer, const char* what) {
     case UCS_ERR_UNREACHABLE:
     case UCS_ERR_REJECTED:
     case UCS_ERR_IO_ERROR:
-      return ::strata::peer_failed(m + " (rank " + std::to_string(peer) + " died or its link broke)", peer);
+      return ::strata::peer_failed(m + " (world rank " + std::to_string(peer) + " died or its link broke)", peer);
     case UCS_ERR_MESSAGE_TRUNCATED:
-      return Status(Code::InvalidArgument, m + " (rank " + std::to_string(peer) + " sent more than was expected)", peer);
+      return Status(Code::InvalidArgument, m + " (world rank " + std::to_string(peer) + " sent more than was expected)", peer);
     case UCS_ERR_CANCELED: return aborted(m);
-    default: return internal_error(m + " (peer rank " + std::to_string(peer) + ")");
+    default: return internal_error(m + " (peer: world rank " + std::to_string(peer) + ")");
   }
 }
 
@@ -262,7 +262,7 @@ Ucx::~Ucx() {
 Result<ucp_ep_h> Ucx::endpoint(int peer) {
   PeerState& p = *peers_[peer];
   if (p.failed.load(std::memory_order_acquire))
-    return ::strata::peer_failed("rank " + std::to_string(peer) + " is unreachable: " + ucs_status_string(p.error), peer);
+    return ::strata::peer_failed("world rank " + std::to_string(peer) + " is unreachable: " + ucs_status_string(p.error), peer);
   if (p.ep) return p.ep;
   // The address was published at the peer's init; it is in the store by the time any
   // operation with that peer runs, so this waits only if the peer is still starting.
@@ -304,7 +304,7 @@ void Ucx::finish(Transfer* x, ucs_status_t st, size_t len) {
   x->received = len;
   if (x->is_recv && st == UCS_OK && len != x->bytes)
     x->status = Status(Code::InvalidArgument,
-                       "rank " + std::to_string(x->peer) + " sent " + std::to_string(len) + " bytes where " +
+                       "world rank " + std::to_string(x->peer) + " sent " + std::to_string(len) + " bytes where " +
                            std::to_string(x->bytes) + " were expected",
                        x->peer);
   x->handle = nullptr;
@@ -448,7 +448,7 @@ Status Ucx::wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, c
       if (x.done.load(std::memory_order_acquire)) {
         if (!x.status.is_ok()) fail = x.status;
       } else if (peer_failed(x.peer)) {
-        fail = ::strata::peer_failed(std::string(what) + ": rank " + std::to_string(x.peer) + " failed (" +
+        fail = ::strata::peer_failed(std::string(what) + ": world rank " + std::to_string(x.peer) + " failed (" +
                                ucs_status_string(peers_[x.peer]->error) + ")",
                            x.peer);
       }
@@ -460,7 +460,7 @@ Status Ucx::wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, c
       break;
     }
     if (policy.deadline.expired()) {
-      fail = timeout_error(std::string(what) + ": timed out waiting for rank " + std::to_string(xs[first_open]->peer),
+      fail = timeout_error(std::string(what) + ": timed out waiting for world rank " + std::to_string(xs[first_open]->peer),
                            xs[first_open]->peer);
       break;
     }

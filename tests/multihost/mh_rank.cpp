@@ -11,10 +11,12 @@
 //                                   counts 0 1 7 1031 N; all dtypes for all_reduce/all_gather,
 //                                   every op for float32), p2p ring, split across hosts,
 //                                   mismatch detection
-//   mh_rank --fault VICTIM [--iters K]
-//                                   all_reduce loop; rank VICTIM SIGKILLs itself after K
-//                                   iterations; the others must fail with PeerFailed or
-//                                   Timeout within 2x STRATA_TIMEOUT (exit 0), else exit 3
+//   mh_rank --fault VICTIM [--iters K] [--stop]
+//                                   all_reduce loop; rank VICTIM SIGKILLs (--stop: SIGSTOPs)
+//                                   itself after K iterations; the others must fail with
+//                                   PeerFailed or Timeout within 2x STRATA_TIMEOUT (exit 0),
+//                                   else exit 3. A stopped victim is left for the caller
+//                                   to kill.
 
 #include <signal.h>
 #include <unistd.h>
@@ -363,14 +365,14 @@ struct Runner {
   }
 };
 
-int fault(Communicator& c, int victim, int iters) {
+int fault(Communicator& c, int victim, int iters, bool stop) {
   auto buf = c.alloc<float>(1 << 18);
   std::fill(buf.begin(), buf.end(), 1.0f);
   const auto timeout = c.timeout();
   auto t_op = Clock::now();
   try {
     for (int i = 0;; ++i) {
-      if (c.rank() == victim && i == iters) raise(SIGKILL);
+      if (c.rank() == victim && i == iters) raise(stop ? SIGSTOP : SIGKILL);
       t_op = Clock::now();
       c.all_reduce(buf, ReduceOp::Sum);
     }
@@ -389,20 +391,22 @@ int main(int argc, char** argv) {
   size_t large = size_t{1} << 18;
   bool quick = false;
   int victim = -1, iters = 20;
+  bool stop = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--large" && i + 1 < argc) large = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--quick") quick = true;
     else if (a == "--fault" && i + 1 < argc) victim = std::atoi(argv[++i]);
     else if (a == "--iters" && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (a == "--stop") stop = true;
     else {
-      std::fprintf(stderr, "usage: %s [--large N] [--quick] | --fault VICTIM [--iters K]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--large N] [--quick] | --fault VICTIM [--iters K] [--stop]\n", argv[0]);
       return 2;
     }
   }
   try {
     Communicator c = init();
-    if (victim >= 0) return fault(c, victim, iters);
+    if (victim >= 0) return fault(c, victim, iters, stop);
     auto t0 = Clock::now();
     Runner run{c, c.size(), c.rank()};
     run.matrix(large, quick);

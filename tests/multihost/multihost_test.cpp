@@ -43,10 +43,12 @@ std::string read_all(int fd) {
 }
 
 /// Runs mh_rank once per entry of `hosts` (rank r on host hosts[r]) and waits for all;
-/// kills every rank still running after `wall`.
+/// kills every rank still running after `wall`, and rank `stopped` (if >= 0) as soon as all
+/// the others have exited.
 std::vector<RankOutcome> run_job(const std::vector<std::string>& hosts, const std::vector<std::string>& args,
                                  const std::string& timeout, std::chrono::seconds wall,
-                                 const std::vector<std::pair<std::string, std::string>>& env = {}) {
+                                 const std::vector<std::pair<std::string, std::string>>& env = {},
+                                 int stopped = -1) {
   const std::string token = "mh-token";
   auto server = bootstrap::StoreServer::start("127.0.0.1", 0, token);
   if (!server.is_ok()) throw std::runtime_error("store: " + server.status().to_string());
@@ -93,7 +95,12 @@ std::vector<RankOutcome> run_job(const std::vector<std::string>& hosts, const st
       for (pid_t p : pids) kill(p, SIGKILL);
   });
   std::vector<RankOutcome> out(n);
-  for (int r = 0; r < n; ++r) {
+  std::vector<int> order;
+  for (int r = 0; r < n; ++r)
+    if (r != stopped) order.push_back(r);
+  if (stopped >= 0) order.push_back(stopped);
+  for (int r : order) {
+    if (r == stopped) kill(pids[r], SIGKILL);
     out[r].output = read_all(fds[r]);
     close(fds[r]);
     int st = 0;
@@ -142,6 +149,17 @@ TEST(MultiHost, MatrixPutDataPath) {
 TEST(MultiHost, PeerOnOtherHostKilled) {
   auto res = run_job({"h0", "h0", "h1", "h1"}, {"--fault", "3", "--iters", "10"}, "2s", 60s);
   EXPECT_EQ(res[3].signal, SIGKILL) << res[3].output;
+  for (int r : {0, 1, 2}) {
+    std::cout << res[r].output;
+    EXPECT_EQ(res[r].exit_code, 0) << "rank " << r << ":\n" << res[r].output;
+    EXPECT_NE(res[r].output.find("FAULT"), std::string::npos) << res[r].output;
+  }
+}
+
+// A rank on the other host hangs (SIGSTOP): no endpoint error comes, so the others fail with
+// Timeout (or PeerFailed) within twice the timeout.
+TEST(MultiHost, PeerOnOtherHostStopped) {
+  auto res = run_job({"h0", "h0", "h1", "h1"}, {"--fault", "3", "--iters", "10", "--stop"}, "1500ms", 60s, {}, 3);
   for (int r : {0, 1, 2}) {
     std::cout << res[r].output;
     EXPECT_EQ(res[r].exit_code, 0) << "rank " << r << ":\n" << res[r].output;
