@@ -34,6 +34,7 @@ struct Transfer {
   Status status;            // valid once done
   size_t received = 0;      // receives: bytes that arrived
   void* handle = nullptr;   // transport-private (UCX request) while in flight
+  int stage = 0;            // transport-private (multi-step transfers such as put + notify)
   std::shared_ptr<Transfer> self;  // keeps the object alive while the transport holds it
 };
 using TransferPtr = std::shared_ptr<Transfer>;

@@ -139,6 +139,18 @@ class Ucx final : public Net {
   static void on_recv(void* req, ucs_status_t st, const ucp_tag_recv_info_t* info, void* user);
   static void on_flush(void* req, ucs_status_t st, void* user);
   static void finish(Transfer* x, ucs_status_t st, size_t len);
+  /// After posting `x` (with x->self set): UCX may complete an operation inside the posting
+  /// call, through the callback (which drops x->self and frees the request), or return a
+  /// status without a callback; only a request still in flight is remembered for cancel.
+  static void track(const TransferPtr& x, ucs_status_ptr_t r) {
+    if (x->done.load(std::memory_order_acquire)) return;
+    if (UCS_PTR_IS_PTR(r)) {
+      x->handle = r;
+      return;
+    }
+    x->self.reset();
+    finish(x.get(), UCS_PTR_STATUS(r), 0);
+  }
 
   std::string job_;
   int rank_;
@@ -330,13 +342,8 @@ Status Ucx::post_tag_send(ucp_ep_h ep, uint64_t tag, const void* buf, size_t byt
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   rp.cb.send = &Ucx::on_send;
   rp.user_data = x.get();
-  ucs_status_ptr_t r = ucp_tag_send_nbx(ep, buf, bytes, tag, &rp);
-  if (UCS_PTR_IS_PTR(r)) {
-    x->handle = r;
-    x->self = x;
-  } else {
-    finish(x.get(), UCS_PTR_STATUS(r), 0);
-  }
+  x->self = x;
+  track(x, ucp_tag_send_nbx(ep, buf, bytes, tag, &rp));
   return Status::ok();
 }
 
@@ -362,13 +369,8 @@ Result<TransferPtr> Ucx::recv(int peer, uint64_t tag, void* buf, size_t bytes) {
   rp.cb.recv = &Ucx::on_recv;
   rp.user_data = x.get();
   std::lock_guard<std::mutex> g(mu_);
-  ucs_status_ptr_t r = ucp_tag_recv_nbx(worker_, buf, bytes, tag, ~uint64_t{0}, &rp);
-  if (UCS_PTR_IS_PTR(r)) {
-    x->handle = r;
-    x->self = x;
-  } else {
-    finish(x.get(), UCS_PTR_STATUS(r), 0);
-  }
+  x->self = x;
+  track(x, ucp_tag_recv_nbx(worker_, buf, bytes, tag, ~uint64_t{0}, &rp));
   return x;
 }
 
@@ -377,6 +379,8 @@ void Ucx::on_flush(void* req, ucs_status_t st, void* user) {
   std::unique_ptr<PutNotify> own(n);
   ucp_request_free(req);
   Transfer* x = n->x.get();
+  x->stage = 2;
+  x->handle = nullptr;
   TransferPtr keep = std::move(x->self);
   if (st != UCS_OK) {
     finish(x, st, 0);
@@ -403,12 +407,15 @@ Result<TransferPtr> Ucx::put(int peer, uint64_t tag, const void* buf, size_t byt
     fp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     fp.cb.send = &Ucx::on_flush;
     fp.user_data = n;
+    x->self = x;
+    x->stage = 1;  // flushing; on_flush moves it on (possibly inside ucp_ep_flush_nbx)
     ucs_status_ptr_t f = ucp_ep_flush_nbx(ep, &fp);
+    if (x->stage != 1) return x;
     if (UCS_PTR_IS_PTR(f)) {
       x->handle = f;
-      x->self = x;
       return x;
     }
+    x->self.reset();
     delete n;
     if (UCS_PTR_STATUS(f) != UCS_OK) return from_ucs(UCS_PTR_STATUS(f), peer, "ucx flush");
   }
