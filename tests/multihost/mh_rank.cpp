@@ -149,9 +149,9 @@ struct Runner {
     for (size_t i = 0; i < count; ++i) {
       double want = expect(i);
       // The reference as stored in the type (half types round; Avg divides).
-      std::vector<char> tmp(8);
-      put(t, tmp.data(), 0, want);
-      double stored = get(t, tmp.data(), 0);
+      alignas(8) char tmp[8];
+      put(t, tmp, 0, want);
+      double stored = get(t, tmp, 0);
       double got = get(t, buf, from + i);
       double tol = t == DataType::Float16 || t == DataType::BFloat16 ? 1e-2 * std::max(1.0, std::fabs(stored))
                    : t == DataType::Float32                          ? 1e-6 * std::max(1.0, std::fabs(stored))

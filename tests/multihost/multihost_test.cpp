@@ -124,7 +124,7 @@ void expect_all_pass(const std::vector<RankOutcome>& res) {
 
 // The collective matrix, p2p, split across hosts and mismatch detection.
 TEST(MultiHost, MatrixTwoHostsTwoRanksEach) {
-  expect_all_pass(run_job({"h0", "h0", "h1", "h1"}, {"--large", "262144"}, "20s", 240s));
+  expect_all_pass(run_job({"h0", "h0", "h1", "h1"}, {"--large", STRATA_MH_LARGE}, "20s", 240s));
 }
 
 // Uneven hosts (1, 2, 2): no rails of equal length, so all_reduce takes the direct path.
