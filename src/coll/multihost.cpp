@@ -69,6 +69,7 @@ struct NetExec {
 
   Status send(int r, uint64_t ch, const void* buf, size_t bytes) {
     STRATA_ASSIGN_OR_RETURN(auto x, net().send(g(r), make_tag(c, ch, seq, c.rank), buf, bytes));
+    if (ch != kDesc) c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
     xs.push_back(std::move(x));
     return Status::ok();
   }
@@ -85,6 +86,7 @@ struct NetExec {
     if (net().use_put() && (d.flags & kOutHeap)) {
       STRATA_ASSIGN_OR_RETURN(auto x, net().put(g(r), make_tag(c, ch, seq, c.rank), src, bytes,
                                                 {d.out_seg, d.out_off + dst_off_bytes}));
+      c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
       xs.push_back(std::move(x));
       return Status::ok();
     }

@@ -332,6 +332,26 @@ struct Runner {
     failures += hr.failures;
   }
 
+  void async_overlap(size_t count) {
+    // Two operations in flight on the copy engine, then a blocking one behind them.
+    const DataType f = DataType::Float32;
+    Buf a(c, count * 4), g_in(c, count * 4), g_out(c, n * count * 4);
+    for (size_t i = 0; i < count; ++i) {
+      put(f, a.p, i, val(me, i));
+      put(f, g_in.p, i, val(me, i + 1));
+    }
+    Work w1 = c.all_reduce_async(a.p, a.p, count, f, ReduceOp::Max);
+    Work w2 = c.all_gather_async(g_in.p, g_out.p, count, f);
+    all_reduce(DataType::Int32, ReduceOp::Sum, count, false);
+    w1.wait();
+    w2.wait();
+    check("all_reduce_async(max)", f, a.p, 0, count,
+          [&](size_t i) { return fold(ReduceOp::Max, n, [&](int r) { return val(r, i); }); });
+    for (int r = 0; r < n; ++r)
+      check("all_gather_async block " + std::to_string(r), f, g_out.p, r * count, count,
+            [&](size_t i) { return val(r, i + 1); });
+  }
+
   void matrix(size_t large, bool quick) {
     std::vector<size_t> counts = {0, 1, 7, 1031, large};
     for (bool ip : {false, true}) {
@@ -360,6 +380,8 @@ struct Runner {
     all_gather(DataType::Float32, 1031, false, false, true);
     c.barrier();
     for (size_t count : {size_t{0}, size_t{1}, size_t{1031}, large}) p2p_ring(count);
+    async_overlap(1031);
+    async_overlap(large);
     mismatch();
     split();
   }
