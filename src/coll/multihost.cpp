@@ -36,8 +36,8 @@ enum Channel : uint64_t {
   kGatherOut = 2,      // all-gather / final distribution phase
   kRoot = 3,           // to or from a root
   kAllToAll = 4,
-  kRailReduce = 5,     // hierarchical: reduce-scatter along a rail
-  kRailGather = 6,     // hierarchical: all-gather along a rail
+  kRailReduce = 5,  // hierarchical: reduce-scatter along a rail
+  kRailGather = 6,  // hierarchical: all-gather along a rail
   kP2pHeader = 0xfe,
   kP2pData = 0xff,
 };
@@ -47,7 +47,8 @@ enum Channel : uint64_t {
 constexpr uint32_t kOutHeap = 16;
 
 uint64_t make_tag(const CommImpl& c, uint64_t channel, uint32_t seq, int src) {
-  return c.tag_base << 48 | (channel & 0xff) << 40 | uint64_t{seq & 0xffffffu} << 16 | (static_cast<uint64_t>(src) & 0xffff);
+  return c.tag_base << 48 | (channel & 0xff) << 40 | uint64_t{seq & 0xffffffu} << 16 |
+         (static_cast<uint64_t>(src) & 0xffff);
 }
 
 /// Everything one operation needs while it runs on this rank.
@@ -84,8 +85,8 @@ struct NetExec {
   Status deliver(int r, uint64_t ch, const void* src, size_t bytes, size_t dst_off_bytes) {
     const OpDesc& d = descs[r];
     if (net().use_put() && (d.flags & kOutHeap)) {
-      STRATA_ASSIGN_OR_RETURN(auto x, net().put(g(r), make_tag(c, ch, seq, c.rank), src, bytes,
-                                                {d.out_seg, d.out_off + dst_off_bytes}));
+      STRATA_ASSIGN_OR_RETURN(
+          auto x, net().put(g(r), make_tag(c, ch, seq, c.rank), src, bytes, {d.out_seg, d.out_off + dst_off_bytes}));
       c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
       xs.push_back(std::move(x));
       return Status::ok();
@@ -107,7 +108,8 @@ struct NetExec {
       int cr = -1;
       for (int r = 0; r < c.size && gr >= 0; ++r)
         if (c.members[r] == gr) cr = r;
-      return Status(s.code(), s.message() + " (rank " + std::to_string(c.rank) + ", operation #" + std::to_string(seq) + ")",
+      return Status(s.code(),
+                    s.message() + " (rank " + std::to_string(c.rank) + ", operation #" + std::to_string(seq) + ")",
                     cr >= 0 ? cr : s.peer());
     }
     return s;
@@ -118,8 +120,8 @@ struct NetExec {
 /// with `counts`, element offsets) into `dst`; `tmp` holds (n-1) * counts[me] elements.
 /// Ranks are given as a list (`group`, comm ranks) so rails reuse it; `me` indexes group.
 Status direct_reduce_scatter(NetExec& x, const std::vector<int>& group, int me, const char* src,
-                             const std::vector<size_t>& counts, const std::vector<size_t>& displ, char* dst,
-                             char* tmp, uint64_t ch, int divisor) {
+                             const std::vector<size_t>& counts, const std::vector<size_t>& displ, char* dst, char* tmp,
+                             uint64_t ch, int divisor) {
   const int n = static_cast<int>(group.size());
   const size_t e = x.esz, mine = counts[me];
   for (int k = 1; k < n; ++k) {
@@ -343,8 +345,8 @@ Status reduce_scatter(NetExec& x, const std::vector<size_t>& counts) {
   const int n = x.c.size, me = x.c.rank;
   auto displ = coll::prefix_sums(counts);
   STRATA_ASSIGN_OR_RETURN(void* tmp, x.c.scratch_block(2, std::max<size_t>(1, (n - 1) * counts[me] * x.esz)));
-  return direct_reduce_scatter(x, all_ranks(n), me, x.in, counts, displ, x.out, static_cast<char*>(tmp),
-                               kScatterReduce, n);
+  return direct_reduce_scatter(x, all_ranks(n), me, x.in, counts, displ, x.out, static_cast<char*>(tmp), kScatterReduce,
+                               n);
 }
 
 Status all_gather(NetExec& x, const std::vector<size_t>& counts) {
@@ -432,8 +434,8 @@ Status reduce(NetExec& x) {
     STRATA_ASSIGN_OR_RETURN(void* p, x.c.scratch_block(1, std::max<size_t>(1, counts[me] * e)));
     part = static_cast<char*>(p);
   }
-  STRATA_RETURN_IF_ERROR(direct_reduce_scatter(x, all_ranks(n), me, x.in, counts, displ, part,
-                                               static_cast<char*>(tmp), kScatterReduce, n));
+  STRATA_RETURN_IF_ERROR(direct_reduce_scatter(x, all_ranks(n), me, x.in, counts, displ, part, static_cast<char*>(tmp),
+                                               kScatterReduce, n));
   if (me == root) {
     for (int r = 0; r < n; ++r)
       if (r != me && counts[r]) STRATA_RETURN_IF_ERROR(x.recv(r, kRoot, x.out + displ[r] * e, counts[r] * e));
@@ -671,7 +673,8 @@ Result<std::shared_ptr<WorkState>> post_send_net(CommImpl& c, const Op& op) {
     }
     Status st = cc.net->wait(xs, cc.policy(d), "send");
     if (!st.is_ok()) {
-      Status full(st.code(), st.message() + " on rank " + std::to_string(cc.rank) + " sending to rank " + std::to_string(peer),
+      Status full(st.code(),
+                  st.message() + " on rank " + std::to_string(cc.rank) + " sending to rank " + std::to_string(peer),
                   peer);
       if (st.code() != Code::Timeout) cc.set_broken(full);
       return full;
@@ -687,7 +690,8 @@ Status recv_net(CommImpl& c, const Op& op) {
   const uint32_t s = ++c.recv_seq[peer];
   auto d = Deadline::after(op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout);
   auto fail = [&](Status st) {
-    Status full(st.code(), st.message() + " on rank " + std::to_string(c.rank) + " receiving from rank " + std::to_string(peer),
+    Status full(st.code(),
+                st.message() + " on rank " + std::to_string(c.rank) + " receiving from rank " + std::to_string(peer),
                 peer);
     if (st.code() != Code::Timeout && st.code() != Code::InvalidArgument) c.set_broken(full);
     return full;
@@ -698,14 +702,13 @@ Status recv_net(CommImpl& c, const Op& op) {
   if (!st.is_ok()) return fail(st);
   const size_t want = op.count * dtype_size(op.dtype);
   const bool match = h.tag == op.tag && h.dtype == static_cast<uint32_t>(op.dtype) && h.count == op.count;
-  const size_t got = h.dtype <= static_cast<uint32_t>(DataType::Float64)
-                         ? h.count * dtype_size(static_cast<DataType>(h.dtype))
-                         : 0;
+  const size_t got =
+      h.dtype <= static_cast<uint32_t>(DataType::Float64) ? h.count * dtype_size(static_cast<DataType>(h.dtype)) : 0;
   // On a mismatch the data is still taken (into a discard buffer), so the sender completes
   // and both sides stay in step for the next message.
   std::vector<char> discard(match ? 0 : got);
-  STRATA_ASSIGN_OR_RETURN(auto dx, c.net->recv(g, make_tag(c, kP2pData, s, peer), match ? op.out : discard.data(),
-                                               match ? want : got));
+  STRATA_ASSIGN_OR_RETURN(
+      auto dx, c.net->recv(g, make_tag(c, kP2pData, s, peer), match ? op.out : discard.data(), match ? want : got));
   st = c.net->wait({dx}, c.policy(d), "recv");
   if (!st.is_ok()) return fail(st);
   if (!match) {

@@ -27,14 +27,14 @@ namespace strata::transport {
 /// through Net::wait. Never destroyed by the transport while in flight: an abandoned
 /// (timed out, aborted) transfer is cancelled and its storage kept until UCX lets go.
 struct Transfer {
-  int peer = -1;            // global rank
+  int peer = -1;  // global rank
   bool is_recv = false;
-  size_t bytes = 0;         // posted size
+  size_t bytes = 0;  // posted size
   std::atomic<bool> done{false};
-  Status status;            // valid once done
-  size_t received = 0;      // receives: bytes that arrived
-  void* handle = nullptr;   // transport-private (UCX request) while in flight
-  int stage = 0;            // transport-private (multi-step transfers such as put + notify)
+  Status status;                   // valid once done
+  size_t received = 0;             // receives: bytes that arrived
+  void* handle = nullptr;          // transport-private (UCX request) while in flight
+  int stage = 0;                   // transport-private (multi-step transfers such as put + notify)
   std::shared_ptr<Transfer> self;  // keeps the object alive while the transport holds it
 };
 using TransferPtr = std::shared_ptr<Transfer>;

@@ -60,7 +60,8 @@ Status from_ucs(ucs_status_t st, int peer, const char* what) {
     case UCS_ERR_IO_ERROR:
       return ::strata::peer_failed(m + " (world rank " + std::to_string(peer) + " died or its link broke)", peer);
     case UCS_ERR_MESSAGE_TRUNCATED:
-      return Status(Code::InvalidArgument, m + " (world rank " + std::to_string(peer) + " sent more than was expected)", peer);
+      return Status(Code::InvalidArgument, m + " (world rank " + std::to_string(peer) + " sent more than was expected)",
+                    peer);
     case UCS_ERR_CANCELED: return aborted(m);
     default: return internal_error(m + " (peer: world rank " + std::to_string(peer) + ")");
   }
@@ -127,7 +128,7 @@ class Ucx final : public Net {
   std::string key(const std::string& what, int r) const {
     return "strata/" + job_ + "/ucx/" + what + "/" + std::to_string(r);
   }
-  Result<ucp_ep_h> endpoint(int peer);  // under mu_
+  Result<ucp_ep_h> endpoint(int peer);                   // under mu_
   Result<RemoteSeg> remote_seg(int peer, uint32_t seg);  // under mu_
   void map_segment(uint32_t id, void* base, size_t size);
   void progress_locked() {
@@ -184,7 +185,8 @@ Status Ucx::start(const std::string& tls, const std::string& devices, const std:
   }
   if (!devices.empty() && (st = ucp_config_modify(cfg, "NET_DEVICES", devices.c_str())) != UCS_OK) {
     ucp_config_release(cfg);
-    return invalid_argument("STRATA_UCX_NET_DEVICES='" + devices + "' is not accepted by UCX: " + ucs_status_string(st));
+    return invalid_argument("STRATA_UCX_NET_DEVICES='" + devices +
+                            "' is not accepted by UCX: " + ucs_status_string(st));
   }
   ucp_params_t p{};
   p.field_mask = UCP_PARAM_FIELD_FEATURES;
@@ -230,7 +232,8 @@ void Ucx::map_segment(uint32_t id, void* base, size_t size) {
   size_t rklen = 0;
   if ((st = ucp_rkey_pack(ctx_, memh, &rk, &rklen)) != UCS_OK) {
     ucp_mem_unmap(ctx_, memh);
-    STRATA_LOG(Warn, "ucx: rank " << rank_ << " cannot pack the rkey of segment " << id << ": " << ucs_status_string(st));
+    STRATA_LOG(Warn,
+               "ucx: rank " << rank_ << " cannot pack the rkey of segment " << id << ": " << ucs_status_string(st));
     return;
   }
   memh_[id] = memh;
@@ -274,7 +277,8 @@ Ucx::~Ucx() {
 Result<ucp_ep_h> Ucx::endpoint(int peer) {
   PeerState& p = *peers_[peer];
   if (p.failed.load(std::memory_order_acquire))
-    return ::strata::peer_failed("world rank " + std::to_string(peer) + " is unreachable: " + ucs_status_string(p.error), peer);
+    return ::strata::peer_failed(
+        "world rank " + std::to_string(peer) + " is unreachable: " + ucs_status_string(p.error), peer);
   if (p.ep) return p.ep;
   // The address was published at the peer's init; it is in the store by the time any
   // operation with that peer runs, so this waits only if the peer is still starting.
@@ -282,7 +286,8 @@ Result<ucp_ep_h> Ucx::endpoint(int peer) {
   if (!a.is_ok()) return a.status().with_context("ucx: worker address of rank " + std::to_string(peer) + ": ");
   std::string addr = unhex(a.value());
   ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.field_mask =
+      UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
   ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   ep.err_handler.cb = &Ucx::on_ep_error;
@@ -301,7 +306,8 @@ Result<RemoteSeg> Ucx::remote_seg(int peer, uint32_t seg) {
   STRATA_ASSIGN_OR_RETURN(ucp_ep_h ep, endpoint(peer));
   auto v = store_->get(key("rkey", peer) + "/" + std::to_string(seg), timeout_);
   if (!v.is_ok())
-    return v.status().with_context("ucx: rkey of segment " + std::to_string(seg) + " of rank " + std::to_string(peer) + ": ");
+    return v.status().with_context("ucx: rkey of segment " + std::to_string(seg) + " of rank " + std::to_string(peer) +
+                                   ": ");
   std::string raw = unhex(v.value());
   RemoteSeg rs;
   std::memcpy(&rs.base, raw.data(), sizeof rs.base);
@@ -456,8 +462,8 @@ Status Ucx::wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, c
         if (!x.status.is_ok()) fail = x.status;
       } else if (peer_failed(x.peer)) {
         fail = ::strata::peer_failed(std::string(what) + ": world rank " + std::to_string(x.peer) + " failed (" +
-                               ucs_status_string(peers_[x.peer]->error) + ")",
-                           x.peer);
+                                         ucs_status_string(peers_[x.peer]->error) + ")",
+                                     x.peer);
       }
     }
     if (!fail.is_ok()) break;
@@ -467,8 +473,9 @@ Status Ucx::wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, c
       break;
     }
     if (policy.deadline.expired()) {
-      fail = timeout_error(std::string(what) + ": timed out waiting for world rank " + std::to_string(xs[first_open]->peer),
-                           xs[first_open]->peer);
+      fail = timeout_error(
+          std::string(what) + ": timed out waiting for world rank " + std::to_string(xs[first_open]->peer),
+          xs[first_open]->peer);
       break;
     }
     if (now >= next_check) {
@@ -504,7 +511,8 @@ Status Ucx::wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, c
 }  // namespace
 
 std::string ucx_summary(const std::string& tls, const std::string& net_devices, const std::string& datapath) {
-  const bool put = datapath == "put" || (datapath == "auto" && have_rdma_devices() && tls.find("tcp") == std::string::npos);
+  const bool put =
+      datapath == "put" || (datapath == "auto" && have_rdma_devices() && tls.find("tcp") == std::string::npos);
   std::string s = std::string("UCX ") + ucp_get_version_string() + ", data path " + (put ? "put" : "tag") + " (" +
                   (datapath == "auto" ? std::string(have_rdma_devices() ? "RDMA devices found" : "no RDMA devices") +
                                             ", STRATA_UCX_DATAPATH=auto"

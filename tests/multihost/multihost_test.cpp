@@ -47,8 +47,7 @@ std::string read_all(int fd) {
 /// the others have exited.
 std::vector<RankOutcome> run_job(const std::vector<std::string>& hosts, const std::vector<std::string>& args,
                                  const std::string& timeout, std::chrono::seconds wall,
-                                 const std::vector<std::pair<std::string, std::string>>& env = {},
-                                 int stopped = -1) {
+                                 const std::vector<std::pair<std::string, std::string>>& env = {}, int stopped = -1) {
   const std::string token = "mh-token";
   auto server = bootstrap::StoreServer::start("127.0.0.1", 0, token);
   if (!server.is_ok()) throw std::runtime_error("store: " + server.status().to_string());
