@@ -302,6 +302,12 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
   for (int r = 0; r < n; ++r) members[r] = r;
   if (!spans) return make_comm(ctx, "world", std::move(members), me, ctrl, refs, d);
 
+  if (Status s = ensure_net(*ctx); !s.is_ok()) {
+    int other = 0;
+    while (ctx->hosts[other] == ctx->job.host_id) ++other;
+    return s.with_context("rank " + std::to_string(other) + " is on host '" + ctx->hosts[other] + "' and rank " +
+                          std::to_string(me) + " on '" + ctx->job.host_id + "': ");
+  }
   // Across hosts: the world-sized block is not needed; the ranks of this host meet through a
   // block sized for them, announced under a second key.
   (void)ctx->heap->free(ctrl);
