@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <poll.h>
+#include <sched.h>
 #include <ucp/api/ucp.h>
 
 #include <chrono>
@@ -441,7 +442,9 @@ bool Ucx::test(const Transfer& x) {
 Status Ucx::wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, const char* what) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  const auto spin_until = t0 + std::chrono::microseconds(policy.spin_us + policy.yield_us);
+  // The shm waits' policy: spin, then yield the core (oversubscribed hosts), then sleep.
+  const auto spin_until = t0 + std::chrono::microseconds(policy.spin_us);
+  const auto yield_until = spin_until + std::chrono::microseconds(policy.yield_us);
   auto next_check = t0 + std::chrono::milliseconds(1);
   size_t first_open = 0;
   Status fail;
@@ -487,6 +490,10 @@ Status Ucx::wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, c
     }
     if (now < spin_until) {
       for (int i = 0; i < 16; ++i) STRATA_UCX_RELAX();
+      continue;
+    }
+    if (now < yield_until) {
+      sched_yield();
       continue;
     }
     // Sleep on the worker's event fd; 1 ms bounds the abort/deadline/liveness latency.
