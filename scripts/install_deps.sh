@@ -33,8 +33,8 @@ PACKAGES=(
   python3-pytest
   python3-torch
   libtorch-dev
-  # Later, as the layers arrive (uncomment):
-  # libucx-dev                      # transport/ucx
+  # transport/ucx: ranks on other hosts (UCX 1.13 in Debian 12); the build skips it when absent
+  libucx-dev
   # (Open MPI, matplotlib for `make bench`: scripts/install_bench_deps.sh)
 )
 # shellcheck disable=SC2206

@@ -18,6 +18,7 @@
 #include "cli/commands.hpp"
 #include "common/env.hpp"
 #include "memory/heap.hpp"
+#include "transport/net.hpp"
 
 namespace strata::cli {
 namespace {
@@ -192,7 +193,7 @@ int info_main(int argc, char** argv) {
   std::printf("transports\n");
   row("  shm", probe_shm());
   row("  CMA", probe_cma(env));
-  row("  UCX", "no (not built with UCX)");
+  row("  UCX", transport::ucx_summary(env.ucx_tls, env.ucx_net_devices, env.ucx_datapath));
   std::printf("heap\n");
   row("  segment size", format_bytes(env.heap_segment_size) + " (STRATA_HEAP_SEGMENT_SIZE)");
   row("  max size", format_bytes(env.heap_max_size) + " (STRATA_HEAP_MAX_SIZE)");

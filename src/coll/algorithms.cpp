@@ -206,14 +206,8 @@ struct Exec {
   Status sync(const char* what) { return c.sync(deadline, what); }
 };
 
-/// Balanced, cache-line aligned slice `i` of `count` elements over `n` parts.
 std::pair<size_t, size_t> slice(size_t count, int n, int i, size_t esz) {
-  size_t per_line = std::max<size_t>(1, 64 / esz);
-  size_t chunk = (count + n - 1) / n;
-  chunk = (chunk + per_line - 1) / per_line * per_line;
-  size_t lo = std::min(count, chunk * i);
-  size_t hi = std::min(count, lo + chunk);
-  return {lo, hi};
+  return coll::balanced_slice(count, n, i, esz);
 }
 
 int divisor(const Exec& x) { return x.c.size; }
@@ -521,6 +515,7 @@ Status validate(const CommImpl& c, const Op& op) {
 
 Status run_collective(CommImpl& c, Op& op) {
   STRATA_RETURN_IF_ERROR(c.broken());
+  if (c.net) return run_collective_net(c, op);
   auto timeout = op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout;
   Exec x{c, op, Deadline::after(timeout)};
   x.esz = dtype_size(op.dtype);

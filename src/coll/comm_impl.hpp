@@ -23,6 +23,7 @@
 #include "common/env.hpp"
 #include "common/status.hpp"
 #include "memory/heap.hpp"
+#include "transport/net.hpp"
 #include "transport/shm_sync.hpp"
 
 namespace strata::detail {
@@ -67,6 +68,10 @@ struct ContextImpl {
   void revoke_all(const Status& why);
   /// Key under the job's store namespace ("strata/<job>/<suffix>").
   std::string key(const std::string& suffix) const { return "strata/" + job.job_id + "/" + suffix; }
+  std::vector<std::string> hosts;  // global rank -> host id (filled by make_world)
+  // Between hosts; created when the job spans hosts. Declared after heap: it unmaps the
+  // heap's segments and removes its listener before the heap goes.
+  std::unique_ptr<transport::Net> net;
   ~ContextImpl();
 };
 
@@ -147,7 +152,10 @@ struct WorkState {
   }
 };
 
-/// A communicator's state. Members are global ranks; all of them on this host.
+/// A communicator's state. Members are global ranks. Either all of them are on this host
+/// (control blocks in the shared heap, `net` null), or they span hosts: then `net` moves data
+/// between ranks, `local` is the shm communicator of the members on this host, and the
+/// control-block fields (self, peers, phase) are unused.
 struct CommImpl : std::enable_shared_from_this<CommImpl> {
   std::shared_ptr<ContextImpl> ctx;
   std::string id;
@@ -184,6 +192,14 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
     size_t bytes = 0;
   };
   Scratch scratch[3];
+
+  // Spanning hosts.
+  transport::Net* net = nullptr;         // owned by ctx
+  std::shared_ptr<CommImpl> local;       // members on this host, ordered by comm rank
+  std::vector<int> host_of;              // comm rank -> host index (hosts ordered by first comm rank)
+  std::vector<int> local_of;             // comm rank -> index among its host's members
+  std::vector<std::vector<int>> host_members;  // host index -> comm ranks
+  uint64_t tag_base = 0;                 // communicator id hash, top 16 bits of every tag
 
   // Copy engine.
   std::mutex exec_mu;
@@ -248,8 +264,21 @@ Result<std::shared_ptr<CommImpl>> make_comm(const std::shared_ptr<ContextImpl>& 
                                             std::vector<int> members, int rank, void* ctrl_mem,
                                             const std::vector<memory::SegRef>& ctrl_refs, Deadline d);
 
+/// Creates a communicator over `members` that span hosts. `local_ctrl` is this rank's control
+/// block for the communicator of its host's members, `local_refs` those of every member on
+/// this host in comm-rank order.
+Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id,
+                                                std::vector<int> members, int rank, void* local_ctrl,
+                                                const std::vector<memory::SegRef>& local_refs, Deadline d);
+
 /// Runs one collective (blocking, on the calling thread). Validation already done.
 Status run_collective(CommImpl& c, coll::Op& op);
+/// The same for a communicator that spans hosts (multihost.cpp).
+Status run_collective_net(CommImpl& c, coll::Op& op);
+/// Point-to-point on a communicator that spans hosts: the send is posted now and completes
+/// through the returned work's poll; the receive lands straight in the caller's buffer.
+Result<std::shared_ptr<WorkState>> post_send_net(CommImpl& c, const coll::Op& op);
+Status recv_net(CommImpl& c, const coll::Op& op);
 /// Validates a collective's arguments for this rank; InvalidArgument names what is wrong.
 Status validate(const CommImpl& c, const coll::Op& op);
 

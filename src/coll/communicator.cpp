@@ -329,8 +329,14 @@ detail::CommImpl& need_impl(const std::shared_ptr<detail::CommImpl>& p) {
 
 int Communicator::rank() const { return need_impl(impl_).rank; }
 int Communicator::size() const { return need_impl(impl_).size; }
-int Communicator::local_rank() const { return need_impl(impl_).rank; }
-int Communicator::local_size() const { return need_impl(impl_).size; }
+int Communicator::local_rank() const {
+  auto& c = need_impl(impl_);
+  return c.local ? c.local->rank : c.rank;
+}
+int Communicator::local_size() const {
+  auto& c = need_impl(impl_);
+  return c.local ? c.local->size : c.size;
+}
 int Communicator::global_rank(int r) const {
   auto& c = need_impl(impl_);
   if (r < 0 || r >= c.size) throw Error(Code::InvalidArgument, "global_rank: rank " + std::to_string(r) + " out of range");
@@ -380,11 +386,11 @@ void run_blocking(const std::shared_ptr<detail::CommImpl>& impl, Op op) {
   if (op.kind == OpKind::Send || op.kind == OpKind::Recv) {
     throw_if_error(detail::check_p2p(c, op, coll::to_string(op.kind)), c.rank);
     if (op.kind == OpKind::Send) {
-      auto w = value_or_throw(detail::post_send(c, op), c.rank);
+      auto w = value_or_throw(c.net ? detail::post_send_net(c, op) : detail::post_send(c, op), c.rank);
       Work(w).wait();
       return;
     }
-    throw_if_error(detail::execute(c, [&] { return detail::do_recv(c, op); }), c.rank);
+    throw_if_error(detail::execute(c, [&] { return c.net ? detail::recv_net(c, op) : detail::do_recv(c, op); }), c.rank);
     return;
   }
   throw_if_error(detail::validate(c, op), c.rank);
@@ -397,12 +403,14 @@ Work run_async(const std::shared_ptr<detail::CommImpl>& impl, Op op) {
   if (op.kind == OpKind::Send) {
     throw_if_error(detail::check_p2p(c, op, "send"), c.rank);
     // Posting happens now, so a later receive (ours or the peer's) can never wait behind it.
-    return Work(value_or_throw(detail::post_send(c, op), c.rank));
+    return Work(value_or_throw(c.net ? detail::post_send_net(c, op) : detail::post_send(c, op), c.rank));
   }
   if (op.kind == OpKind::Recv) {
     throw_if_error(detail::check_p2p(c, op, "recv"), c.rank);
     auto keep = impl;
-    return Work(detail::submit(c, [keep, op]() mutable { return detail::do_recv(*keep, op); }));
+    return Work(detail::submit(c, [keep, op]() mutable {
+      return keep->net ? detail::recv_net(*keep, op) : detail::do_recv(*keep, op);
+    }));
   }
   throw_if_error(detail::validate(c, op), c.rank);
   auto keep = impl;
@@ -562,10 +570,26 @@ Communicator Communicator::split(int color, int key) const {
     if (order[i] == c.rank) new_rank = static_cast<int>(i);
   const int n = static_cast<int>(order.size());
 
+  // A group whose members are all on one host meets through the shared heap; one that spans
+  // hosts gets a control block for the part of it on this host. Every rank of the parent
+  // takes part in the one exchange of block references below.
+  const auto& ctx = *c.ctx;
+  auto host_of = [&](int parent_rank) -> const std::string& { return ctx.hosts[c.members[parent_rank]]; };
+  bool spans = false;
+  std::vector<int> local_order;  // parent ranks of our group on this host, in new-rank order
+  for (int r : order) {
+    if (host_of(r) != host_of(order[0])) spans = true;
+    if (host_of(r) == ctx.job.host_id) local_order.push_back(r);
+  }
+  int local_rank = -1;
+  for (size_t i = 0; i < local_order.size(); ++i)
+    if (local_order[i] == c.rank) local_rank = static_cast<int>(i);
+
   void* ctrl = nullptr;
   memory::SegRef ref{};
   if (color >= 0) {
-    ctrl = value_or_throw(detail::new_ctrl_block(*c.ctx, new_rank, n), c.rank);
+    ctrl = spans ? value_or_throw(detail::new_ctrl_block(*c.ctx, local_rank, static_cast<int>(local_order.size())), c.rank)
+                 : value_or_throw(detail::new_ctrl_block(*c.ctx, new_rank, n), c.rank);
     ref = *c.ctx->heap->locate(ctrl, 1);
   }
   auto refs_all = gather_records(impl_, ref);
@@ -573,13 +597,18 @@ Communicator Communicator::split(int color, int key) const {
   if (color < 0) return Communicator();
 
   std::vector<int> members(n);
-  std::vector<memory::SegRef> refs(n);
-  for (int i = 0; i < n; ++i) {
-    members[i] = c.members[order[i]];
-    refs[i] = refs_all[order[i]];
+  for (int i = 0; i < n; ++i) members[i] = c.members[order[i]];
+  std::string id = c.id + "/" + std::to_string(split_no) + ":" + std::to_string(color);
+  const Deadline d = Deadline::after(c.timeout);
+  if (spans) {
+    std::vector<memory::SegRef> lrefs(local_order.size());
+    for (size_t i = 0; i < local_order.size(); ++i) lrefs[i] = refs_all[local_order[i]];
+    return Communicator(value_or_throw(detail::make_net_comm(c.ctx, std::move(id), std::move(members), new_rank, ctrl, lrefs, d),
+                                       c.rank));
   }
-  auto res = detail::make_comm(c.ctx, c.id + "/" + std::to_string(split_no) + ":" + std::to_string(color),
-                               std::move(members), new_rank, ctrl, refs, Deadline::after(c.timeout));
+  std::vector<memory::SegRef> refs(n);
+  for (int i = 0; i < n; ++i) refs[i] = refs_all[order[i]];
+  auto res = detail::make_comm(c.ctx, std::move(id), std::move(members), new_rank, ctrl, refs, d);
   return Communicator(value_or_throw(std::move(res), c.rank));
 }
 
@@ -615,6 +644,10 @@ void Communicator::abort() {
   auto& c = need_impl(impl_);
   c.abort_flag.store(true);
   c.set_broken(aborted("abort() was called on rank " + std::to_string(c.rank)));
+  if (c.local) {
+    c.local->abort_flag.store(true);
+    c.local->set_broken(aborted("abort() was called on rank " + std::to_string(c.rank)));
+  }
 }
 
 void Communicator::destroy() {

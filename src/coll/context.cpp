@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -259,6 +260,86 @@ Result<WorldRecord> parse_world_record(const std::string& v) {
   return w;
 }
 
+namespace {
+
+uint64_t fnv1a16(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return (h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) & 0xffff;
+}
+
+Status ensure_net(ContextImpl& ctx) {
+  std::lock_guard<std::mutex> g(ctx.mu);
+  if (ctx.net) return Status::ok();
+#if STRATA_HAVE_UCX
+  STRATA_ASSIGN_OR_RETURN(ctx.net, transport::make_ucx_net(ctx.job.job_id, ctx.job.rank, ctx.job.world_size, ctx.store,
+                                                           *ctx.heap, ctx.timeout, ctx.env.ucx_tls,
+                                                           ctx.env.ucx_net_devices, ctx.env.ucx_datapath));
+  return Status::ok();
+#else
+  return unavailable("ranks on different hosts need the UCX transport, which this build does not have "
+                     "(install libucx-dev and rebuild with -DSTRATA_WITH_UCX=ON)");
+#endif
+}
+
+}  // namespace
+
+Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id,
+                                                std::vector<int> members, int rank, void* local_ctrl,
+                                                const std::vector<memory::SegRef>& local_refs, Deadline d) {
+  STRATA_RETURN_IF_ERROR(ensure_net(*ctx));
+  auto c = std::make_shared<CommImpl>();
+  c->ctx = ctx;
+  c->id = std::move(id);
+  c->members = std::move(members);
+  c->rank = rank;
+  c->size = static_cast<int>(c->members.size());
+  c->timeout = ctx->timeout;
+  c->net = ctx->net.get();
+  c->tag_base = fnv1a16(c->id);
+  {
+    // Revocable like every communicator (a failure notice reaches it too).
+    std::lock_guard<std::mutex> g(ctx->mu);
+    ctx->comms.push_back(c);
+  }
+  c->pids.assign(c->size, 0);
+  c->pidfds.assign(c->size, -1);
+  c->send_seq.assign(c->size, 0);
+  c->recv_seq.assign(c->size, 0);
+  c->host_of.assign(c->size, -1);
+  c->local_of.assign(c->size, -1);
+  std::vector<std::string> names;
+  for (int r = 0; r < c->size; ++r) {
+    const std::string& h = ctx->hosts[c->members[r]];
+    int idx = -1;
+    for (size_t i = 0; i < names.size(); ++i)
+      if (names[i] == h) idx = static_cast<int>(i);
+    if (idx < 0) {
+      idx = static_cast<int>(names.size());
+      names.push_back(h);
+      c->host_members.emplace_back();
+    }
+    c->host_of[r] = idx;
+    c->local_of[r] = static_cast<int>(c->host_members[idx].size());
+    c->host_members[idx].push_back(r);
+  }
+  const auto& mine = c->host_members[c->host_of[rank]];
+  std::vector<int> local_globals;
+  for (int r : mine) local_globals.push_back(c->members[r]);
+  auto local = make_comm(ctx, c->id + "/host", std::move(local_globals), c->local_of[rank], local_ctrl, local_refs, d);
+  if (!local.is_ok()) return local.status().with_context("intra-host part of communicator '" + c->id + "': ");
+  c->local = std::move(local).value();
+  cpu_set_t set;
+  int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  c->oversubscribed = c->local->size > cpus;
+  // Liveness of the members on this host by pidfd; those on other hosts by their endpoints.
+  for (size_t i = 0; i < mine.size(); ++i) {
+    c->pids[mine[i]] = c->local->pids[i];
+    if (mine[i] != rank && c->local->pids[i] > 0) c->pidfds[mine[i]] = open_pidfd(c->local->pids[i]);
+  }
+  return c;
+}
+
 Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>& ctx) {
   const int n = ctx->job.world_size, me = ctx->job.rank;
   Deadline d = Deadline::after(ctx->timeout);
@@ -278,6 +359,8 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
   }
   std::vector<memory::SegRef> refs(n);
   refs[me] = *ref;
+  ctx->hosts.assign(n, ctx->job.host_id);
+  bool spans = false;
   if (n > 1) {
     STRATA_RETURN_IF_ERROR(ctx->store->set(world_key(*ctx, me), world_record(*ctx, *ref)));
     for (int r = 0; r < n; ++r) {
@@ -287,13 +370,39 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
         return v.status().with_context("waiting for rank " + std::to_string(r) + " to join the job: ");
       STRATA_ASSIGN_OR_RETURN(WorldRecord w, parse_world_record(v.value()));
       refs[r] = w.ctrl;
-      if (w.host != ctx->job.host_id)
-        return unavailable("rank " + std::to_string(r) + " is on host '" + w.host + "' and rank " + std::to_string(me) +
-                           " on '" + ctx->job.host_id +
-                           "': ranks on different hosts need the UCX transport, which this build does not have");
+      ctx->hosts[r] = w.host;
+      if (w.host != ctx->job.host_id) spans = true;
     }
   }
-  return make_comm(ctx, "world", std::move(members), me, ctrl, refs, d);
+  if (!spans) return make_comm(ctx, "world", std::move(members), me, ctrl, refs, d);
+  if (Status s = ensure_net(*ctx); !s.is_ok()) {
+    int other = 0;
+    while (ctx->hosts[other] == ctx->job.host_id) ++other;
+    return s.with_context("rank " + std::to_string(other) + " is on host '" + ctx->hosts[other] + "' and rank " +
+                          std::to_string(me) + " on '" + ctx->job.host_id + "': ");
+  }
+  // Across hosts: the world-sized block is not needed; the ranks of this host meet through a
+  // block sized for them, announced under a second key.
+  (void)ctx->heap->free(ctrl);
+  std::vector<int> local;
+  for (int r = 0; r < n; ++r)
+    if (ctx->hosts[r] == ctx->job.host_id) local.push_back(r);
+  const int li = static_cast<int>(std::find(local.begin(), local.end(), me) - local.begin());
+  STRATA_ASSIGN_OR_RETURN(void* lctrl, new_ctrl_block(*ctx, li, static_cast<int>(local.size())));
+  auto lref = ctx->heap->locate(lctrl, 1);
+  std::vector<memory::SegRef> lrefs(local.size());
+  lrefs[li] = *lref;
+  STRATA_RETURN_IF_ERROR(
+      ctx->store->set(world_key(*ctx, me) + "/host", std::to_string(lref->seg) + " " + std::to_string(lref->offset)));
+  for (size_t i = 0; i < local.size(); ++i) {
+    if (static_cast<int>(i) == li) continue;
+    auto v = ctx->store->get(world_key(*ctx, local[i]) + "/host", ctx->timeout);
+    if (!v.is_ok())
+      return v.status().with_context("waiting for rank " + std::to_string(local[i]) + " (same host) to join: ");
+    std::istringstream is(v.value());
+    is >> lrefs[i].seg >> lrefs[i].offset;
+  }
+  return make_net_comm(ctx, "world", std::move(members), me, lctrl, lrefs, d);
 }
 
 }  // namespace strata::detail

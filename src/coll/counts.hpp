@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 namespace strata::coll {
@@ -21,6 +22,17 @@ inline size_t max_end(const std::vector<size_t>& counts, const std::vector<size_
   for (size_t i = 0; i < counts.size(); ++i)
     if (counts[i]) m = std::max(m, displs[i] + counts[i]);
   return m;
+}
+
+/// Balanced, cache-line aligned slice `i` of `count` elements of `esz` bytes over `n` parts:
+/// [first, second). Later slices may be shorter or empty.
+inline std::pair<size_t, size_t> balanced_slice(size_t count, int n, int i, size_t esz) {
+  size_t per_line = std::max<size_t>(1, 64 / esz);
+  size_t chunk = (count + n - 1) / n;
+  chunk = (chunk + per_line - 1) / per_line * per_line;
+  size_t lo = std::min(count, chunk * i);
+  size_t hi = std::min(count, lo + chunk);
+  return {lo, hi};
 }
 
 }  // namespace strata::coll

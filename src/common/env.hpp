@@ -44,6 +44,11 @@ struct Env {
   std::chrono::milliseconds heartbeat_interval{100};  // STRATA_HEARTBEAT_INTERVAL: how often a rank beats
   std::chrono::milliseconds heartbeat_timeout{1000};  // STRATA_HEARTBEAT_TIMEOUT: silence that counts as a hang
 
+  // Between hosts (UCX). Empty strings leave UCX's own UCX_* settings in force.
+  std::string ucx_tls;                                // STRATA_UCX_TLS: transports, e.g. "tcp,self" (sets UCX TLS)
+  std::string ucx_net_devices;                        // STRATA_UCX_NET_DEVICES: e.g. "eth0" (sets UCX NET_DEVICES)
+  std::string ucx_datapath = "auto";                  // STRATA_UCX_DATAPATH: auto|tag|put (auto: put only on native RMA)
+
   /// Reads the process environment.
   static Env from_process();
   /// Reads from a lookup function (tests use this to avoid touching the real environment).

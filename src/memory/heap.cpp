@@ -117,6 +117,7 @@ struct Heap::Impl {
   // hint can be read without the lock.
   mutable std::atomic<const OwnSeg*> locate_hint{nullptr};
   uint32_t next_id = 1;
+  Heap::SegmentListener listener;  // under seg_mu
   size_t reserved = 0;  // includes segments being created, so that the limit holds
   size_t segment_count = 0;
   bool try_huge = false;
@@ -206,6 +207,7 @@ Result<OwnSeg*> Heap::Impl::create_own_segment(size_t size, SegKind kind, size_t
   ++segment_count;
   published_bytes.fetch_add(s->seg.size, std::memory_order_relaxed);
   own[spec.id].store(s, std::memory_order_release);
+  if (listener) listener(spec.id, s->seg.base, s->seg.size);
   {
     Registry& reg = registry();
     std::unique_lock rl(reg.mu);
@@ -381,6 +383,15 @@ Result<std::unique_ptr<Heap>> Heap::create(const HeapOptions& opts, const std::s
   if (!server.is_ok()) return server.status().with_context("heap on rank " + std::to_string(rank) + ": ");
   im->server = std::move(server).value();
   return heap;
+}
+
+void Heap::set_segment_listener(SegmentListener l) {
+  Impl& im = *impl_;
+  std::unique_lock lk(im.seg_mu);
+  im.listener = std::move(l);
+  if (!im.listener) return;
+  for (uint32_t id = 0; id < kMaxSegments; ++id)
+    if (const OwnSeg* s = im.own[id].load(std::memory_order_acquire)) im.listener(id, s->seg.base, s->seg.size);
 }
 
 Heap::~Heap() {

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -98,6 +99,12 @@ class Heap {
 
   /// Unmaps everything of `peer` (used when a failed peer is replaced).
   void drop_peer(int peer);
+
+  /// Told about every own segment: the existing ones at once, later ones as they are created
+  /// (registration on allocation, e.g. ucp_mem_map). Runs under the heap's segment lock, so
+  /// it must not call back into the heap. An empty function removes the listener.
+  using SegmentListener = std::function<void(uint32_t id, void* base, size_t size)>;
+  void set_segment_listener(SegmentListener listener);
 
   /// Sum of own segment sizes.
   size_t reserved_bytes() const;

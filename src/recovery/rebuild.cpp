@@ -47,6 +47,9 @@ Status rebuild_world(CommImpl& c, bool fresh) {
   if (!ctx.monitor)
     return unavailable("recover() on rank " + std::to_string(c.rank) +
                        ": this job does not run under a recovery controller (start it with `strata run --ft`)");
+  if (c.net != nullptr)
+    return unavailable("recover() on rank " + std::to_string(c.rank) +
+                       ": the communicator spans hosts; recovery is implemented within one host so far");
   if (c.id != "world")
     return invalid_argument("recover() on rank " + std::to_string(c.rank) + ": communicator '" + c.id +
                             "' is a sub-communicator; recover the world communicator, then split again");

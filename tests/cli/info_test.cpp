@@ -7,7 +7,8 @@ namespace {
 
 TEST(CliInfoTest, PrintsHostIdentityTransportsAndHeapSettings) {
   STRATA_REQUIRE_BIN();
-  auto r = run_cli({"info"}, {"STRATA_HOST_ID=cli-test-host", "STRATA_HEAP_SEGMENT_SIZE=256M", "STRATA_TIMEOUT=90s"});
+  auto r = run_cli({"info"}, {"STRATA_HOST_ID=cli-test-host", "STRATA_HEAP_SEGMENT_SIZE=256M", "STRATA_TIMEOUT=90s",
+                              "STRATA_UCX_TLS=tcp,self"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   bool host = false, cma = false, shm = false, ucx = false;
   for (const auto& line : lines_of(r.out)) {
@@ -15,7 +16,10 @@ TEST(CliInfoTest, PrintsHostIdentityTransportsAndHeapSettings) {
     if (line.starts_with("  CMA") && (contains(line, "yes") || contains(line, "no (") || contains(line, "off")))
       cma = true;
     if (line.starts_with("  shm") && contains(line, "yes")) shm = true;
-    if (line.starts_with("  UCX") && contains(line, "not built with UCX")) ucx = true;
+    // A UCX build names its version and the settings; a build without says so.
+    if (line.starts_with("  UCX") &&
+        ((contains(line, "UCX 1.") && contains(line, "tcp,self (STRATA_UCX_TLS)")) || contains(line, "not built with UCX")))
+      ucx = true;
   }
   EXPECT_TRUE(host) << r.out;
   EXPECT_TRUE(cma) << r.out;

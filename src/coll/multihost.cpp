@@ -1,0 +1,727 @@
+// Collectives and point-to-point on communicators that span hosts.
+//
+// Every operation starts with a descriptor exchange between all members (one small tag
+// message per pair): it is the cross-host mismatch check, and every rank reaches the same
+// verdict because every rank sees every descriptor. Then:
+//  - all_reduce with the same number of ranks on every host is hierarchical: intra-host
+//    reduce-scatter through the shared heap, an all-reduce of each rank's slice along its
+//    rail (the ranks of equal local index on the other hosts) over the network, then an
+//    intra-host all-gather. Each element crosses the network 2(H-1)/H times per rank of a
+//    rail, not 2(n-1)/n times per rank.
+//  - everything else, and all_reduce with uneven hosts, runs a direct pattern over the
+//    network between all members: each transfer goes from the sender's buffer straight into
+//    the receiver's (tag messages; puts into the receiver's registered heap where the
+//    fabric does RMA natively). Temporaries only where data must be combined before it
+//    lands (reductions) or where it would overwrite what peers still read (in place).
+
+#include <cstring>
+#include <numeric>
+
+#include "coll/comm_impl.hpp"
+#include "coll/counts.hpp"
+#include "common/reduce.hpp"
+
+namespace strata::detail {
+
+using coll::Op;
+using coll::OpDesc;
+using coll::OpKind;
+
+namespace {
+
+// Tag layout: [63:48] communicator hash, [47:40] channel, [39:16] sequence, [15:0] source.
+enum Channel : uint64_t {
+  kDesc = 0,
+  kScatterReduce = 1,  // reduce-scatter phase of the direct patterns
+  kGatherOut = 2,      // all-gather / final distribution phase
+  kRoot = 3,           // to or from a root
+  kAllToAll = 4,
+  kRailReduce = 5,  // hierarchical: reduce-scatter along a rail
+  kRailGather = 6,  // hierarchical: all-gather along a rail
+  kP2pHeader = 0xfe,
+  kP2pData = 0xff,
+};
+
+// Set in a descriptor exchanged between hosts: the rank's output is in its heap at
+// (out_seg, out_off), so peers may put into it.
+constexpr uint32_t kOutHeap = 16;
+
+uint64_t make_tag(const CommImpl& c, uint64_t channel, uint32_t seq, int src) {
+  return c.tag_base << 48 | (channel & 0xff) << 40 | uint64_t{seq & 0xffffffu} << 16 |
+         (static_cast<uint64_t>(src) & 0xffff);
+}
+
+/// Everything one operation needs while it runs on this rank.
+struct NetExec {
+  NetExec(CommImpl& comm, const Op& o, Deadline d) : c(comm), op(o), deadline(d) {}
+  CommImpl& c;
+  const Op& op;
+  Deadline deadline;
+  uint32_t seq = 0;
+  char* in = nullptr;
+  char* out = nullptr;
+  size_t esz = 0;
+  std::vector<OpDesc> descs;  // every member's descriptor
+  std::vector<transport::TransferPtr> xs;
+  bool out_is_landing = true;  // peers' data lands in `out` (not in a temporary)
+
+  transport::Net& net() { return *c.net; }
+  int g(int r) const { return c.members[r]; }
+
+  Status send(int r, uint64_t ch, const void* buf, size_t bytes) {
+    STRATA_ASSIGN_OR_RETURN(auto x, net().send(g(r), make_tag(c, ch, seq, c.rank), buf, bytes));
+    if (ch != kDesc) c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    xs.push_back(std::move(x));
+    return Status::ok();
+  }
+  Status recv(int r, uint64_t ch, void* buf, size_t bytes) {
+    STRATA_ASSIGN_OR_RETURN(auto x, net().recv(g(r), make_tag(c, ch, seq, r), buf, bytes));
+    xs.push_back(std::move(x));
+    return Status::ok();
+  }
+  /// Data for rank r's output at element offset `dst_off`: a put where r's output is in its
+  /// heap and puts are the data path, else a tag message. Both sides decide alike from r's
+  /// descriptor (see expect()).
+  Status deliver(int r, uint64_t ch, const void* src, size_t bytes, size_t dst_off_bytes) {
+    const OpDesc& d = descs[r];
+    if (net().use_put() && (d.flags & kOutHeap)) {
+      STRATA_ASSIGN_OR_RETURN(
+          auto x, net().put(g(r), make_tag(c, ch, seq, c.rank), src, bytes, {d.out_seg, d.out_off + dst_off_bytes}));
+      c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
+      xs.push_back(std::move(x));
+      return Status::ok();
+    }
+    return send(r, ch, src, bytes);
+  }
+  Status expect(int r, uint64_t ch, void* dst, size_t bytes) {
+    if (net().use_put() && (descs[c.rank].flags & kOutHeap)) return recv(r, ch, nullptr, 0);
+    return recv(r, ch, dst, bytes);
+  }
+  Status wait(const char* /*what: the caller adds the operation's name*/) {
+    std::vector<transport::TransferPtr> v;
+    v.swap(xs);
+    if (v.empty()) return Status::ok();
+    Status s = net().wait(v, c.policy(deadline), "network transfer");
+    if (!s.is_ok()) {
+      const int gr = s.peer();
+      // Name the peer by its rank in this communicator.
+      int cr = -1;
+      for (int r = 0; r < c.size && gr >= 0; ++r)
+        if (c.members[r] == gr) cr = r;
+      return Status(s.code(),
+                    s.message() + " (rank " + std::to_string(c.rank) + ", operation #" + std::to_string(seq) + ")",
+                    cr >= 0 ? cr : s.peer());
+    }
+    return s;
+  }
+};
+
+/// The direct reduce-scatter: rank r reduces block r of everyone's `src` (blocks at `displ`
+/// with `counts`, element offsets) into `dst`; `tmp` holds (n-1) * counts[me] elements.
+/// Ranks are given as a list (`group`, comm ranks) so rails reuse it; `me` indexes group.
+Status direct_reduce_scatter(NetExec& x, const std::vector<int>& group, int me, const char* src,
+                             const std::vector<size_t>& counts, const std::vector<size_t>& displ, char* dst, char* tmp,
+                             uint64_t ch, int divisor) {
+  const int n = static_cast<int>(group.size());
+  const size_t e = x.esz, mine = counts[me];
+  for (int k = 1; k < n; ++k) {
+    int j = (me + k) % n;
+    if (mine) STRATA_RETURN_IF_ERROR(x.recv(group[j], ch, tmp + (k - 1) * mine * e, mine * e));
+  }
+  for (int k = 1; k < n; ++k) {
+    int j = (me + k) % n;
+    if (counts[j]) STRATA_RETURN_IF_ERROR(x.send(group[j], ch, src + displ[j] * e, counts[j] * e));
+  }
+  STRATA_RETURN_IF_ERROR(x.wait(coll::to_string(x.op.kind)));
+  if (!mine) return Status::ok();
+  // Sources in group order, so that every element is reduced in the same order on every
+  // rank that reduces it (bit-identical results whoever computes them).
+  std::vector<const void*> srcs(n);
+  for (int j = 0; j < n; ++j) {
+    int k = (j - me + n) % n;
+    srcs[j] = k == 0 ? static_cast<const void*>(src + displ[me] * e) : tmp + (k - 1) * mine * e;
+  }
+  kernels::reduce(x.op.dtype, x.op.rop, dst, srcs.data(), n, mine, divisor);
+  return Status::ok();
+}
+
+/// The direct all-gather of blocks (element counts/displacements) of `buf` within `group`;
+/// this rank's block is already in place.
+Status direct_all_gather(NetExec& x, const std::vector<int>& group, int me, char* buf,
+                         const std::vector<size_t>& counts, const std::vector<size_t>& displ, uint64_t ch) {
+  const int n = static_cast<int>(group.size());
+  const size_t e = x.esz;
+  for (int k = 1; k < n; ++k) {
+    int j = (me + k) % n;
+    if (counts[j]) STRATA_RETURN_IF_ERROR(x.recv(group[j], ch, buf + displ[j] * e, counts[j] * e));
+  }
+  for (int k = 1; k < n; ++k) {
+    int j = (me + k) % n;
+    if (counts[me]) STRATA_RETURN_IF_ERROR(x.send(group[j], ch, buf + displ[me] * e, counts[me] * e));
+  }
+  return x.wait(coll::to_string(x.op.kind));
+}
+
+std::vector<int> all_ranks(int n) {
+  std::vector<int> v(n);
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+std::vector<size_t> slice_counts(size_t count, int n, size_t esz) {
+  std::vector<size_t> c(n);
+  for (int i = 0; i < n; ++i) {
+    auto [lo, hi] = coll::balanced_slice(count, n, i, esz);
+    c[i] = hi - lo;
+  }
+  return c;
+}
+
+Status all_reduce_direct(NetExec& x) {
+  const int n = x.c.size, me = x.c.rank;
+  const size_t e = x.esz;
+  auto counts = slice_counts(x.op.count, n, e);
+  auto displ = coll::prefix_sums(counts);
+  STRATA_ASSIGN_OR_RETURN(void* tmp, x.c.scratch_block(2, std::max<size_t>(1, (n - 1) * counts[me] * e)));
+  auto group = all_ranks(n);
+  // In place, our sends read the blocks that the all-gather overwrites: the reduce-scatter
+  // waits for its sends before the all-gather posts a receive.
+  STRATA_RETURN_IF_ERROR(direct_reduce_scatter(x, group, me, x.in, counts, displ, x.out + displ[me] * e,
+                                               static_cast<char*>(tmp), kScatterReduce, n));
+  return direct_all_gather(x, group, me, x.out, counts, displ, kGatherOut);
+}
+
+/// Same number of ranks L on every host: intra-host reduce-scatter (shm), rail all-reduce of
+/// the slice (net), intra-host all-gather (shm).
+Status all_reduce_hier(NetExec& x) {
+  CommImpl& c = x.c;
+  CommImpl& lc = *c.local;
+  const int L = lc.size, li = lc.rank, H = static_cast<int>(c.host_members.size());
+  const size_t e = x.esz;
+  auto counts = slice_counts(x.op.count, L, e);
+  auto displ = coll::prefix_sums(counts);
+  char* my_slice = x.out + displ[li] * e;
+  // Avg: sum within the host, divide by the whole communicator on the rail.
+  const ReduceOp local_op = x.op.rop == ReduceOp::Avg ? ReduceOp::Sum : x.op.rop;
+  if (L > 1) {
+    Op rs;
+    rs.kind = OpKind::ReduceScatterV;
+    rs.dtype = x.op.dtype;
+    rs.rop = local_op;
+    rs.in = x.in;
+    rs.out = my_slice;
+    rs.counts = counts;
+    rs.opts.timeout = x.deadline.remaining() + std::chrono::milliseconds(1);
+    STRATA_RETURN_IF_ERROR(run_collective(lc, rs).with_context("intra-host reduce-scatter: "));
+  } else if (x.in != x.out && counts[0]) {
+    kernels::copy(x.out, x.in, counts[0] * e);
+  }
+  // The rail: comm ranks of local index li on every host.
+  std::vector<int> rail(H);
+  for (int h = 0; h < H; ++h) rail[h] = c.host_members[h][li];
+  const int hm = c.host_of[c.rank];
+  auto rc = slice_counts(counts[li], H, e);
+  auto rd = coll::prefix_sums(rc);
+  STRATA_ASSIGN_OR_RETURN(void* tmp, c.scratch_block(2, std::max<size_t>(1, (H - 1) * rc[hm] * e)));
+  STRATA_RETURN_IF_ERROR(direct_reduce_scatter(x, rail, hm, my_slice, rc, rd, my_slice + rd[hm] * e,
+                                               static_cast<char*>(tmp), kRailReduce, c.size));
+  STRATA_RETURN_IF_ERROR(direct_all_gather(x, rail, hm, my_slice, rc, rd, kRailGather));
+  if (L > 1) {
+    Op ag;
+    ag.kind = OpKind::AllGatherV;
+    ag.dtype = x.op.dtype;
+    ag.in = my_slice;
+    ag.out = x.out;
+    ag.counts = counts;
+    ag.opts.timeout = x.deadline.remaining() + std::chrono::milliseconds(1);
+    STRATA_RETURN_IF_ERROR(run_collective(lc, ag).with_context("intra-host all-gather: "));
+  }
+  return Status::ok();
+}
+
+bool even_hosts(const CommImpl& c) {
+  for (const auto& h : c.host_members)
+    if (h.size() != c.host_members[0].size()) return false;
+  return true;
+}
+
+/// Comm ranks are grouped by host: host h holds ranks h*L .. h*L+L-1 (the launcher's
+/// placement). The hierarchical all_gather / reduce_scatter need it, so that each host's
+/// blocks are contiguous for the intra-host step.
+bool contiguous_hosts(const CommImpl& c) {
+  const size_t L = c.host_members[0].size();
+  for (size_t h = 0; h < c.host_members.size(); ++h)
+    for (size_t l = 0; l < c.host_members[h].size(); ++l)
+      if (c.host_members[h][l] != static_cast<int>(h * L + l)) return false;
+  return true;
+}
+
+Op local_op(const NetExec& x, OpKind kind, const void* in, void* out, std::vector<size_t> counts, ReduceOp rop) {
+  Op o;
+  o.kind = kind;
+  o.dtype = x.op.dtype;
+  o.rop = rop;
+  o.in = in;
+  o.out = out;
+  o.counts = std::move(counts);
+  o.opts.timeout = x.deadline.remaining() + std::chrono::milliseconds(1);
+  return o;
+}
+
+/// Rails first, then the host: every rank sends its block once to the rank of equal local
+/// index on each other host, straight into that rank's output; then each host's L blocks
+/// of every host are completed by one intra-host all-gather per host (in place, shm).
+Status all_gather_hier(NetExec& x, const std::vector<size_t>& counts) {
+  CommImpl& c = x.c;
+  const int L = c.local->size, li = c.local->rank, H = static_cast<int>(c.host_members.size());
+  const int me = c.rank, hm = c.host_of[me];
+  const size_t e = x.esz;
+  auto displ = coll::prefix_sums(counts);
+  if (counts[me] && x.out + displ[me] * e != x.in) kernels::copy(x.out + displ[me] * e, x.in, counts[me] * e);
+  for (int h = 0; h < H; ++h) {
+    int r = c.host_members[h][li];
+    if (h != hm && counts[r]) STRATA_RETURN_IF_ERROR(x.expect(r, kRailGather, x.out + displ[r] * e, counts[r] * e));
+  }
+  for (int h = 0; h < H; ++h) {
+    int r = c.host_members[h][li];
+    if (h != hm && counts[me])
+      STRATA_RETURN_IF_ERROR(x.deliver(r, kRailGather, x.out + displ[me] * e, counts[me] * e, displ[me] * e));
+  }
+  STRATA_RETURN_IF_ERROR(x.wait(coll::to_string(x.op.kind)));
+  for (int h = 0; h < H; ++h) {
+    const int first = h * L;
+    std::vector<size_t> hc(counts.begin() + first, counts.begin() + first + L);
+    Op ag = local_op(x, OpKind::AllGatherV, x.out + displ[first + li] * e, x.out + displ[first] * e, std::move(hc),
+                     ReduceOp::Sum);
+    STRATA_RETURN_IF_ERROR(run_collective(*c.local, ag).with_context("intra-host all-gather: "));
+  }
+  return Status::ok();
+}
+
+/// The host first, then rails: for each host h, the local ranks reduce-scatter this host's
+/// contributions to h's blocks (shm), so local rank l holds the host's partial of block
+/// (h, l); partials go once along the rail to their owner, which reduces the H of them.
+Status reduce_scatter_hier(NetExec& x, const std::vector<size_t>& counts) {
+  CommImpl& c = x.c;
+  const int L = c.local->size, li = c.local->rank, H = static_cast<int>(c.host_members.size());
+  const int me = c.rank, hm = c.host_of[me];
+  const size_t e = x.esz;
+  auto displ = coll::prefix_sums(counts);
+  std::vector<size_t> pc(H);  // partials this rank holds: block (h, li) of every host h
+  for (int h = 0; h < H; ++h) pc[h] = counts[h * L + li];
+  auto pd = coll::prefix_sums(pc);
+  STRATA_ASSIGN_OR_RETURN(void* pv, c.scratch_block(1, std::max<size_t>(1, (pd[H - 1] + pc[H - 1]) * e)));
+  STRATA_ASSIGN_OR_RETURN(void* rv, c.scratch_block(2, std::max<size_t>(1, (H - 1) * counts[me] * e)));
+  char* part = static_cast<char*>(pv);
+  char* recvd = static_cast<char*>(rv);
+  const ReduceOp lop = x.op.rop == ReduceOp::Avg ? ReduceOp::Sum : x.op.rop;
+  for (int h = 0; h < H; ++h) {
+    const int first = h * L;
+    std::vector<size_t> hc(counts.begin() + first, counts.begin() + first + L);
+    Op rs = local_op(x, OpKind::ReduceScatterV, x.in + displ[first] * e, part + pd[h] * e, std::move(hc), lop);
+    STRATA_RETURN_IF_ERROR(run_collective(*c.local, rs).with_context("intra-host reduce-scatter: "));
+  }
+  const size_t mine = counts[me];
+  for (int k = 1; k < H; ++k) {
+    int h = (hm + k) % H;
+    if (mine) STRATA_RETURN_IF_ERROR(x.recv(c.host_members[h][li], kRailReduce, recvd + (k - 1) * mine * e, mine * e));
+  }
+  for (int k = 1; k < H; ++k) {
+    int h = (hm + k) % H;
+    if (pc[h]) STRATA_RETURN_IF_ERROR(x.send(c.host_members[h][li], kRailReduce, part + pd[h] * e, pc[h] * e));
+  }
+  STRATA_RETURN_IF_ERROR(x.wait(coll::to_string(x.op.kind)));
+  if (!mine) return Status::ok();
+  std::vector<const void*> srcs(H);
+  for (int h = 0; h < H; ++h) {
+    int k = (h - hm + H) % H;
+    srcs[h] = k == 0 ? static_cast<const void*>(part + pd[hm] * e) : recvd + (k - 1) * mine * e;
+  }
+  kernels::reduce(x.op.dtype, x.op.rop, x.out, srcs.data(), H, mine, c.size);
+  return Status::ok();
+}
+
+Status reduce_scatter(NetExec& x, const std::vector<size_t>& counts) {
+  const int n = x.c.size, me = x.c.rank;
+  auto displ = coll::prefix_sums(counts);
+  STRATA_ASSIGN_OR_RETURN(void* tmp, x.c.scratch_block(2, std::max<size_t>(1, (n - 1) * counts[me] * x.esz)));
+  return direct_reduce_scatter(x, all_ranks(n), me, x.in, counts, displ, x.out, static_cast<char*>(tmp), kScatterReduce,
+                               n);
+}
+
+Status all_gather(NetExec& x, const std::vector<size_t>& counts) {
+  const int n = x.c.size, me = x.c.rank;
+  const size_t e = x.esz;
+  auto displ = coll::prefix_sums(counts);
+  if (counts[me] && x.out + displ[me] * e != x.in) kernels::copy(x.out + displ[me] * e, x.in, counts[me] * e);
+  for (int k = 1; k < n; ++k) {
+    int r = (me + k) % n;
+    if (counts[r]) STRATA_RETURN_IF_ERROR(x.expect(r, kGatherOut, x.out + displ[r] * e, counts[r] * e));
+  }
+  for (int k = 1; k < n; ++k) {
+    int r = (me + k) % n;
+    if (counts[me]) STRATA_RETURN_IF_ERROR(x.deliver(r, kGatherOut, x.in, counts[me] * e, displ[me] * e));
+  }
+  return x.wait("all_gather");
+}
+
+Status all_to_all(NetExec& x) {
+  const int n = x.c.size, me = x.c.rank;
+  const size_t e = x.esz;
+  const bool v = x.op.kind == OpKind::AllToAllV;
+  std::vector<size_t> sc(n, x.op.count), sd(n), rcnt(n, x.op.count), rd(n);
+  if (v) {
+    sc = x.op.counts;
+    sd = x.op.sdispls;
+    rcnt = x.op.rcounts;
+    rd = x.op.rdispls;
+  } else {
+    for (int r = 0; r < n; ++r) sd[r] = rd[r] = r * x.op.count;
+  }
+  const size_t out_bytes = coll::max_end(rcnt, rd) * e;
+  // In place, peers' blocks would overwrite ones we have not sent yet: land in a temporary.
+  char* dst = x.out;
+  if (x.in == x.out && out_bytes) {
+    STRATA_ASSIGN_OR_RETURN(void* t, x.c.scratch_block(2, out_bytes));
+    dst = static_cast<char*>(t);
+    if (v) kernels::copy(dst, x.out, out_bytes);  // keep what no peer writes
+  }
+  for (int k = 1; k < n; ++k) {
+    int r = (me + k) % n;
+    if (!rcnt[r]) continue;
+    if (dst == x.out) STRATA_RETURN_IF_ERROR(x.expect(r, kAllToAll, dst + rd[r] * e, rcnt[r] * e));
+    else STRATA_RETURN_IF_ERROR(x.recv(r, kAllToAll, dst + rd[r] * e, rcnt[r] * e));
+  }
+  for (int k = 1; k < n; ++k) {
+    int r = (me + k) % n;
+    if (!sc[r]) continue;
+    // A put lands at our block of r's output (all_to_all only: all_to_all_v displacements
+    // are the receiver's, so those always go as tag messages; see kOutHeap).
+    STRATA_RETURN_IF_ERROR(x.deliver(r, kAllToAll, x.in + sd[r] * e, sc[r] * e, v ? 0 : me * x.op.count * e));
+  }
+  if (rcnt[me]) kernels::copy(dst + rd[me] * e, x.in + sd[me] * e, rcnt[me] * e);
+  STRATA_RETURN_IF_ERROR(x.wait(coll::to_string(x.op.kind)));
+  if (dst != x.out) {
+    kernels::copy(x.out, dst, out_bytes);
+    x.c.temp_bytes.fetch_add(out_bytes, std::memory_order_relaxed);
+  }
+  return Status::ok();
+}
+
+Status broadcast(NetExec& x) {
+  const int n = x.c.size, me = x.c.rank, root = x.op.root;
+  const size_t bytes = x.op.count * x.esz;
+  if (!bytes) return Status::ok();
+  if (me == root) {
+    if (x.out != x.in) kernels::copy(x.out, x.in, bytes);
+    for (int k = 1; k < n; ++k) STRATA_RETURN_IF_ERROR(x.deliver((me + k) % n, kRoot, x.in, bytes, 0));
+  } else {
+    STRATA_RETURN_IF_ERROR(x.expect(root, kRoot, x.out, bytes));
+  }
+  return x.wait("broadcast");
+}
+
+Status reduce(NetExec& x) {
+  const int n = x.c.size, me = x.c.rank, root = x.op.root;
+  const size_t e = x.esz;
+  auto counts = slice_counts(x.op.count, n, e);
+  auto displ = coll::prefix_sums(counts);
+  STRATA_ASSIGN_OR_RETURN(void* tmp, x.c.scratch_block(2, std::max<size_t>(1, (n - 1) * counts[me] * e)));
+  char* part;
+  if (me == root) {
+    part = x.out + displ[me] * e;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(void* p, x.c.scratch_block(1, std::max<size_t>(1, counts[me] * e)));
+    part = static_cast<char*>(p);
+  }
+  STRATA_RETURN_IF_ERROR(direct_reduce_scatter(x, all_ranks(n), me, x.in, counts, displ, part, static_cast<char*>(tmp),
+                                               kScatterReduce, n));
+  if (me == root) {
+    for (int r = 0; r < n; ++r)
+      if (r != me && counts[r]) STRATA_RETURN_IF_ERROR(x.recv(r, kRoot, x.out + displ[r] * e, counts[r] * e));
+  } else if (counts[me]) {
+    STRATA_RETURN_IF_ERROR(x.send(root, kRoot, part, counts[me] * e));
+  }
+  return x.wait("reduce");
+}
+
+Status gather(NetExec& x) {
+  const int n = x.c.size, me = x.c.rank, root = x.op.root;
+  const size_t bytes = x.op.count * x.esz;
+  if (!bytes) return Status::ok();
+  if (me == root) {
+    if (x.out + me * bytes != x.in) kernels::copy(x.out + me * bytes, x.in, bytes);
+    for (int r = 0; r < n; ++r)
+      if (r != me) STRATA_RETURN_IF_ERROR(x.expect(r, kRoot, x.out + r * bytes, bytes));
+  } else {
+    STRATA_RETURN_IF_ERROR(x.deliver(root, kRoot, x.in, bytes, me * bytes));
+  }
+  return x.wait("gather");
+}
+
+Status scatter(NetExec& x) {
+  const int n = x.c.size, me = x.c.rank, root = x.op.root;
+  const size_t bytes = x.op.count * x.esz;
+  if (!bytes) return Status::ok();
+  if (me == root) {
+    if (x.in + me * bytes != x.out) kernels::copy(x.out, x.in + me * bytes, bytes);
+    for (int r = 0; r < n; ++r)
+      if (r != me) STRATA_RETURN_IF_ERROR(x.deliver(r, kRoot, x.in + r * bytes, bytes, 0));
+  } else {
+    STRATA_RETURN_IF_ERROR(x.expect(root, kRoot, x.out, bytes));
+  }
+  return x.wait("scatter");
+}
+
+/// Exchanges descriptors with every member and compares them (the cross-host form of
+/// check_descriptors in algorithms.cpp). The wire record is the descriptor followed by the
+/// rank's count vector for v-collectives.
+Status exchange_descriptors(NetExec& x, OpDesc mine) {
+  CommImpl& c = x.c;
+  const int n = c.size, me = c.rank;
+  const auto kind = x.op.kind;
+  const bool has_vec = kind == OpKind::AllGatherV || kind == OpKind::ReduceScatterV || kind == OpKind::AllToAllV;
+  const size_t rec = sizeof(OpDesc) + (has_vec ? n * sizeof(uint64_t) : 0);
+  std::vector<char> out_rec(rec), in_recs(rec * n);
+  std::memcpy(out_rec.data(), &mine, sizeof mine);
+  if (has_vec)
+    for (int j = 0; j < n; ++j) {
+      uint64_t v = x.op.counts[j];
+      std::memcpy(out_rec.data() + sizeof(OpDesc) + j * sizeof v, &v, sizeof v);
+    }
+  for (int k = 1; k < n; ++k) {
+    int r = (me + k) % n;
+    STRATA_RETURN_IF_ERROR(x.recv(r, kDesc, in_recs.data() + r * rec, rec));
+  }
+  for (int k = 1; k < n; ++k) STRATA_RETURN_IF_ERROR(x.send((me + k) % n, kDesc, out_rec.data(), rec));
+  Status ws = x.wait(coll::to_string(kind));
+  if (!ws.is_ok()) {
+    // A record of another size is a different operation: report it as the mismatch it is.
+    if (ws.code() != Code::InvalidArgument) return ws;
+    return Status(Code::InvalidArgument,
+                  "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(me) +
+                      " called " + coll::describe(mine) + " but rank " + std::to_string(ws.peer()) +
+                      " called an operation with a different descriptor (" + ws.message() + ")",
+                  ws.peer());
+  }
+  x.descs.assign(n, OpDesc{});
+  x.descs[me] = mine;
+  for (int r = 0; r < n; ++r) {
+    if (r == me) continue;
+    OpDesc d;
+    std::memcpy(&d, in_recs.data() + r * rec, sizeof d);
+    x.descs[r] = d;
+    bool same = d.kind == mine.kind && d.seq == mine.seq;
+    if (same && kind != OpKind::Barrier) same = d.dtype == mine.dtype;
+    if (same && coll::has_count(kind)) same = d.count == mine.count;
+    if (same && coll::reducing(kind)) same = d.rop == mine.rop;
+    if (same && coll::rooted(kind)) same = d.root == mine.root;
+    std::string extra;
+    if (same && has_vec) {
+      const char* pv = in_recs.data() + r * rec + sizeof(OpDesc);
+      auto at = [&](int j) {
+        uint64_t v;
+        std::memcpy(&v, pv + j * sizeof v, sizeof v);
+        return v;
+      };
+      if (kind == OpKind::AllToAllV) {
+        if (at(me) != x.op.rcounts[r]) {
+          same = false;
+          extra = " (rank " + std::to_string(r) + " sends " + std::to_string(at(me)) + " elements to rank " +
+                  std::to_string(me) + ", which expects recv_counts[" + std::to_string(r) +
+                  "]=" + std::to_string(x.op.rcounts[r]) + ")";
+        }
+      } else {
+        for (int j = 0; j < n && same; ++j)
+          if (at(j) != x.op.counts[j]) {
+            same = false;
+            extra = " (counts[" + std::to_string(j) + "] is " + std::to_string(x.op.counts[j]) + " on rank " +
+                    std::to_string(me) + " but " + std::to_string(at(j)) + " on rank " + std::to_string(r) + ")";
+          }
+      }
+    }
+    if (!same)
+      return Status(Code::InvalidArgument,
+                    "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(me) +
+                        " called " + coll::describe(mine) + " but rank " + std::to_string(r) + " called " +
+                        coll::describe(d) + extra,
+                    r);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status run_collective_net(CommImpl& c, Op& op) {
+  auto timeout = op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout;
+  NetExec x(c, op, Deadline::after(timeout));
+  x.esz = dtype_size(op.dtype);
+  // No staging: UCX moves data from and into any memory, heap or not.
+  x.in = const_cast<char*>(static_cast<const char*>(op.in));
+  x.out = static_cast<char*>(op.out);
+  x.seq = ++c.seq;
+  // Hierarchical where every host has the same number of ranks (rails of equal length);
+  // uneven hosts take the direct patterns. Algorithm::OneShot/TwoShot ask for the direct one.
+  const bool rails = even_hosts(c) && c.host_members.size() > 1 && c.local->size > 1 &&
+                     op.opts.algorithm != Algorithm::OneShot && op.opts.algorithm != Algorithm::TwoShot;
+  const bool hier = rails && op.kind == OpKind::AllReduce;
+  const bool hier_blocks = rails && contiguous_hosts(c);
+
+  OpDesc d{};
+  d.seq = x.seq;
+  d.kind = static_cast<uint8_t>(op.kind);
+  d.dtype = static_cast<uint8_t>(op.dtype);
+  d.rop = static_cast<uint8_t>(op.rop);
+  d.root = op.root;
+  d.count = coll::has_count(op.kind) ? op.count : 0;
+  // Peers may put into our output only where it is what they write: the heap buffer itself,
+  // not a temporary (in-place all_to_all), and at element offsets they can compute.
+  const bool lands_in_out = !((op.kind == OpKind::AllToAll || op.kind == OpKind::AllToAllV) && op.in == op.out) &&
+                            op.kind != OpKind::AllToAllV;
+  if (op.out && lands_in_out)
+    if (auto ref = c.ctx->heap->locate(op.out, 1)) {
+      d.flags |= kOutHeap | OpDesc::kHasOut;
+      d.out_seg = ref->seg;
+      d.out_off = ref->offset;
+    }
+  const char* name = coll::to_string(op.kind);
+  Status st = exchange_descriptors(x, d);
+  if (st.is_ok()) {
+    switch (op.kind) {
+      case OpKind::AllReduce: st = hier ? all_reduce_hier(x) : all_reduce_direct(x); break;
+      case OpKind::Reduce: st = reduce(x); break;
+      case OpKind::Broadcast: st = broadcast(x); break;
+      case OpKind::AllGather:
+      case OpKind::AllGatherV: {
+        auto counts = op.kind == OpKind::AllGather ? std::vector<size_t>(c.size, op.count) : op.counts;
+        st = hier_blocks ? all_gather_hier(x, counts) : all_gather(x, counts);
+        break;
+      }
+      case OpKind::ReduceScatter:
+      case OpKind::ReduceScatterV: {
+        auto counts = op.kind == OpKind::ReduceScatter ? std::vector<size_t>(c.size, op.count) : op.counts;
+        st = hier_blocks ? reduce_scatter_hier(x, counts) : reduce_scatter(x, counts);
+        break;
+      }
+      case OpKind::AllToAll:
+      case OpKind::AllToAllV: st = all_to_all(x); break;
+      case OpKind::Gather: st = gather(x); break;
+      case OpKind::Scatter: st = scatter(x); break;
+      case OpKind::Barrier: break;  // the descriptor exchange is an all-to-all handshake
+      default: st = internal_error(std::string("not a collective: ") + name);
+    }
+  } else if (st.code() == Code::InvalidArgument) {
+    // Every rank saw every descriptor: all fail this operation and the communicator stays usable.
+    return st.with_context(std::string(name) + ": ");
+  }
+  if (!st.is_ok()) {
+    Status full = st.with_context(std::string(name) + ": ");
+    c.set_broken(full);
+    if (c.local) c.local->set_broken(full);
+    return full;
+  }
+  c.ops.fetch_add(1, std::memory_order_relaxed);
+  return Status::ok();
+}
+
+// ---- point to point ------------------------------------------------------------------------
+
+namespace {
+
+struct P2pHeader {
+  int32_t tag = 0;
+  uint32_t dtype = 0;
+  uint64_t count = 0;
+};
+
+std::string p2p_str(const char* name, const P2pHeader& h) {
+  return std::string(name) + "(count=" + std::to_string(h.count) +
+         ", dtype=" + to_string(static_cast<DataType>(h.dtype)) + ", tag=" + std::to_string(h.tag) + ")";
+}
+
+}  // namespace
+
+Result<std::shared_ptr<WorkState>> post_send_net(CommImpl& c, const Op& op) {
+  STRATA_RETURN_IF_ERROR(c.broken());
+  const int peer = op.peer;
+  const uint32_t s = ++c.send_seq[peer];
+  auto hdr = std::make_shared<P2pHeader>();
+  hdr->tag = op.tag;
+  hdr->dtype = static_cast<uint32_t>(op.dtype);
+  hdr->count = op.count;
+  const size_t bytes = op.count * dtype_size(op.dtype);
+  const int g = c.members[peer];
+  std::vector<transport::TransferPtr> xs;
+  STRATA_ASSIGN_OR_RETURN(auto h, c.net->send(g, make_tag(c, kP2pHeader, s, c.rank), hdr.get(), sizeof *hdr));
+  xs.push_back(std::move(h));
+  // Straight from the caller's buffer (heap or not): nothing is staged.
+  STRATA_ASSIGN_OR_RETURN(auto dx, c.net->send(g, make_tag(c, kP2pData, s, c.rank), op.in, bytes));
+  xs.push_back(std::move(dx));
+  c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  auto w = std::make_shared<WorkState>();
+  w->rank = c.rank;
+  auto self = c.shared_from_this();
+  auto d = Deadline::after(op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout);
+  w->poll = [self, xs, hdr, peer, d](bool block) -> Status {
+    CommImpl& cc = *self;
+    if (!block) {
+      for (const auto& x : xs)
+        if (!cc.net->test(*x)) return Status(Code::Unavailable, "pending");
+      for (const auto& x : xs)
+        if (!x->status.is_ok()) return x->status;
+      return Status::ok();
+    }
+    Status st = cc.net->wait(xs, cc.policy(d), "send");
+    if (!st.is_ok()) {
+      Status full(st.code(),
+                  st.message() + " on rank " + std::to_string(cc.rank) + " sending to rank " + std::to_string(peer),
+                  peer);
+      if (st.code() != Code::Timeout) cc.set_broken(full);
+      return full;
+    }
+    return st;
+  };
+  return w;
+}
+
+Status recv_net(CommImpl& c, const Op& op) {
+  STRATA_RETURN_IF_ERROR(c.broken());
+  const int peer = op.peer, g = c.members[peer];
+  const uint32_t s = ++c.recv_seq[peer];
+  auto d = Deadline::after(op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout);
+  auto fail = [&](Status st) {
+    Status full(st.code(),
+                st.message() + " on rank " + std::to_string(c.rank) + " receiving from rank " + std::to_string(peer),
+                peer);
+    if (st.code() != Code::Timeout && st.code() != Code::InvalidArgument) c.set_broken(full);
+    return full;
+  };
+  P2pHeader h;
+  STRATA_ASSIGN_OR_RETURN(auto hx, c.net->recv(g, make_tag(c, kP2pHeader, s, peer), &h, sizeof h));
+  Status st = c.net->wait({hx}, c.policy(d), "recv");
+  if (!st.is_ok()) return fail(st);
+  const size_t want = op.count * dtype_size(op.dtype);
+  const bool match = h.tag == op.tag && h.dtype == static_cast<uint32_t>(op.dtype) && h.count == op.count;
+  const size_t got =
+      h.dtype <= static_cast<uint32_t>(DataType::Float64) ? h.count * dtype_size(static_cast<DataType>(h.dtype)) : 0;
+  // On a mismatch the data is still taken (into a discard buffer), so the sender completes
+  // and both sides stay in step for the next message.
+  std::vector<char> discard(match ? 0 : got);
+  STRATA_ASSIGN_OR_RETURN(
+      auto dx, c.net->recv(g, make_tag(c, kP2pData, s, peer), match ? op.out : discard.data(), match ? want : got));
+  st = c.net->wait({dx}, c.policy(d), "recv");
+  if (!st.is_ok()) return fail(st);
+  if (!match) {
+    P2pHeader mine{op.tag, static_cast<uint32_t>(op.dtype), op.count};
+    return Status(Code::InvalidArgument,
+                  "send/recv mismatch: rank " + std::to_string(c.rank) + " called " + p2p_str("recv", mine) +
+                      " from rank " + std::to_string(peer) + " but rank " + std::to_string(peer) + " called " +
+                      p2p_str("send", h),
+                  peer);
+  }
+  c.direct_bytes.fetch_add(want, std::memory_order_relaxed);
+  c.ops.fetch_add(1, std::memory_order_relaxed);
+  return Status::ok();
+}
+
+}  // namespace strata::detail

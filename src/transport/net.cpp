@@ -1,0 +1,13 @@
+// What the transport layer offers in a build without UCX.
+
+#include "transport/net.hpp"
+
+namespace strata::transport {
+
+#if !STRATA_HAVE_UCX
+std::string ucx_summary(const std::string&, const std::string&, const std::string&) {
+  return "no (not built with UCX: install libucx-dev and configure with -DSTRATA_WITH_UCX=ON)";
+}
+#endif
+
+}  // namespace strata::transport

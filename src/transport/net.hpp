@@ -1,0 +1,87 @@
+#pragma once
+// Messages between ranks on different hosts. The collective layer sees peers (global ranks),
+// 64-bit tags and buffers only; the implementation (UCX) owns endpoints, registrations and
+// progress. A transfer is posted, then waited on together with others under one deadline,
+// the communicator's abort flag and its liveness check (the same WaitPolicy as shm waits).
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.hpp"
+#include "transport/shm_sync.hpp"
+
+namespace strata::memory {
+class Heap;
+}
+namespace strata::bootstrap {
+class StoreClient;
+}
+
+namespace strata::transport {
+
+/// One posted transfer. Filled by the transport as it completes; the owner waits on it
+/// through Net::wait. Never destroyed by the transport while in flight: an abandoned
+/// (timed out, aborted) transfer is cancelled and its storage kept until UCX lets go.
+struct Transfer {
+  int peer = -1;  // global rank
+  bool is_recv = false;
+  size_t bytes = 0;  // posted size
+  std::atomic<bool> done{false};
+  Status status;                   // valid once done
+  size_t received = 0;             // receives: bytes that arrived
+  void* handle = nullptr;          // transport-private (UCX request) while in flight
+  int stage = 0;                   // transport-private (multi-step transfers such as put + notify)
+  std::shared_ptr<Transfer> self;  // keeps the object alive while the transport holds it
+};
+using TransferPtr = std::shared_ptr<Transfer>;
+
+/// Where data goes when it is put one-sided: a peer's heap (segment id, offset).
+struct RemoteRef {
+  uint32_t seg = 0;
+  uint64_t offset = 0;
+};
+
+class Net {
+ public:
+  virtual ~Net() = default;
+  /// Short name of the data path in use ("tag" or "put") and the transports UCX chose.
+  virtual std::string describe() const = 0;
+  /// True when one-sided puts are the data path (native RMA fabric, or forced by the Env).
+  virtual bool use_put() const = 0;
+
+  /// Sends `bytes` at `buf` to global rank `peer`; matched at the receiver by `tag`.
+  virtual Result<TransferPtr> send(int peer, uint64_t tag, const void* buf, size_t bytes) = 0;
+  /// Receives a message with `tag` from `peer` straight into `buf` (at most `bytes`).
+  virtual Result<TransferPtr> recv(int peer, uint64_t tag, void* buf, size_t bytes) = 0;
+  /// Writes `bytes` from `buf` (in our heap) into `peer`'s heap at `dst`, then sends a
+  /// zero-byte message with `tag` once the data is visible there: the receiver waits for
+  /// that message (recv with bytes = 0), so puts and tag messages complete alike.
+  virtual Result<TransferPtr> put(int peer, uint64_t tag, const void* buf, size_t bytes, RemoteRef dst) = 0;
+
+  /// Waits for every transfer. On failure the unfinished ones are cancelled and the first
+  /// error is returned: PeerFailed (endpoint error or the policy's check), Timeout, Aborted,
+  /// InvalidArgument (a message longer than its receive buffer).
+  virtual Status wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, const char* what) = 0;
+  /// Drives progress once and reports whether `x` has finished (for Work::test).
+  virtual bool test(const Transfer& x) = 0;
+  /// Whether an endpoint error was seen for `peer` (it died or its link broke).
+  virtual bool peer_failed(int peer) const = 0;
+};
+
+/// The UCX transport of one rank: UCP context + worker, worker addresses and rkeys exchanged
+/// through the store under "strata/<job>/ucx/". Every segment of `heap` is mapped for RMA
+/// when it is created. Unavailable when the build has no UCX.
+Result<std::unique_ptr<Net>> make_ucx_net(const std::string& job_id, int rank, int world_size,
+                                          std::shared_ptr<bootstrap::StoreClient> store, memory::Heap& heap,
+                                          std::chrono::milliseconds timeout, const std::string& tls,
+                                          const std::string& net_devices, const std::string& datapath);
+
+/// One line for `strata info`: the UCX version, the data path `auto` would pick here and the
+/// STRATA_UCX_* settings; "no (...)" in a build without UCX.
+std::string ucx_summary(const std::string& tls, const std::string& net_devices, const std::string& datapath);
+
+}  // namespace strata::transport

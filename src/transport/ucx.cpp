@@ -1,0 +1,541 @@
+// The UCX transport: one UCP context and worker per rank, endpoints made on first use from
+// worker addresses found in the store, heap segments mapped for RMA as they are created.
+//
+// Threads: a rank's communicators (and their copy engines) share the worker, so every UCP
+// call is made under one mutex (worker in SERIALIZED mode). Completion callbacks run inside
+// ucp_worker_progress, i.e. under that mutex too.
+
+#include <dirent.h>
+#include <poll.h>
+#include <sched.h>
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "bootstrap/store.hpp"
+#include "common/log.hpp"
+#include "memory/heap.hpp"
+#include "transport/net.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define STRATA_UCX_RELAX() _mm_pause()
+#else
+#define STRATA_UCX_RELAX() std::atomic_signal_fence(std::memory_order_seq_cst)
+#endif
+
+namespace strata::transport {
+namespace {
+
+std::string hex(const void* p, size_t n) {
+  static const char* d = "0123456789abcdef";
+  std::string s(2 * n, '0');
+  auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) {
+    s[2 * i] = d[b[i] >> 4];
+    s[2 * i + 1] = d[b[i] & 15];
+  }
+  return s;
+}
+
+std::string unhex(const std::string& s) {
+  auto v = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  std::string out(s.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>(v(s[2 * i]) << 4 | v(s[2 * i + 1]));
+  return out;
+}
+
+Status from_ucs(ucs_status_t st, int peer, const char* what) {
+  const std::string m = std::string(what) + ": " + ucs_status_string(st);
+  switch (st) {
+    case UCS_OK: return Status::ok();
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_IO_ERROR:
+      return ::strata::peer_failed(m + " (world rank " + std::to_string(peer) + " died or its link broke)", peer);
+    case UCS_ERR_MESSAGE_TRUNCATED:
+      return Status(Code::InvalidArgument, m + " (world rank " + std::to_string(peer) + " sent more than was expected)",
+                    peer);
+    case UCS_ERR_CANCELED: return aborted(m);
+    default: return internal_error(m + " (peer: world rank " + std::to_string(peer) + ")");
+  }
+}
+
+/// RDMA hardware present: puts are native there (auto data path).
+bool have_rdma_devices() {
+  DIR* d = opendir("/sys/class/infiniband");
+  if (!d) return false;
+  bool any = false;
+  while (dirent* e = readdir(d))
+    if (e->d_name[0] != '.') any = true;
+  closedir(d);
+  return any;
+}
+
+class Ucx;
+
+struct PeerState {
+  Ucx* net = nullptr;
+  int rank = -1;
+  ucp_ep_h ep = nullptr;
+  std::atomic<bool> failed{false};
+  ucs_status_t error = UCS_OK;
+};
+
+struct RemoteSeg {
+  ucp_rkey_h rkey = nullptr;
+  uint64_t base = 0;
+};
+
+class Ucx final : public Net {
+ public:
+  Ucx(std::string job, int rank, int n, std::shared_ptr<bootstrap::StoreClient> store, memory::Heap& heap,
+      std::chrono::milliseconds timeout)
+      : job_(std::move(job)), rank_(rank), store_(std::move(store)), heap_(heap), timeout_(timeout), peers_(n) {
+    for (int r = 0; r < n; ++r) {
+      peers_[r] = std::make_unique<PeerState>();
+      peers_[r]->net = this;
+      peers_[r]->rank = r;
+    }
+  }
+  ~Ucx() override;
+
+  Status start(const std::string& tls, const std::string& devices, const std::string& datapath);
+
+  std::string describe() const override { return put_ ? "put" : "tag"; }
+  bool use_put() const override { return put_; }
+  Result<TransferPtr> send(int peer, uint64_t tag, const void* buf, size_t bytes) override;
+  Result<TransferPtr> recv(int peer, uint64_t tag, void* buf, size_t bytes) override;
+  Result<TransferPtr> put(int peer, uint64_t tag, const void* buf, size_t bytes, RemoteRef dst) override;
+  Status wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, const char* what) override;
+  bool test(const Transfer& x) override;
+  bool peer_failed(int peer) const override { return peers_[peer]->failed.load(std::memory_order_acquire); }
+
+  static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
+    auto* p = static_cast<PeerState*>(arg);
+    p->error = st;
+    p->failed.store(true, std::memory_order_release);
+    STRATA_LOG(Info, "ucx: endpoint to rank " << p->rank << " failed: " << ucs_status_string(st));
+  }
+
+ private:
+  std::string key(const std::string& what, int r) const {
+    return "strata/" + job_ + "/ucx/" + what + "/" + std::to_string(r);
+  }
+  Result<ucp_ep_h> endpoint(int peer);                   // under mu_
+  Result<RemoteSeg> remote_seg(int peer, uint32_t seg);  // under mu_
+  void map_segment(uint32_t id, void* base, size_t size);
+  void progress_locked() {
+    while (ucp_worker_progress(worker_) != 0) {
+    }
+  }
+  Status post_tag_send(ucp_ep_h ep, uint64_t tag, const void* buf, size_t bytes, const TransferPtr& x);
+  static void on_send(void* req, ucs_status_t st, void* user);
+  static void on_recv(void* req, ucs_status_t st, const ucp_tag_recv_info_t* info, void* user);
+  static void on_flush(void* req, ucs_status_t st, void* user);
+  static void finish(Transfer* x, ucs_status_t st, size_t len);
+  /// After posting `x` (with x->self set): UCX may complete an operation inside the posting
+  /// call, through the callback (which drops x->self and frees the request), or return a
+  /// status without a callback; only a request still in flight is remembered for cancel.
+  static void track(const TransferPtr& x, ucs_status_ptr_t r) {
+    if (x->done.load(std::memory_order_acquire)) return;
+    if (UCS_PTR_IS_PTR(r)) {
+      x->handle = r;
+      return;
+    }
+    x->self.reset();
+    finish(x.get(), UCS_PTR_STATUS(r), 0);
+  }
+
+  std::string job_;
+  int rank_;
+  std::shared_ptr<bootstrap::StoreClient> store_;
+  memory::Heap& heap_;
+  std::chrono::milliseconds timeout_;
+  std::vector<std::unique_ptr<PeerState>> peers_;
+  mutable std::mutex mu_;
+  ucp_context_h ctx_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int efd_ = -1;
+  bool put_ = false;
+  std::map<uint32_t, ucp_mem_h> memh_;  // own segments
+  std::map<std::pair<int, uint32_t>, RemoteSeg> rsegs_;
+  // Put transfers waiting for their flush: the notification is sent from the flush callback.
+  struct PutNotify {
+    ucp_ep_h ep;
+    uint64_t tag;
+    TransferPtr x;
+    Ucx* net;
+  };
+};
+
+Status Ucx::start(const std::string& tls, const std::string& devices, const std::string& datapath) {
+  ucp_config_t* cfg = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
+  if (st != UCS_OK) return unavailable(std::string("ucx: reading UCX configuration: ") + ucs_status_string(st));
+  if (!tls.empty() && (st = ucp_config_modify(cfg, "TLS", tls.c_str())) != UCS_OK) {
+    ucp_config_release(cfg);
+    return invalid_argument("STRATA_UCX_TLS='" + tls + "' is not accepted by UCX: " + ucs_status_string(st));
+  }
+  if (!devices.empty() && (st = ucp_config_modify(cfg, "NET_DEVICES", devices.c_str())) != UCS_OK) {
+    ucp_config_release(cfg);
+    return invalid_argument("STRATA_UCX_NET_DEVICES='" + devices +
+                            "' is not accepted by UCX: " + ucs_status_string(st));
+  }
+  ucp_params_t p{};
+  p.field_mask = UCP_PARAM_FIELD_FEATURES;
+  p.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  st = ucp_init(&p, cfg, &ctx_);
+  ucp_config_release(cfg);
+  if (st != UCS_OK) return unavailable(std::string("ucx: ucp_init failed: ") + ucs_status_string(st));
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  if ((st = ucp_worker_create(ctx_, &wp, &worker_)) != UCS_OK)
+    return unavailable(std::string("ucx: ucp_worker_create failed: ") + ucs_status_string(st));
+  if ((st = ucp_worker_get_efd(worker_, &efd_)) != UCS_OK)
+    return unavailable(std::string("ucx: no wakeup fd: ") + ucs_status_string(st));
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  if ((st = ucp_worker_get_address(worker_, &addr, &len)) != UCS_OK)
+    return unavailable(std::string("ucx: ucp_worker_get_address failed: ") + ucs_status_string(st));
+  std::string a = hex(addr, len);
+  ucp_worker_release_address(worker_, addr);
+  STRATA_RETURN_IF_ERROR(store_->set(key("addr", rank_), a));
+  // UCX emulates RMA over TCP (MEASURED.md: puts ~5x slower than tag messages there), so
+  // puts are the data path only where RDMA hardware is present, unless forced.
+  put_ = datapath == "put" || (datapath == "auto" && have_rdma_devices() && tls.find("tcp") == std::string::npos);
+  heap_.set_segment_listener([this](uint32_t id, void* base, size_t size) { map_segment(id, base, size); });
+  return Status::ok();
+}
+
+void Ucx::map_segment(uint32_t id, void* base, size_t size) {
+  std::lock_guard<std::mutex> g(mu_);
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.address = base;
+  mp.length = size;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t st = ucp_mem_map(ctx_, &mp, &memh);
+  if (st != UCS_OK) {
+    STRATA_LOG(Warn, "ucx: rank " << rank_ << " cannot map heap segment " << id << " for RMA: " << ucs_status_string(st)
+                                  << " (its data moves by tag messages)");
+    return;
+  }
+  void* rk = nullptr;
+  size_t rklen = 0;
+  if ((st = ucp_rkey_pack(ctx_, memh, &rk, &rklen)) != UCS_OK) {
+    ucp_mem_unmap(ctx_, memh);
+    STRATA_LOG(Warn,
+               "ucx: rank " << rank_ << " cannot pack the rkey of segment " << id << ": " << ucs_status_string(st));
+    return;
+  }
+  memh_[id] = memh;
+  uint64_t b = reinterpret_cast<uint64_t>(base);
+  // Published once; every peer fetches it the first time it puts into this segment.
+  Status s = store_->set(key("rkey", rank_) + "/" + std::to_string(id), hex(&b, sizeof b) + hex(rk, rklen));
+  ucp_rkey_buffer_release(rk);
+  if (!s.is_ok()) STRATA_LOG(Warn, "ucx: publishing the rkey of segment " << id << ": " << s.to_string());
+}
+
+Ucx::~Ucx() {
+  heap_.set_segment_listener(nullptr);
+  if (!worker_) {
+    if (ctx_) ucp_cleanup(ctx_);
+    return;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto& [k, rs] : rsegs_) ucp_rkey_destroy(rs.rkey);
+  // Forced close: a polite flush could wait for peers that are already gone.
+  std::vector<void*> closing;
+  for (auto& p : peers_) {
+    if (!p->ep) continue;
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &cp);
+    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+    p->ep = nullptr;
+  }
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  for (void* r : closing) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < until)
+      ucp_worker_progress(worker_);
+    ucp_request_free(r);
+  }
+  for (auto& [id, m] : memh_) ucp_mem_unmap(ctx_, m);
+  ucp_worker_destroy(worker_);
+  ucp_cleanup(ctx_);
+}
+
+Result<ucp_ep_h> Ucx::endpoint(int peer) {
+  PeerState& p = *peers_[peer];
+  if (p.failed.load(std::memory_order_acquire))
+    return ::strata::peer_failed(
+        "world rank " + std::to_string(peer) + " is unreachable: " + ucs_status_string(p.error), peer);
+  if (p.ep) return p.ep;
+  // The address was published at the peer's init; it is in the store by the time any
+  // operation with that peer runs, so this waits only if the peer is still starting.
+  auto a = store_->get(key("addr", peer), timeout_);
+  if (!a.is_ok()) return a.status().with_context("ucx: worker address of rank " + std::to_string(peer) + ": ");
+  std::string addr = unhex(a.value());
+  ucp_ep_params_t ep{};
+  ep.field_mask =
+      UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = &Ucx::on_ep_error;
+  ep.err_handler.arg = &p;
+  ucs_status_t st = ucp_ep_create(worker_, &ep, &p.ep);
+  if (st != UCS_OK) {
+    p.ep = nullptr;
+    return from_ucs(st, peer, "ucx: connecting to rank");
+  }
+  return p.ep;
+}
+
+Result<RemoteSeg> Ucx::remote_seg(int peer, uint32_t seg) {
+  auto it = rsegs_.find({peer, seg});
+  if (it != rsegs_.end()) return it->second;
+  STRATA_ASSIGN_OR_RETURN(ucp_ep_h ep, endpoint(peer));
+  auto v = store_->get(key("rkey", peer) + "/" + std::to_string(seg), timeout_);
+  if (!v.is_ok())
+    return v.status().with_context("ucx: rkey of segment " + std::to_string(seg) + " of rank " + std::to_string(peer) +
+                                   ": ");
+  std::string raw = unhex(v.value());
+  RemoteSeg rs;
+  std::memcpy(&rs.base, raw.data(), sizeof rs.base);
+  ucs_status_t st = ucp_ep_rkey_unpack(ep, raw.data() + sizeof rs.base, &rs.rkey);
+  if (st != UCS_OK) return from_ucs(st, peer, "ucx: unpacking an rkey");
+  rsegs_[{peer, seg}] = rs;
+  return rs;
+}
+
+void Ucx::finish(Transfer* x, ucs_status_t st, size_t len) {
+  x->status = from_ucs(st, x->peer, x->is_recv ? "ucx receive" : "ucx send");
+  x->received = len;
+  if (x->is_recv && st == UCS_OK && len != x->bytes)
+    x->status = Status(Code::InvalidArgument,
+                       "world rank " + std::to_string(x->peer) + " sent " + std::to_string(len) + " bytes where " +
+                           std::to_string(x->bytes) + " were expected",
+                       x->peer);
+  x->handle = nullptr;
+  x->done.store(true, std::memory_order_release);
+}
+
+void Ucx::on_send(void* req, ucs_status_t st, void* user) {
+  auto* x = static_cast<Transfer*>(user);
+  TransferPtr keep = std::move(x->self);  // released at the end of this scope
+  finish(x, st, 0);
+  ucp_request_free(req);
+}
+
+void Ucx::on_recv(void* req, ucs_status_t st, const ucp_tag_recv_info_t* info, void* user) {
+  auto* x = static_cast<Transfer*>(user);
+  TransferPtr keep = std::move(x->self);
+  finish(x, st, st == UCS_OK ? info->length : 0);
+  ucp_request_free(req);
+}
+
+Status Ucx::post_tag_send(ucp_ep_h ep, uint64_t tag, const void* buf, size_t bytes, const TransferPtr& x) {
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.cb.send = &Ucx::on_send;
+  rp.user_data = x.get();
+  x->self = x;
+  track(x, ucp_tag_send_nbx(ep, buf, bytes, tag, &rp));
+  return Status::ok();
+}
+
+Result<TransferPtr> Ucx::send(int peer, uint64_t tag, const void* buf, size_t bytes) {
+  auto x = std::make_shared<Transfer>();
+  x->peer = peer;
+  x->bytes = bytes;
+  std::lock_guard<std::mutex> g(mu_);
+  STRATA_ASSIGN_OR_RETURN(ucp_ep_h ep, endpoint(peer));
+  STRATA_RETURN_IF_ERROR(post_tag_send(ep, tag, buf, bytes, x));
+  return x;
+}
+
+Result<TransferPtr> Ucx::recv(int peer, uint64_t tag, void* buf, size_t bytes) {
+  auto x = std::make_shared<Transfer>();
+  x->peer = peer;
+  x->bytes = bytes;
+  x->is_recv = true;
+  ucp_request_param_t rp{};
+  // Completion always through the callback: UCX 1.13 does not report the received length
+  // of a receive that completes immediately.
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  rp.cb.recv = &Ucx::on_recv;
+  rp.user_data = x.get();
+  std::lock_guard<std::mutex> g(mu_);
+  x->self = x;
+  track(x, ucp_tag_recv_nbx(worker_, buf, bytes, tag, ~uint64_t{0}, &rp));
+  return x;
+}
+
+void Ucx::on_flush(void* req, ucs_status_t st, void* user) {
+  auto* n = static_cast<PutNotify*>(user);
+  std::unique_ptr<PutNotify> own(n);
+  ucp_request_free(req);
+  Transfer* x = n->x.get();
+  x->stage = 2;
+  x->handle = nullptr;
+  TransferPtr keep = std::move(x->self);
+  if (st != UCS_OK) {
+    finish(x, st, 0);
+    return;
+  }
+  // The data is in the peer's memory: tell it (we are inside progress, under mu_).
+  (void)n->net->post_tag_send(n->ep, n->tag, nullptr, 0, n->x);
+}
+
+Result<TransferPtr> Ucx::put(int peer, uint64_t tag, const void* buf, size_t bytes, RemoteRef dst) {
+  auto x = std::make_shared<Transfer>();
+  x->peer = peer;
+  x->bytes = bytes;
+  std::lock_guard<std::mutex> g(mu_);
+  STRATA_ASSIGN_OR_RETURN(ucp_ep_h ep, endpoint(peer));
+  if (bytes) {
+    STRATA_ASSIGN_OR_RETURN(RemoteSeg rs, remote_seg(peer, dst.seg));
+    ucp_request_param_t rp{};
+    ucs_status_ptr_t r = ucp_put_nbx(ep, buf, bytes, rs.base + dst.offset, rs.rkey, &rp);
+    if (UCS_PTR_IS_ERR(r)) return from_ucs(UCS_PTR_STATUS(r), peer, "ucx put");
+    if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);  // the flush below covers its completion
+    auto* n = new PutNotify{ep, tag, x, this};
+    ucp_request_param_t fp{};
+    fp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    fp.cb.send = &Ucx::on_flush;
+    fp.user_data = n;
+    x->self = x;
+    x->stage = 1;  // flushing; on_flush moves it on (possibly inside ucp_ep_flush_nbx)
+    ucs_status_ptr_t f = ucp_ep_flush_nbx(ep, &fp);
+    if (x->stage != 1) return x;
+    if (UCS_PTR_IS_PTR(f)) {
+      x->handle = f;
+      return x;
+    }
+    x->self.reset();
+    delete n;
+    if (UCS_PTR_STATUS(f) != UCS_OK) return from_ucs(UCS_PTR_STATUS(f), peer, "ucx flush");
+  }
+  STRATA_RETURN_IF_ERROR(post_tag_send(ep, tag, nullptr, 0, x));
+  return x;
+}
+
+bool Ucx::test(const Transfer& x) {
+  if (x.done.load(std::memory_order_acquire)) return true;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    progress_locked();
+  }
+  return x.done.load(std::memory_order_acquire);
+}
+
+Status Ucx::wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, const char* what) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  // The shm waits' policy: spin, then yield the core (oversubscribed hosts), then sleep.
+  const auto spin_until = t0 + std::chrono::microseconds(policy.spin_us);
+  const auto yield_until = spin_until + std::chrono::microseconds(policy.yield_us);
+  auto next_check = t0 + std::chrono::milliseconds(1);
+  size_t first_open = 0;
+  Status fail;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      progress_locked();
+    }
+    while (first_open < xs.size() && xs[first_open]->done.load(std::memory_order_acquire)) {
+      if (!xs[first_open]->status.is_ok() && fail.is_ok()) fail = xs[first_open]->status;
+      ++first_open;
+    }
+    if (first_open == xs.size()) return fail;
+    if (!fail.is_ok()) break;
+    for (size_t i = first_open; i < xs.size() && fail.is_ok(); ++i) {
+      const Transfer& x = *xs[i];
+      if (x.done.load(std::memory_order_acquire)) {
+        if (!x.status.is_ok()) fail = x.status;
+      } else if (peer_failed(x.peer)) {
+        fail = ::strata::peer_failed(std::string(what) + ": world rank " + std::to_string(x.peer) + " failed (" +
+                                         ucs_status_string(peers_[x.peer]->error) + ")",
+                                     x.peer);
+      }
+    }
+    if (!fail.is_ok()) break;
+    auto now = Clock::now();
+    if (policy.abort && policy.abort->load(std::memory_order_relaxed)) {
+      fail = aborted(std::string(what) + ": communicator aborted");
+      break;
+    }
+    if (policy.deadline.expired()) {
+      fail = timeout_error(
+          std::string(what) + ": timed out waiting for world rank " + std::to_string(xs[first_open]->peer),
+          xs[first_open]->peer);
+      break;
+    }
+    if (now >= next_check) {
+      next_check = now + std::chrono::milliseconds(1);
+      if (policy.check) {
+        fail = policy.check();
+        if (!fail.is_ok()) break;
+      }
+    }
+    if (now < spin_until) {
+      for (int i = 0; i < 16; ++i) STRATA_UCX_RELAX();
+      continue;
+    }
+    if (now < yield_until) {
+      sched_yield();
+      continue;
+    }
+    // Sleep on the worker's event fd; 1 ms bounds the abort/deadline/liveness latency.
+    ucs_status_t st;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      st = ucp_worker_arm(worker_);
+    }
+    if (st == UCS_OK) {
+      pollfd p{efd_, POLLIN, 0};
+      (void)::poll(&p, 1, 1);
+    }
+  }
+  // Cancel what is still open: a receive must not land in a buffer the caller reuses.
+  std::lock_guard<std::mutex> g(mu_);
+  for (const auto& x : xs)
+    if (!x->done.load(std::memory_order_acquire) && x->handle && x->is_recv) ucp_request_cancel(worker_, x->handle);
+  progress_locked();
+  return fail;
+}
+
+}  // namespace
+
+std::string ucx_summary(const std::string& tls, const std::string& net_devices, const std::string& datapath) {
+  const bool put =
+      datapath == "put" || (datapath == "auto" && have_rdma_devices() && tls.find("tcp") == std::string::npos);
+  std::string s = std::string("UCX ") + ucp_get_version_string() + ", data path " + (put ? "put" : "tag") + " (" +
+                  (datapath == "auto" ? std::string(have_rdma_devices() ? "RDMA devices found" : "no RDMA devices") +
+                                            ", STRATA_UCX_DATAPATH=auto"
+                                      : "STRATA_UCX_DATAPATH=" + datapath) +
+                  "), transports " + (tls.empty() ? std::string("UCX default") : tls) + " (STRATA_UCX_TLS)";
+  if (!net_devices.empty()) s += ", devices " + net_devices + " (STRATA_UCX_NET_DEVICES)";
+  return s;
+}
+
+Result<std::unique_ptr<Net>> make_ucx_net(const std::string& job_id, int rank, int world_size,
+                                          std::shared_ptr<bootstrap::StoreClient> store, memory::Heap& heap,
+                                          std::chrono::milliseconds timeout, const std::string& tls,
+                                          const std::string& net_devices, const std::string& datapath) {
+  auto u = std::make_unique<Ucx>(job_id, rank, world_size, std::move(store), heap, timeout);
+  STRATA_RETURN_IF_ERROR(u->start(tls, net_devices, datapath));
+  return std::unique_ptr<Net>(std::move(u));
+}
+
+}  // namespace strata::transport
