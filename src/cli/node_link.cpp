@@ -220,7 +220,13 @@ void NodeLink::finish() {
     // The others poll the state once per interval; give them a few to read it before the
     // store goes away. A node that died never leaves, hence the bound.
     std::vector<std::string> keys;
-    for (int i = 1; i < spec_.nnodes; ++i) keys.push_back(left_key(i));
+    std::vector<int> silent;
+    {
+      std::lock_guard lk(mu_);
+      silent = silent_nodes_;
+    }
+    for (int i = 1; i < spec_.nnodes; ++i)
+      if (std::find(silent.begin(), silent.end(), i) == silent.end()) keys.push_back(left_key(i));
     if (!keys.empty()) (void)client_->wait(keys, 3 * interval + 500ms);
   }
   {
@@ -266,6 +272,8 @@ Status NodeLink::tick(std::vector<int64_t>& last_hb, std::vector<Clock::time_poi
         STRATA_ASSIGN_OR_RETURN(std::string v,
                                 store.compare_set(kStateKey, "", "fail\n1\n" + std::to_string(i) + "\n" + report));
         state = v;
+        std::lock_guard lk(mu_);
+        silent_nodes_.push_back(i);
       }
     }
   }

@@ -116,6 +116,7 @@ class NodeLink {
   bool final_seen_ = false;     // the monitor read a final state (or lost the store)
   bool quit_ = false;
   bool published_ = false;      // the last report reached the store
+  std::vector<int> silent_nodes_;  // node 0: agents it declared gone (they will not leave)
 };
 
 }  // namespace strata::cli
