@@ -3,14 +3,18 @@
 # hosts. Each case asserts exit statuses, reports and timing, and prints every agent's
 # output when it fails.
 #
-#   launcher_netns_test.sh STRATA SMOKE_RANK CASE
-#   CASE: smoke | rank_failure | link_down
+#   launcher_netns_test.sh STRATA SMOKE_RANK CASE [ARGS...]
+#   CASE: smoke | rank_failure | link_down          (the launcher alone)
+#         matrix COUNTS PROGRAM [ARGS...]            (PROGRAM's ranks must all exit 0)
+#         collective_link_down LINKDOWN_RANK         (mh_linkdown_rank.cpp)
+# The last two need collectives across hosts, i.e. the UCX transport.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=netns_lib.sh
 source "$here/netns_lib.sh"
 
 strata=$1 smoke_rank=$2 case=$3
+shift 3
 mh_require
 log=$(mktemp -d /tmp/strata-mhtest.XXXXXX)
 failures=0
@@ -90,6 +94,48 @@ case $case in
     check "h1 reports the lost store" grep_in "$log/h1.err" "lost the store of node 0 at 10.77.0.1:$MH_STORE_PORT"
     check "h1 stops its ranks" grep_in "$log/h1.err" "stopping the 2 rank(s) on h1"
     finish 2
+    ;;
+  matrix)
+    # A rank program that runs the collective matrix through the public API; the hosts
+    # have uneven rank counts when COUNTS says so (1,2,2).
+    counts=$1
+    shift
+    IFS=, read -r -a n <<<"$counts"
+    k=${#n[@]}
+    mh_setup "$k" || exit 1
+    trap 'mh_cleanup; rm -rf "$log"' EXIT
+    # UCX over the test link only (lo would short-cut within a host, which shm covers).
+    export STRATA_UCX_NET_DEVICES=${STRATA_UCX_NET_DEVICES:-eth0} STRATA_TIMEOUT=${STRATA_TIMEOUT:-30s}
+    mh_start_agents "$strata" "$counts" "$log" --timeout 150s -- "$@"
+    check "all agents finish within 160 s" mh_wait_agents "$log" "$k" 160
+    for ((i = 0; i < k; i++)); do check "agent h$i exits with 0 (got $(mh_rc "$log" $i))" test "$(mh_rc "$log" $i)" = 0; done
+    finish "$k"
+    ;;
+  collective_link_down)
+    # h1's link goes down while every rank runs all_reduce in a loop: every rank on h0 and
+    # h2 must fail with PeerFailed or Timeout within 2 x STRATA_TIMEOUT of the cut. The agent
+    # timeout is longer, so the ranks' own detection is what is measured, then the launchers
+    # stop the job on every host.
+    linkdown_rank=$1
+    mh_setup 3 || exit 1
+    trap 'mh_cleanup; rm -rf "$log"' EXIT
+    export STRATA_UCX_NET_DEVICES=${STRATA_UCX_NET_DEVICES:-eth0} STRATA_TIMEOUT=3s STRATA_AGENT_TIMEOUT=10s
+    mh_start_agents "$strata" 1,2,2 "$log" --timeout 90s -- "$linkdown_rank" "$log/cut_time" 1
+    sleep 4
+    date +%s.%N >"$log/cut_time"
+    mh_link_down 1
+    check "all agents finish within 40 s" mh_wait_agents "$log" 3 40
+    for i in 0 2; do
+      check "agent h$i fails (got $(mh_rc "$log" $i))" test "$(mh_rc "$log" $i)" != 0
+    done
+    for r in 0 3 4; do
+      h=$([[ $r == 0 ]] && echo 0 || echo 2)
+      check "rank $r (h$h) fails with PeerFailed or Timeout within 6 s of the cut" \
+        grep_in "$log/h$h.out" "^\[h$h:$r\] LINKDOWN-OK rank $r: "
+    done
+    check "no rank ran into a wrong result or a wrong error" bash -c "! grep -h LINKDOWN-BAD $log/h*.out"
+    check "h0's launcher reports the failure" grep_in "$log/h0.err" "strata run: "
+    finish 3
     ;;
   *)
     echo "unknown case '$case'" >&2
