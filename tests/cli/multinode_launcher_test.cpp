@@ -129,6 +129,22 @@ TEST(MultiNodeLauncherTest, FailedRankStopsEveryNodeAndEveryAgentExitsWithItsCod
       << dump(o);
 }
 
+TEST(MultiNodeLauncherTest, SigtermToOneAgentStopsTheRanksOfEveryNode) {
+  STRATA_REQUIRE_BIN();
+  Job job({1, 2}, {"sleep", "60"});
+  job.agent(1).pump(1500ms);
+  ::kill(job.agent(1).pid(), SIGTERM);
+  auto sent = Clock::now();
+  auto o = job.finish(20s);
+  double took = std::chrono::duration<double>(Clock::now() - sent).count();
+  EXPECT_EQ(o[1].exit_code, 128 + SIGTERM) << dump(o);
+  EXPECT_EQ(o[0].exit_code, 128 + SIGTERM) << dump(o);
+  EXPECT_LT(took, 3.0) << dump(o);
+  EXPECT_TRUE(std::regex_search(o[0].err, std::regex("the job failed on node 1 \\(.*\\): the agent on .* received "
+                                                     "SIGTERM; stopping the 1 rank\\(s\\) on ")))
+      << dump(o);
+}
+
 TEST(MultiNodeLauncherTest, AgentKilledIsNoticedByNodeZeroWithinTwiceTheAgentTimeout) {
   STRATA_REQUIRE_BIN();
   Job job({1, 1}, {"sleep", "60"}, {"STRATA_AGENT_TIMEOUT=1s"});
