@@ -39,8 +39,11 @@ else
 fi
 HOSTS=2 PER_HOST=2
 COLLS=(all_reduce all_to_all)
+# The command as it was given, with the settings that change what is measured.
 COMMAND_LINE="$0 $*"
-[[ $QUICK == 1 ]] && COMMAND_LINE="QUICK=1 $COMMAND_LINE"
+for v in QUICK BUILD_DIR MIN MAX FACTOR REPEATS TARGET_MS ROUNDS; do
+  [[ -n ${!v+x} && $(env | grep -c "^$v=") -gt 0 ]] && COMMAND_LINE="$v=${!v} $COMMAND_LINE"
+done
 
 say() { printf '[bench_multihost %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 start=$(date +%s)

@@ -692,8 +692,9 @@ void Launcher::on_exit(Rank& r, int status) {
   int others = running_count();
   std::string msg = rank_name(r) + " (pid " + std::to_string(r.pid) + ") " + what;
   report_failure(exit_code_, msg);
+  bool other_nodes = link_ && link_->spec().nnodes > 1;
   if (others > 0) msg += "; stopping the other " + std::to_string(others) + " rank(s)";
-  if (link_) msg += link_->spec().nnodes > 1 ? " and the ranks on every other node" : "";
+  if (other_nodes) msg += (others > 0 ? " and" : "; stopping") + std::string(" the ranks on every other node");
   print_error(kWho, msg);
   stop(SIGTERM, true);
 }

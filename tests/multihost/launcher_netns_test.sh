@@ -27,6 +27,7 @@ check() {  # check CONDITION-TEXT COMMAND...: counts and reports a failed assert
   fi
 }
 finish() {
+  [[ -n ${MH_VERBOSE:-} ]] && mh_show "$log" "$1"
   if [[ $failures -gt 0 ]]; then
     mh_show "$log" "$1" >&2
     echo "$case: $failures assertion(s) failed" >&2

@@ -1,39 +1,39 @@
-# Tests between network namespaces (one "host" per namespace, veths to a bridge): they need
+# Tests between network namespaces (one "host" per namespace, veths to a bridge; see
+# netns_lib.sh). Included from tests/CMakeLists.txt after the test subdirectories, so that the
+# rank programs of tests/multihost/CMakeLists.txt (mh_rank) exist when there is one. They need
 # root and skip (ctest SKIP_RETURN_CODE 77, with the reason in the log) elsewhere. Labelled
 # `multihost` so a run can leave them out (ctest -LE multihost) or pick them (-L multihost).
 
-add_executable(mh_smoke_rank mh_smoke_rank.cpp)
+set(_mh ${CMAKE_CURRENT_LIST_DIR})
+set(_mh_bin ${CMAKE_CURRENT_BINARY_DIR}/multihost)
+
+add_executable(mh_smoke_rank ${_mh}/mh_smoke_rank.cpp)
 target_include_directories(mh_smoke_rank PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(mh_smoke_rank PRIVATE strata)
+set_target_properties(mh_smoke_rank PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${_mh_bin})
 
-set(_mh ${CMAKE_CURRENT_SOURCE_DIR})
+# The launcher alone: any build.
 foreach(case smoke rank_failure link_down)
   add_test(NAME multihost_launcher_${case}
     COMMAND bash ${_mh}/launcher_netns_test.sh $<TARGET_FILE:strata_cli> $<TARGET_FILE:mh_smoke_rank> ${case})
-  set_tests_properties(multihost_launcher_${case} PROPERTIES
-    LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 120)
+  set_tests_properties(multihost_launcher_${case} PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 120)
 endforeach()
 
-# Collectives across hosts need the UCX transport (STRATA_WITH_UCX, from the ucx branch).
-# The matrix program, tests/multihost/mh_rank.cpp, runs the whole collective matrix through
-# the public API (written with that transport); without either, these tests are not defined
-# and the launcher tests above still run. By hand, once both are there:
+# Collectives across namespaces need the UCX transport (STRATA_WITH_UCX); the matrix also
+# needs mh_rank (tests/multihost/mh_rank.cpp, the collective matrix through the public API).
+# By hand:
 #   tests/multihost/netns.sh --hosts 2,2 -- build/tests/multihost/mh_rank
 #   tests/multihost/netns.sh --hosts 1,2,2 -- build/tests/multihost/mh_rank
 if(STRATA_WITH_UCX)
-  add_executable(mh_linkdown_rank mh_linkdown_rank.cpp)
+  add_executable(mh_linkdown_rank ${_mh}/mh_linkdown_rank.cpp)
   target_link_libraries(mh_linkdown_rank PRIVATE strata)
+  set_target_properties(mh_linkdown_rank PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${_mh_bin})
   add_test(NAME multihost_collective_link_down
     COMMAND bash ${_mh}/launcher_netns_test.sh $<TARGET_FILE:strata_cli> $<TARGET_FILE:mh_smoke_rank>
             collective_link_down $<TARGET_FILE:mh_linkdown_rank>)
   set_tests_properties(multihost_collective_link_down PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 120)
 
-  if(EXISTS ${_mh}/mh_rank.cpp)
-    if(NOT TARGET mh_rank)
-      add_executable(mh_rank mh_rank.cpp)
-      target_include_directories(mh_rank PRIVATE ${PROJECT_SOURCE_DIR}/src)
-      target_link_libraries(mh_rank PRIVATE strata)
-    endif()
+  if(TARGET mh_rank)
     foreach(counts 2,2 1,2,2)
       string(REPLACE "," "_" _name ${counts})
       add_test(NAME multihost_matrix_${_name}
