@@ -15,6 +15,7 @@ PACKAGES=(
   python3-torch        # torch.distributed gloo (bench/peers/torch_bench.py)
   python3-numpy
   python3-matplotlib   # plots of scripts/perf_report.py and strata bench --plot
+  iperf3               # link probe of scripts/bench_multihost.sh
 )
 
 check_only=0

@@ -446,12 +446,21 @@ def main():
     L += ["## torch.distributed (Python)", "",
           "Backend `strata` against `gloo` through torch.distributed (all_reduce 4 KiB–64 MiB, DDP step "
           "time): [PERFORMANCE_PYTHON.md](PERFORMANCE_PYTHON.md), measured by `python/bench_torch.py`.", ""]
+    L += multihost_section(o.docs) + [""]
 
     path = os.path.join(o.docs, "PERFORMANCE.md")
     with open(path, "w") as f:
         f.write("\n".join(L).rstrip() + "\n")
     print("perf_report: wrote %s (%d of %d targets met)" % (path, len(trows) - misses, len(trows)))
     return 0
+
+
+def multihost_section(docs):
+    """The "Between hosts" section: a link to PERFORMANCE_MULTIHOST.md and the summary of its
+    last run, written by the same code that scripts/bench_multihost.sh uses to refresh it."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import perf_multihost_report
+    return perf_multihost_report.section_lines(docs)
 
 
 def _timing(runs, key):

@@ -408,7 +408,12 @@ inline std::string usage_text(Tool tool) {
                   "  N ranks x the per-rank block (the all_gather output, the reduce_scatter input).\n"
                   "\n"
                   "options:\n";
-  if (tool == Tool::Strata) u += "  -n, --np N          ranks to start (through the launcher of 'strata run')\n";
+  if (tool == Tool::Strata) {
+    u += "  -n, --np N          ranks to start (through the launcher of 'strata run')\n";
+    u += "  --as-rank           be one rank of a job someone else started (strata run --nnodes\n"
+         "                      on every host, mpirun, ...) instead of starting -n ranks; rank 0\n"
+         "                      prints the table\n";
+  }
   u +=
       "  -b, --minbytes S    smallest size (default 8)\n"
       "  -e, --maxbytes S    largest size (default 64M)\n"
@@ -595,6 +600,9 @@ inline std::string parse_options(int argc, char** argv, int first, Tool tool, Op
     } else if (strata && take(i, {"--worker-fds"}, v, err)) {
       if (!err.empty()) return err;
       if (std::sscanf(v.c_str(), "%d,%d", &o.worker_out_fd, &o.worker_err_fd) != 2) return "bad --worker-fds";
+      o.worker = true;
+    } else if (strata && arg == "--as-rank") {
+      ++i;
       o.worker = true;
     } else if (!arg.empty() && arg[0] == '-') {
       return "unknown option '" + std::string(arg) + "'";

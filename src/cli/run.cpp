@@ -2,12 +2,19 @@
 // with a "[rank] " prefix, and stops the whole job when one rank fails or the launcher is
 // signalled.
 //
+// With --nnodes it is the agent of one node of a multi-node job: node 0 serves the store
+// on the --store address, every agent registers its local rank count there, and global
+// ranks are numbered by node order. The agents then agree on the job's fate through the
+// store (node_link.hpp): a failure anywhere, a vanished agent or a lost store stops the
+// ranks on every node.
+//
 // One thread, one poll() loop over: a signalfd (SIGCHLD and the forwarded signals, blocked
 // before the store thread starts so that only the signalfd sees them), and two pipes per
 // rank. Each rank runs in its own process group, so a signal reaches everything the rank
 // started (a shell's children included), and a Ctrl-C at the terminal reaches only the
 // launcher, which decides what the ranks get.
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -21,14 +28,17 @@
 #include <algorithm>
 #include <deque>
 #include <cerrno>
+#include <climits>
 #include <csignal>
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "bootstrap/job_info.hpp"
 #include "bootstrap/store.hpp"
 #include "cli/commands.hpp"
 #include "cli/ft_controller.hpp"
+#include "cli/node_link.hpp"
 #include "common/env.hpp"
 
 extern char** environ;
@@ -52,6 +62,7 @@ constexpr int kNotFoundExit = 127;  // as a shell
 
 const char kUsage[] =
     "usage: strata run -n N [options] [--] PROGRAM [ARGS...]\n"
+    "       strata run --nnodes H --node-rank I --store ADDR:PORT -n N [options] [--] PROGRAM [ARGS...]\n"
     "\n"
     "Starts a rendezvous store on 127.0.0.1 and N copies of PROGRAM with STRATA_RANK,\n"
     "STRATA_WORLD_SIZE, STRATA_LOCAL_RANK, STRATA_LOCAL_SIZE, STRATA_STORE, STRATA_JOB_TOKEN\n"
@@ -66,6 +77,19 @@ const char kUsage[] =
     "  --port P         port of the store (default: any free port)\n"
     "  -h, --help       show this help\n"
     "\n"
+    "across hosts (run one agent per host, as with torchrun):\n"
+    "  --nnodes H       number of nodes (agents) in the job\n"
+    "  --node-rank I    this node, 0 to H-1; node 0 serves the store on ADDR:PORT\n"
+    "  --store A:P      the store's address, the same on every node (node 0 binds it)\n"
+    "  --token T        job token, the same on every node (default: STRATA_JOB_TOKEN)\n"
+    "  --rdzv-timeout T how long agents wait for each other at start (default:\n"
+    "                   STRATA_STORE_TIMEOUT, 60s)\n"
+    "  -n N is this node's rank count and may differ between nodes; global ranks are\n"
+    "  numbered by node order (node 0's first). Output lines are prefixed with\n"
+    "  \"[HOST:RANK] \". A failed rank, a signalled agent, an agent silent for\n"
+    "  STRATA_AGENT_TIMEOUT (default 10s) or a store that stops answering stops the ranks\n"
+    "  on every node, and every agent reports why.\n"
+    "\n"
     "When a rank fails, the others get SIGTERM, then SIGKILL after 2 s; the exit status is\n"
     "the failed rank's code (128+N for a signal). SIGINT, SIGTERM and SIGHUP are forwarded\n"
     "to every rank; a second one kills them.\n";
@@ -78,6 +102,12 @@ struct RunOptions {
   bool ft = false;
   FtOptions ft_opts;
   std::vector<std::string> argv;
+  // Multi-node.
+  std::optional<int> nnodes, node_rank;
+  std::string store;
+  std::optional<std::string> token;
+  std::optional<std::chrono::milliseconds> rdzv_timeout;
+  bool multi_node() const { return nnodes.has_value(); }
 };
 
 int usage_error(const std::string& msg) {
@@ -128,6 +158,28 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
       auto k = parse_long(value);
       if (!k || *k < 0 || *k > 1'000'000) return usage_error("--max-failures must be a number >= 0, got '" + value + "'");
       o.ft_opts.max_failures = static_cast<int>(*k);
+    } else if (take_option(argc, argv, i, {"--nnodes"}, value, error)) {
+      if (!error.empty()) return usage_error(error);
+      auto n = parse_long(value);
+      if (!n || *n < 1 || *n > 65536) return usage_error("--nnodes must be a number of nodes >= 1, got '" + value + "'");
+      o.nnodes = static_cast<int>(*n);
+    } else if (take_option(argc, argv, i, {"--node-rank", "--node_rank"}, value, error)) {
+      if (!error.empty()) return usage_error(error);
+      auto n = parse_long(value);
+      if (!n || *n < 0 || *n > 65535) return usage_error("--node-rank must be a number >= 0, got '" + value + "'");
+      o.node_rank = static_cast<int>(*n);
+    } else if (take_option(argc, argv, i, {"--store"}, value, error)) {
+      if (!error.empty()) return usage_error(error);
+      o.store = value;
+    } else if (take_option(argc, argv, i, {"--token"}, value, error)) {
+      if (!error.empty()) return usage_error(error);
+      o.token = value;
+    } else if (take_option(argc, argv, i, {"--rdzv-timeout"}, value, error)) {
+      if (!error.empty()) return usage_error(error);
+      auto d = parse_cli_duration(value);
+      if (!d || d->count() <= 0)
+        return usage_error("--rdzv-timeout must be a positive duration such as 60s, got '" + value + "'");
+      o.rdzv_timeout = *d;
     } else {
       return usage_error("unknown option '" + std::string(arg) + "'");
     }
@@ -136,6 +188,26 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
   if (o.nranks == 0) return usage_error("missing -n N (the number of ranks)");
   if (o.argv.empty()) return usage_error("missing the program to run");
   if (o.ft_opts.restart_all && !o.ft) return usage_error("--restart-all needs --ft");
+  bool any_multi = o.nnodes || o.node_rank || !o.store.empty() || o.token || o.rdzv_timeout;
+  if (any_multi) {
+    if (!o.nnodes) return usage_error("--node-rank, --store, --token and --rdzv-timeout need --nnodes H");
+    if (!o.node_rank) return usage_error("missing --node-rank I (0 to " + std::to_string(*o.nnodes - 1) + ")");
+    if (*o.node_rank >= *o.nnodes)
+      return usage_error("--node-rank " + std::to_string(*o.node_rank) + " must be below --nnodes " +
+                         std::to_string(*o.nnodes) + " (nodes are numbered from 0)");
+    if (o.store.empty()) return usage_error("missing --store ADDR:PORT (node 0 serves it, every node connects to it)");
+    auto addr = bootstrap::StoreAddress::parse(o.store);
+    if (!addr.is_ok()) return usage_error("--store '" + o.store + "': " + addr.status().message());
+    if (addr->port == 0)
+      return usage_error("--store needs a port other than 0: every node must know where node 0 listens");
+    if (o.port != 0) return usage_error("--port is for single-node jobs; give the port in --store ADDR:PORT");
+    if (!o.token) o.token = Env::get().job_token;
+    if (o.token->empty() && *o.nnodes > 1)
+      return usage_error("a multi-node job needs a token shared by all nodes: pass --token T or set "
+                         "STRATA_JOB_TOKEN (e.g. to the output of 'openssl rand -hex 16') on every node");
+  }
+  if (o.ft && o.nnodes && *o.nnodes > 1)
+    return usage_error("--ft runs within one host so far; it cannot be combined with --nnodes > 1");
   return std::nullopt;
 }
 
@@ -173,7 +245,8 @@ class Launcher {
     std::string pending;
   };
   struct Rank {
-    int index = 0;
+    int index = 0;   // on this node
+    int global = 0;  // in the job
     pid_t pid = -1;
     bool running = false;
     bool current = true;  // the newest process of this rank (--ft keeps replaced ones for their output)
@@ -181,6 +254,10 @@ class Launcher {
   };
 
   Status prepare();
+  Status join_nodes();
+  void on_job_event(const JobEvent& e);
+  void report_failure(int exit_code, const std::string& report);
+  std::string rank_name(const Rank& r) const;
   Status spawn(Rank& r, const std::string& path, std::vector<char*>& argv, const std::vector<std::string>& shared_env);
   void loop();
   void on_signals();
@@ -209,6 +286,13 @@ class Launcher {
   int devnull_ = -1;
   std::string token_, job_id_;
   std::unique_ptr<bootstrap::StoreServer> store_;
+  // Multi-node only.
+  std::unique_ptr<NodeLink> link_;
+  World world_;
+  std::string node_name_;
+  int link_fd_ = -1;
+  bool job_over_ = false;   // the job's fate is known job-wide (or the store was lost)
+  bool done_sent_ = false;
   int exit_code_ = 0;
   bool stopping_ = false;
   std::optional<Clock::time_point> kill_at_, job_deadline_, drain_until_;
@@ -227,20 +311,107 @@ Status Launcher::prepare() {
   devnull_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull_ < 0) return errno_status("open /dev/null", errno);
 
-  STRATA_ASSIGN_OR_RETURN(token_, random_hex(16));
   STRATA_ASSIGN_OR_RETURN(std::string id, random_hex(6));
   job_id_ = "run-" + id;
+  if (opts_.multi_node()) return join_nodes();
+  STRATA_ASSIGN_OR_RETURN(token_, random_hex(16));
   // Signals are blocked above, so the store thread inherits the mask and never takes them.
   STRATA_ASSIGN_OR_RETURN(store_, bootstrap::StoreServer::start("127.0.0.1", opts_.port, token_));
   return Status::ok();
 }
 
+/// A port free on `host` right now, for torch's store (rank 0 binds it a moment later;
+/// torchrun's --master_port=0 makes the same choice). 29500, torch's default, if none is found.
+int free_port(const std::string& host = "127.0.0.1");
+
+Status Launcher::join_nodes() {
+  const Env& env = Env::get();
+  auto addr = bootstrap::StoreAddress::parse(opts_.store);
+  if (!addr.is_ok()) return addr.status();
+  token_ = *opts_.token;
+  char name[HOST_NAME_MAX + 1] = {};
+  node_name_ = ::gethostname(name, sizeof name - 1) == 0 ? name : "node" + std::to_string(*opts_.node_rank);
+  // The short name: prefixes are read by people, and FQDNs of one cluster share the tail.
+  if (auto dot = node_name_.find('.'); dot != std::string::npos && dot > 0) node_name_.resize(dot);
+  if (*opts_.node_rank == 0) {
+    auto server = bootstrap::StoreServer::start(addr->host, addr->port, token_);
+    if (!server.is_ok())
+      return server.status().with_context("node 0 serves the store on --store " + opts_.store +
+                                          ", which must be an address of this host: ");
+    store_ = std::move(*server);
+  }
+  NodeSpec spec;
+  spec.nnodes = *opts_.nnodes;
+  spec.node_rank = *opts_.node_rank;
+  spec.local_size = opts_.nranks;
+  spec.store = *addr;
+  spec.token = token_;
+  spec.node_name = node_name_;
+  spec.host_id = bootstrap::host_identity(env);
+  spec.rdzv_timeout = opts_.rdzv_timeout.value_or(env.store_connect_timeout);
+  spec.agent_timeout = env.agent_timeout;
+  // Signals are blocked (and only the signalfd sees them): the waits below check it, so
+  // that a Ctrl-C while the other nodes are still missing ends the wait.
+  auto interrupted = [this]() -> std::optional<std::string> {
+    signalfd_siginfo info;
+    while (::read(sigfd_, &info, sizeof info) == sizeof info) {
+      int sig = static_cast<int>(info.ssi_signo);
+      if (sig != SIGCHLD) {
+        exit_code_ = 128 + sig;
+        return "received " + signal_name(sig);
+      }
+    }
+    return std::nullopt;
+  };
+  STRATA_ASSIGN_OR_RETURN(link_, NodeLink::connect(spec, interrupted));
+  STRATA_ASSIGN_OR_RETURN(world_, link_->rendezvous(free_port(addr->host), job_id_, interrupted));
+  job_id_ = world_.job_id;
+  return Status::ok();
+}
+
+std::string Launcher::rank_name(const Rank& r) const {
+  if (!link_) return "rank " + std::to_string(r.index);
+  return "rank " + std::to_string(r.global) + " on " + node_name_;
+}
+
+void Launcher::report_failure(int exit_code, const std::string& report) {
+  if (link_) link_->report_failure(exit_code, report);
+}
+
+void Launcher::on_job_event(const JobEvent& e) {
+  switch (e.kind) {
+    case JobEvent::Kind::Finished:
+      job_over_ = true;
+      return;
+    case JobEvent::Kind::Failed:
+      job_over_ = true;
+      if (e.node == *opts_.node_rank || stopping_) return;  // our own report, or already stopping
+      exit_code_ = e.exit_code;
+      print_error(kWho, "the job failed on node " + std::to_string(e.node) + " (" +
+                            (e.node >= 0 && e.node < static_cast<int>(world_.nodes.size())
+                                 ? world_.nodes[e.node].name
+                                 : std::string("?")) +
+                            "): " + e.report + "; stopping the " + std::to_string(running_count()) +
+                            " rank(s) on " + node_name_);
+      stop(SIGTERM, true);
+      return;
+    case JobEvent::Kind::LostStore:
+      job_over_ = true;
+      if (!stopping_ || exit_code_ == 0) exit_code_ = e.exit_code;
+      print_error(kWho, e.report + (running_count() ? "; stopping the " + std::to_string(running_count()) +
+                                                          " rank(s) on " + node_name_
+                                                    : std::string()));
+      if (!stopping_) stop(SIGTERM, true);
+      return;
+  }
+}
+
 Status Launcher::spawn(Rank& r, const std::string& path, std::vector<char*>& argv,
                        const std::vector<std::string>& shared_env) {
   std::vector<std::string> env_strings = shared_env;
-  env_strings.push_back("STRATA_RANK=" + std::to_string(r.index));
+  env_strings.push_back("STRATA_RANK=" + std::to_string(r.global));
   env_strings.push_back("STRATA_LOCAL_RANK=" + std::to_string(r.index));
-  env_strings.push_back("RANK=" + std::to_string(r.index));
+  env_strings.push_back("RANK=" + std::to_string(r.global));
   env_strings.push_back("LOCAL_RANK=" + std::to_string(r.index));
   std::vector<char*> envp;
   envp.reserve(env_strings.size() + 1);
@@ -261,7 +432,7 @@ Status Launcher::spawn(Rank& r, const std::string& path, std::vector<char*>& arg
   }
   // Rank 0 keeps a non-terminal stdin (`strata run -n 2 prog < input`); a terminal would
   // stop a background process group that reads it, so ranks never get one.
-  int in = (r.index == 0 && !::isatty(STDIN_FILENO)) ? STDIN_FILENO : devnull_;
+  int in = (r.global == 0 && !::isatty(STDIN_FILENO)) ? STDIN_FILENO : devnull_;
   pid_t parent = ::getpid();
 
   pid_t pid = ::fork();
@@ -311,14 +482,12 @@ Status Launcher::spawn(Rank& r, const std::string& path, std::vector<char*>& arg
   return Status::ok();
 }
 
-/// A port free on 127.0.0.1 right now, for torch's store (rank 0 binds it a moment later;
-/// torchrun's --master_port=0 makes the same choice). 29500, torch's default, if none is found.
-int free_port() {
+int free_port(const std::string& host) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return 29500;
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_ANY);
   socklen_t len = sizeof a;
   int port = 29500;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
@@ -332,7 +501,8 @@ int Launcher::run() {
   Status ok = prepare();
   if (!ok.is_ok()) {
     print_error(kWho, ok.message());
-    return 1;
+    if (store_) store_->stop();
+    return exit_code_ ? exit_code_ : 1;
   }
   auto path = find_program(opts_.argv[0]);
   if (!path) {
@@ -347,24 +517,40 @@ int Launcher::run() {
   // Our own variables replace any inherited ones (a launcher started from inside a job).
   static constexpr const char* kOwned[] = {
       "STRATA_RANK=",  "STRATA_WORLD_SIZE=", "STRATA_LOCAL_RANK=", "STRATA_LOCAL_SIZE=",
-      "STRATA_STORE=", "STRATA_JOB_TOKEN=",  "STRATA_JOB_ID=", "STRATA_FT=", "STRATA_EPOCH=",
+      "STRATA_STORE=", "STRATA_JOB_TOKEN=",  "STRATA_JOB_ID=",     "STRATA_NODE_RANK=",
+      "STRATA_NNODES=", "STRATA_FT=", "STRATA_EPOCH=",
       // torchrun's, for torch.distributed's env:// rendezvous (any backend)
-      "RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="};
+      "RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
+      "GROUP_RANK="};
   std::vector<std::string>& shared_env = shared_env_;
   for (char** e = environ; *e; ++e) {
     bool owned = std::any_of(std::begin(kOwned), std::end(kOwned),
                              [&](const char* p) { return std::strncmp(*e, p, std::strlen(p)) == 0; });
     if (!owned) shared_env.emplace_back(*e);
   }
-  shared_env.push_back("STRATA_WORLD_SIZE=" + std::to_string(opts_.nranks));
+  const int world = link_ ? world_.world_size : opts_.nranks;
+  std::string store_addr = "127.0.0.1:" + std::to_string(store_ ? store_->port() : 0);
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  if (link_) {
+    store_addr = opts_.store;
+    master_addr = link_->spec().store.host;
+    master_port = world_.master_port;
+    shared_env.push_back("STRATA_NODE_RANK=" + std::to_string(*opts_.node_rank));
+    shared_env.push_back("STRATA_NNODES=" + std::to_string(*opts_.nnodes));
+    shared_env.push_back("GROUP_RANK=" + std::to_string(*opts_.node_rank));
+  } else {
+    master_port = free_port();
+  }
+  shared_env.push_back("STRATA_WORLD_SIZE=" + std::to_string(world));
   shared_env.push_back("STRATA_LOCAL_SIZE=" + std::to_string(opts_.nranks));
-  shared_env.push_back("STRATA_STORE=127.0.0.1:" + std::to_string(store_->port()));
+  shared_env.push_back("STRATA_STORE=" + store_addr);
   shared_env.push_back("STRATA_JOB_TOKEN=" + token_);
   shared_env.push_back("STRATA_JOB_ID=" + job_id_);
-  shared_env.push_back("WORLD_SIZE=" + std::to_string(opts_.nranks));
+  shared_env.push_back("WORLD_SIZE=" + std::to_string(world));
   shared_env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(opts_.nranks));
-  shared_env.push_back("MASTER_ADDR=127.0.0.1");
-  shared_env.push_back("MASTER_PORT=" + std::to_string(free_port()));
+  shared_env.push_back("MASTER_ADDR=" + master_addr);
+  shared_env.push_back("MASTER_PORT=" + std::to_string(master_port));
   if (opts_.ft) {
     shared_env.push_back("STRATA_FT=1");
     const Env& env = Env::get();
@@ -379,13 +565,23 @@ int Launcher::run() {
     }
   }
 
+  if (link_) {
+    auto fd = link_->start_monitor();
+    if (!fd.is_ok()) {
+      print_error(kWho, fd.status().message());
+      return 1;
+    }
+    link_fd_ = *fd;
+  }
   ranks_.resize(opts_.nranks);
   for (int i = 0; i < opts_.nranks; ++i) {
     ranks_[i].index = i;
+    ranks_[i].global = (link_ ? world_.rank_base : 0) + i;
     Status s = spawn(ranks_[i], path_, argv_, shared_env);
     if (!s.is_ok()) {
-      print_error(kWho, "rank " + std::to_string(i) + ": " + s.message());
+      print_error(kWho, rank_name(ranks_[i]) + ": " + s.message());
       exit_code_ = s.code() == Code::InvalidArgument ? kNotFoundExit : 1;
+      report_failure(exit_code_, rank_name(ranks_[i]) + ": " + s.message());
       stop(SIGTERM, true);
       break;
     }
@@ -396,7 +592,8 @@ int Launcher::run() {
   // them behind just because the ranks exited before the grace time ran out.
   if (kill_at_) signal_ranks(SIGKILL);
   if (ft_) ft_->stop();
-  store_->stop();
+  if (link_) link_->finish();
+  if (store_) store_->stop();
   return exit_code_;
 }
 
@@ -406,35 +603,46 @@ void Launcher::loop() {
   for (;;) {
     auto now = Clock::now();
     if (running_count() == 0) {
-      if (!any_pipe_open()) return;
-      if (!drain_until_) drain_until_ = now + kDrain;
-      if (now >= *drain_until_) {
-        // Descendants still hold the pipes; relay what is buffered and leave them.
-        for (auto& r : ranks_) {
-          for (Stream* s : {&r.out, &r.err}) {
-            if (s->fd < 0) continue;
-            emit(r, *s, true);
-            ::close(s->fd);
-            s->fd = -1;
+      if (any_pipe_open()) {
+        if (!drain_until_) drain_until_ = now + kDrain;
+        if (now >= *drain_until_) {
+          // Descendants still hold the pipes; relay what is buffered and leave them.
+          for (auto& r : ranks_) {
+            for (Stream* s : {&r.out, &r.err}) {
+              if (s->fd < 0) continue;
+              emit(r, *s, true);
+              ::close(s->fd);
+              s->fd = -1;
+            }
           }
         }
-        return;
+      }
+      if (!any_pipe_open()) {
+        drain_until_.reset();
+        // One node's ranks finishing is not the job finishing: the agent stays until the
+        // job's fate is known, so that its exit status says how the whole job went.
+        if (!link_ || job_over_) return;
+        if (!done_sent_ && !stopping_) {
+          link_->report_done();
+          done_sent_ = true;
+        }
       }
     }
     if (kill_at_ && now >= *kill_at_) {
       kill_at_.reset();
       for (const auto& r : ranks_)
         if (r.running)
-          print_error(kWho, "rank " + std::to_string(r.index) + " (pid " + std::to_string(r.pid) +
+          print_error(kWho, rank_name(r) + " (pid " + std::to_string(r.pid) +
                                 ") did not exit after SIGTERM; sending SIGKILL");
       signal_ranks(SIGKILL);
     }
     if (job_deadline_ && now >= *job_deadline_) {
       job_deadline_.reset();
       if (!stopping_) {
-        print_error(kWho, "the job did not finish within --timeout " + opts_.timeout_text + "; stopping " +
-                              std::to_string(running_count()) + " rank(s)");
+        std::string msg = "the job did not finish within --timeout " + opts_.timeout_text;
+        print_error(kWho, msg + "; stopping " + std::to_string(running_count()) + " rank(s)");
         exit_code_ = kTimeoutExit;
+        report_failure(exit_code_, msg + (link_ ? " (timer of node " + node_name_ + ")" : ""));
         stop(SIGTERM, true);
       }
     }
@@ -452,6 +660,8 @@ void Launcher::loop() {
     streams.clear();
     fds.push_back({sigfd_, POLLIN, 0});
     fds.push_back({ft_ ? ft_->event_fd() : -1, POLLIN, 0});  // hung ranks found (--ft)
+    fds.push_back({link_fd_, POLLIN, 0});                    // job events from other nodes
+    const size_t first_stream = 3;
     for (auto& r : ranks_)
       for (Stream* s : {&r.out, &r.err})
         if (s->fd >= 0) {
@@ -469,9 +679,11 @@ void Launcher::loop() {
     // Output first, so lines a rank printed before it died come before the report of
     // its death.
     for (size_t i = 0; i < streams.size(); ++i)
-      if (fds[i + 2].revents) relay(*streams[i].first, *streams[i].second);
+      if (fds[i + first_stream].revents) relay(*streams[i].first, *streams[i].second);
     if (fds[0].revents & POLLIN) on_signals();
     if ((fds[1].revents & POLLIN) && !stopping_) check_heartbeats();
+    if (link_fd_ >= 0 && (fds[2].revents & POLLIN))
+      while (auto e = link_->take_event()) on_job_event(*e);
   }
 }
 
@@ -484,6 +696,7 @@ void Launcher::on_signals() {
       print_error(
           kWho, "received " + signal_name(sig) + "; forwarding it to " + std::to_string(running_count()) + " rank(s)");
       exit_code_ = 128 + sig;
+      report_failure(exit_code_, "the agent on " + node_name_ + " received " + signal_name(sig));
       // A Ctrl-C may be meant to let ranks clean up at leisure; a TERM or HUP comes from
       // something that wants the job gone, so that one is enforced after the grace time.
       stop(sig, sig != SIGINT);
@@ -531,7 +744,7 @@ void Launcher::on_exit(Rank& r, int status) {
     if (WCOREDUMP(status)) what += ", core dumped";
     code = 128 + sig;
   }
-  std::string msg = "rank " + std::to_string(r.index) + " (pid " + std::to_string(r.pid) + ") " + what;
+  std::string msg = rank_name(r) + " (pid " + std::to_string(r.pid) + ") " + what;
   if (ft_) {
     // Replaced after the whole reap pass, so ranks that died together share one epoch.
     exited_.push_back(&r);
@@ -541,7 +754,10 @@ void Launcher::on_exit(Rank& r, int status) {
   }
   exit_code_ = code;
   int others = running_count();
+  report_failure(exit_code_, msg);
+  bool other_nodes = link_ && link_->spec().nnodes > 1;
   if (others > 0) msg += "; stopping the other " + std::to_string(others) + " rank(s)";
+  if (other_nodes) msg += (others > 0 ? " and" : "; stopping") + std::string(" the ranks on every other node");
   print_error(kWho, msg);
   stop(SIGTERM, true);
 }
@@ -603,6 +819,7 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
   for (int i : respawn) {
     Rank& nr = ranks_.emplace_back();
     nr.index = i;
+    nr.global = i;  // --ft runs on one node: global rank = local index
     Status s = spawn(nr, path_, argv_, env);
     if (!s.is_ok()) {
       print_error(kWho, "replacement of rank " + std::to_string(i) + ": " + s.message());
@@ -648,7 +865,8 @@ void Launcher::relay(Rank& r, Stream& s) {
 }
 
 void Launcher::emit(const Rank& r, Stream& s, bool at_eof) {
-  const std::string prefix = "[" + std::to_string(r.index) + "] ";
+  const std::string prefix =
+      link_ ? "[" + node_name_ + ":" + std::to_string(r.global) + "] " : "[" + std::to_string(r.index) + "] ";
   std::string out;
   size_t start = 0;
   for (;;) {

@@ -105,11 +105,16 @@ Env parse(Lookup lookup, void* ctx) {
   else if (auto t = get("TORCHELASTIC_RUN_ID")) e.job_id = *t;
   else if (auto t = get("SLURM_JOB_ID")) e.job_id = *t;
   if (auto s = get("STRATA_HOST_ID")) e.host_id = *s;
+  e.node_rank = to_int(get("STRATA_NODE_RANK"));
+  if (!e.node_rank && e.launcher == "torchrun") e.node_rank = to_int(get("GROUP_RANK"));
+  e.nnodes = to_int(get("STRATA_NNODES"));
 
   if (auto s = get("STRATA_TIMEOUT"))
     if (auto d = parse_duration(*s)) e.timeout = *d;
   if (auto s = get("STRATA_STORE_TIMEOUT"))
     if (auto d = parse_duration(*s)) e.store_connect_timeout = *d;
+  if (auto s = get("STRATA_AGENT_TIMEOUT"))
+    if (auto d = parse_duration(*s); d && d->count() > 0) e.agent_timeout = *d;
   if (auto v = to_int(get("STRATA_SPIN_US")); v && *v >= 0) e.spin_us = static_cast<uint32_t>(*v);
   if (auto s = get("STRATA_ONESHOT_MAX_BYTES"))
     if (auto v = parse_size(*s)) e.oneshot_max_bytes = *v;

@@ -20,11 +20,16 @@ struct Env {
   std::string job_token;           // STRATA_JOB_TOKEN: secret the store requires on connect
   std::string job_id;              // STRATA_JOB_ID | TORCHELASTIC_RUN_ID | SLURM_JOB_ID
   std::string host_id;             // STRATA_HOST_ID: overrides hostname + boot id
+  std::optional<int> node_rank;    // STRATA_NODE_RANK | GROUP_RANK: this host's agent in a multi-node job
+  std::optional<int> nnodes;       // STRATA_NNODES: agents (hosts) in the job
   std::string launcher;            // which variables were found: "strata", "torchrun", "mpirun", "slurm", ""
 
   // Behaviour.
   std::chrono::milliseconds timeout{300000};          // STRATA_TIMEOUT (ms, or with s/ms/m suffix)
   std::chrono::milliseconds store_connect_timeout{60000};  // STRATA_STORE_TIMEOUT
+  // STRATA_AGENT_TIMEOUT: a multi-node agent silent (no heartbeat) or a store unanswered
+  // for this long counts as failed and stops the job on every node.
+  std::chrono::milliseconds agent_timeout{10000};
   uint32_t spin_us = 500;                             // STRATA_SPIN_US: µs a wait spins before yielding/sleeping
   size_t oneshot_max_bytes = 256 * 1024;              // STRATA_ONESHOT_MAX_BYTES: one-shot vs two-shot all_reduce (2 ranks)
   std::string log_level = "warn";                     // STRATA_LOG: error|warn|info|debug

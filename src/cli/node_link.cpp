@@ -1,0 +1,363 @@
+#include "cli/node_link.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <sstream>
+
+namespace strata::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+using namespace std::chrono_literals;
+
+const std::string kPrefix = "launcher/";
+std::string node_key(int i) { return kPrefix + "node/" + std::to_string(i); }
+std::string hb_key(int i) { return kPrefix + "hb/" + std::to_string(i); }
+std::string done_key(int i) { return kPrefix + "done/" + std::to_string(i); }
+std::string left_key(int i) { return kPrefix + "left/" + std::to_string(i); }
+const std::string kStateKey = kPrefix + "state";
+const std::string kJobKey = kPrefix + "job";
+
+std::vector<std::string> split_lines(const std::string& s, size_t max_parts) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (parts.size() + 1 < max_parts) {
+    size_t nl = s.find('\n', start);
+    if (nl == std::string::npos) break;
+    parts.push_back(s.substr(start, nl - start));
+    start = nl + 1;
+  }
+  parts.push_back(s.substr(start));
+  return parts;
+}
+
+std::optional<int> to_int(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  char* end = nullptr;
+  long v = std::strtol(s.c_str(), &end, 10);
+  if (*end != '\0') return std::nullopt;
+  return static_cast<int>(v);
+}
+
+std::string seconds_text(milliseconds d) {
+  std::ostringstream o;
+  o.precision(3);
+  o << std::chrono::duration<double>(d).count() << " s";
+  return o.str();
+}
+
+// A beat often enough that a missed one is noticed well inside the agent timeout, rarely
+// enough that a thousand agents do not keep the store busy.
+milliseconds heartbeat_interval(milliseconds agent_timeout) {
+  return std::clamp(agent_timeout / 5, milliseconds(50), milliseconds(1000));
+}
+
+std::string node_list(const std::vector<int>& nodes) {
+  std::string s;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (i) s += ", ";
+    if (i == 16) {
+      s += "... (" + std::to_string(nodes.size()) + " nodes)";
+      break;
+    }
+    s += std::to_string(nodes[i]);
+  }
+  return s;
+}
+
+}  // namespace
+
+// Waits are cut into slices of this length to look at `interrupted` in between.
+constexpr milliseconds kSlice{250};
+
+Result<std::unique_ptr<NodeLink>> NodeLink::connect(const NodeSpec& spec, const Interrupted& interrupted) {
+  std::unique_ptr<NodeLink> link(new NodeLink(spec));
+  Deadline until = Deadline::after(spec.rdzv_timeout);
+  for (;;) {
+    auto client = bootstrap::StoreClient::connect(spec.store, spec.token, Deadline::after(std::min(kSlice, until.remaining())));
+    if (client.is_ok()) {
+      link->client_ = std::move(*client);
+      return link;
+    }
+    if (client.status().code() != Code::Unavailable && client.status().code() != Code::Timeout)
+      return client.status().with_context("the store of node 0 at " + spec.store.to_string() + ": ");
+    if (auto why = interrupted()) return aborted(*why + " while connecting to the store of node 0 at " + spec.store.to_string());
+    if (until.expired())
+      return client.status().with_context("cannot reach the store of node 0 at " + spec.store.to_string() + " within " +
+                                           seconds_text(spec.rdzv_timeout) + ": ");
+  }
+}
+
+NodeLink::~NodeLink() {
+  {
+    std::lock_guard lk(mu_);
+    quit_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+Result<World> NodeLink::rendezvous(int master_port, const std::string& job_id, const Interrupted& interrupted) {
+  const NodeSpec& s = spec_;
+  auto& store = *client_;
+  if (s.node_rank == 0) STRATA_RETURN_IF_ERROR(store.set(kJobKey, job_id + "\n" + std::to_string(master_port)));
+
+  std::string mine = std::to_string(s.local_size) + "\n" + std::to_string(s.nnodes) + "\n" + s.node_name + "\n" + s.host_id;
+  STRATA_ASSIGN_OR_RETURN(std::string got, store.compare_set(node_key(s.node_rank), "", mine));
+  if (got != mine) {
+    auto other = split_lines(got, 4);
+    return invalid_argument("node rank " + std::to_string(s.node_rank) + " is already taken by host '" +
+                            (other.size() > 2 ? other[2] : got) +
+                            "': give every node its own --node-rank (0 to --nnodes - 1)");
+  }
+
+  std::vector<std::string> keys;
+  for (int i = 0; i < s.nnodes; ++i) keys.push_back(node_key(i));
+  Deadline until = Deadline::after(s.rdzv_timeout);
+  Status waited;
+  for (;;) {
+    waited = store.wait(keys, std::min(kSlice, until.remaining()));
+    if (waited.code() != Code::Timeout || until.expired()) break;
+    if (auto why = interrupted()) return aborted(*why + " while waiting for the other nodes to join");
+  }
+  if (!waited.is_ok()) {
+    if (waited.code() != Code::Timeout) return waited;
+    std::vector<int> missing;
+    for (int i = 0; i < s.nnodes; ++i) {
+      auto v = store.try_get(node_key(i));
+      if (v.is_ok() && !v->has_value()) missing.push_back(i);
+    }
+    return timeout_error("node(s) " + node_list(missing) + " of " + std::to_string(s.nnodes) + " did not join within " +
+                         seconds_text(s.rdzv_timeout) + " (is 'strata run --node-rank N' running there, with the same " +
+                         "--store and token?)");
+  }
+
+  World w;
+  STRATA_ASSIGN_OR_RETURN(std::string job, store.get(kJobKey, s.rdzv_timeout));
+  auto job_parts = split_lines(job, 2);
+  w.job_id = job_parts[0];
+  w.master_port = job_parts.size() > 1 ? to_int(job_parts[1]).value_or(29500) : 29500;
+  for (int i = 0; i < s.nnodes; ++i) {
+    STRATA_ASSIGN_OR_RETURN(std::string v, store.get(node_key(i), s.rdzv_timeout));
+    auto p = split_lines(v, 4);
+    if (p.size() != 4) return internal_error("malformed registration of node " + std::to_string(i) + ": '" + v + "'");
+    auto local = to_int(p[0]);
+    auto nnodes = to_int(p[1]);
+    if (!local || *local < 1 || !nnodes)
+      return internal_error("malformed registration of node " + std::to_string(i) + ": '" + v + "'");
+    if (*nnodes != s.nnodes)
+      return invalid_argument("node " + std::to_string(i) + " ('" + p[2] + "') was started with --nnodes " +
+                              std::to_string(*nnodes) + ", this node with --nnodes " + std::to_string(s.nnodes));
+    if (i < s.node_rank) w.rank_base += *local;
+    w.world_size += *local;
+    w.nodes.push_back(NodeInfo{*local, p[2], p[3]});
+  }
+  // From here on a store that does not answer within the agent timeout is a lost store.
+  store.set_reconnect_timeout(s.agent_timeout);
+  return w;
+}
+
+Result<int> NodeLink::start_monitor() {
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return errno_status("eventfd", errno);
+  thread_ = std::thread([this] { monitor(); });
+  return wake_fd_;
+}
+
+std::optional<JobEvent> NodeLink::take_event() {
+  uint64_t drained;
+  if (wake_fd_ >= 0) (void)!::read(wake_fd_, &drained, sizeof drained);
+  std::lock_guard lk(mu_);
+  if (events_.empty()) return std::nullopt;
+  JobEvent e = std::move(events_.front());
+  events_.erase(events_.begin());
+  return e;
+}
+
+void NodeLink::post(JobEvent e) {
+  {
+    std::lock_guard lk(mu_);
+    events_.push_back(std::move(e));
+  }
+  uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof one);
+}
+
+void NodeLink::report_failure(int exit_code, const std::string& report) {
+  {
+    std::lock_guard lk(mu_);
+    if (final_seen_ || failure_to_publish_) return;
+    failure_to_publish_ = {exit_code, report};
+    published_ = false;
+  }
+  cv_.notify_all();
+}
+
+void NodeLink::report_done() {
+  {
+    std::lock_guard lk(mu_);
+    done_to_publish_ = true;
+    published_ = false;
+  }
+  cv_.notify_all();
+}
+
+void NodeLink::finish() {
+  auto interval = heartbeat_interval(spec_.agent_timeout);
+  {
+    // A failure still on its way to the store must get there, or the other nodes learn of
+    // it only from the missing heartbeats.
+    std::unique_lock lk(mu_);
+    cv_.wait_for(lk, spec_.agent_timeout, [&] { return published_ || final_seen_ || !thread_.joinable(); });
+  }
+  if (spec_.node_rank == 0 && thread_.joinable()) {
+    // The others poll the state once per interval; give them a few to read it before the
+    // store goes away. A node that died never leaves, hence the bound.
+    std::vector<std::string> keys;
+    std::vector<int> silent;
+    {
+      std::lock_guard lk(mu_);
+      silent = silent_nodes_;
+    }
+    for (int i = 1; i < spec_.nnodes; ++i)
+      if (std::find(silent.begin(), silent.end(), i) == silent.end()) keys.push_back(left_key(i));
+    if (!keys.empty()) (void)client_->wait(keys, 3 * interval + 500ms);
+  }
+  {
+    std::lock_guard lk(mu_);
+    quit_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status NodeLink::tick(std::vector<int64_t>& last_hb, std::vector<Clock::time_point>& last_change) {
+  auto& store = *client_;
+  STRATA_RETURN_IF_ERROR(store.add(hb_key(spec_.node_rank), 1).status());
+  STRATA_ASSIGN_OR_RETURN(auto state, store.try_get(kStateKey));
+  if (!state && spec_.node_rank == 0) {
+    // Node 0 watches the others: an agent whose heartbeat stalls took its host's ranks
+    // with it (killed, host down, or cut off from the network).
+    STRATA_ASSIGN_OR_RETURN(auto done, store.list(kPrefix + "done/"));
+    if (static_cast<int>(done.size()) >= spec_.nnodes) {
+      STRATA_ASSIGN_OR_RETURN(std::string v, store.compare_set(kStateKey, "", "ok"));
+      state = v;
+    } else {
+      auto now = Clock::now();
+      for (int i = 1; i < spec_.nnodes && !state; ++i) {
+        if (std::find(done.begin(), done.end(), done_key(i)) != done.end()) continue;
+        STRATA_ASSIGN_OR_RETURN(auto hb, store.try_get(hb_key(i)));
+        int64_t beats = hb ? std::strtoll(hb->c_str(), nullptr, 10) : 0;
+        if (beats != last_hb[i]) {
+          last_hb[i] = beats;
+          last_change[i] = now;
+          continue;
+        }
+        auto silent = std::chrono::duration_cast<milliseconds>(now - last_change[i]);
+        if (silent < spec_.agent_timeout) continue;
+        std::string name;
+        if (auto reg = store.try_get(node_key(i)); reg.is_ok() && reg->has_value()) {
+          auto p = split_lines(**reg, 4);
+          if (p.size() > 2) name = p[2];
+        }
+        std::string report = "the agent of node " + std::to_string(i) + (name.empty() ? "" : " (" + name + ")") +
+                             " sent no heartbeat for " + seconds_text(silent) +
+                             ": its host is down or cut off from the network, or the agent was killed";
+        STRATA_ASSIGN_OR_RETURN(std::string v,
+                                store.compare_set(kStateKey, "", "fail\n1\n" + std::to_string(i) + "\n" + report));
+        state = v;
+        std::lock_guard lk(mu_);
+        silent_nodes_.push_back(i);
+      }
+    }
+  }
+  if (state) {
+    JobEvent e{JobEvent::Kind::Finished, 0, -1, ""};
+    if (*state != "ok") {
+      auto p = split_lines(*state, 4);
+      e.kind = JobEvent::Kind::Failed;
+      e.exit_code = p.size() > 1 ? to_int(p[1]).value_or(1) : 1;
+      e.node = p.size() > 2 ? to_int(p[2]).value_or(-1) : -1;
+      e.report = p.size() > 3 ? p[3] : *state;
+    }
+    STRATA_RETURN_IF_ERROR(store.set(left_key(spec_.node_rank), "1"));
+    {
+      std::lock_guard lk(mu_);
+      final_seen_ = true;
+    }
+    post(std::move(e));
+    cv_.notify_all();
+  }
+  return Status::ok();
+}
+
+void NodeLink::monitor() {
+  const auto interval = heartbeat_interval(spec_.agent_timeout);
+  std::vector<int64_t> last_hb(spec_.nnodes, -1);
+  std::vector<Clock::time_point> last_change(spec_.nnodes, Clock::now());
+  auto last_ok = Clock::now();
+  Status last_error;
+  auto& store = *client_;
+  for (;;) {
+    std::optional<std::pair<int, std::string>> failure;
+    bool done = false;
+    {
+      std::unique_lock lk(mu_);
+      if (quit_ || final_seen_) {
+        // After the final state only node 0's finish() still talks to the store.
+        if (quit_) return;
+        cv_.wait(lk, [&] { return quit_; });
+        return;
+      }
+      failure = failure_to_publish_;
+      done = done_to_publish_;
+    }
+    Status s;
+    if (failure) {
+      std::string value =
+          "fail\n" + std::to_string(failure->first) + "\n" + std::to_string(spec_.node_rank) + "\n" + failure->second;
+      auto r = store.compare_set(kStateKey, "", value);
+      s = r.status();
+    } else if (done) {
+      s = store.set(done_key(spec_.node_rank), "1");
+    }
+    if (s.is_ok() && (failure || done)) {
+      std::lock_guard lk(mu_);
+      published_ = true;
+      if (failure) failure_to_publish_.reset();
+      if (done) done_to_publish_ = false;
+    }
+    if (s.is_ok()) s = tick(last_hb, last_change);
+    auto now = Clock::now();
+    if (s.is_ok()) {
+      last_ok = now;
+    } else {
+      last_error = s;
+      auto silent = std::chrono::duration_cast<milliseconds>(now - last_ok);
+      if (silent >= spec_.agent_timeout) {
+        JobEvent e{JobEvent::Kind::LostStore, 1, 0,
+                   "lost the store of node 0 at " + spec_.store.to_string() + " (no answer for " + seconds_text(silent) +
+                       ": " + last_error.message() + "); node 0 is down or this host is cut off"};
+        {
+          std::lock_guard lk(mu_);
+          final_seen_ = true;
+        }
+        post(std::move(e));
+        cv_.notify_all();
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, [&] { return quit_; });
+        return;
+      }
+    }
+    std::unique_lock lk(mu_);
+    cv_.wait_for(lk, interval, [&] { return quit_ || (failure_to_publish_ && !failure) || (done_to_publish_ && !done); });
+  }
+}
+
+}  // namespace strata::cli

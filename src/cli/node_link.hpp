@@ -1,0 +1,122 @@
+#pragma once
+// How the agents of a multi-node `strata run` (one per host) find each other and agree on
+// the job's fate, through the rendezvous store node 0 serves.
+//
+// Keys, all under "launcher/":
+//   job            node 0's job id and torch MASTER_PORT, set before node 0 registers
+//   node/I         agent I's local rank count, name and host id (compare-and-set: a second
+//                  agent claiming the same node rank is refused)
+//   hb/I           agent I's heartbeat counter, bumped every heartbeat interval
+//   done/I         agent I's ranks all exited with 0
+//   state          absent while the job runs; "ok" or "fail\n<code>\n<node>\n<report>",
+//                  written once (compare-and-set: the first failure is the one reported)
+//   left/I         agent I saw the final state; node 0 keeps the store up until every
+//                  agent left (or a short grace passed), so none loses it before reading it
+//
+// The store traffic after rendezvous runs on a thread of its own: a request to a host that
+// is cut off blocks for up to the agent timeout, and the agent's main loop must keep
+// relaying output and watching its ranks meanwhile.
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/store.hpp"
+#include "common/status.hpp"
+
+namespace strata::cli {
+
+struct NodeSpec {
+  int nnodes = 1;
+  int node_rank = 0;
+  int local_size = 1;
+  bootstrap::StoreAddress store;
+  std::string token;
+  std::string node_name;  // shown in output prefixes and reports (the hostname)
+  std::string host_id;    // what ranks on this node use as host identity
+  std::chrono::milliseconds rdzv_timeout{60000};
+  std::chrono::milliseconds agent_timeout{10000};
+};
+
+struct NodeInfo {
+  int local_size = 0;
+  std::string name, host_id;
+};
+
+/// What the rendezvous settled.
+struct World {
+  std::string job_id;
+  int master_port = 0;
+  int world_size = 0;
+  int rank_base = 0;  // global rank of this node's local rank 0
+  std::vector<NodeInfo> nodes;
+};
+
+/// What the monitor thread tells the agent's main loop.
+struct JobEvent {
+  enum class Kind { Failed, Finished, LostStore };
+  Kind kind;
+  int exit_code = 0;
+  int node = -1;       // the node that reported the failure (Failed)
+  std::string report;  // what to print
+};
+
+class NodeLink {
+ public:
+  /// Returns why to give up waiting (a signal arrived), or nullopt to keep waiting.
+  using Interrupted = std::function<std::optional<std::string>()>;
+
+  /// Connects to the store (node 0 must already serve it) within the rendezvous timeout.
+  static Result<std::unique_ptr<NodeLink>> connect(const NodeSpec& spec, const Interrupted& interrupted);
+  ~NodeLink();
+  NodeLink(const NodeLink&) = delete;
+  NodeLink& operator=(const NodeLink&) = delete;
+
+  /// Registers this node and waits for all the others. `master_port` is node 0's offer.
+  Result<World> rendezvous(int master_port, const std::string& job_id, const Interrupted& interrupted);
+
+  /// Starts heartbeats and the watch on the job state. The returned fd becomes readable
+  /// whenever an event may be waiting (an eventfd; read it to clear).
+  Result<int> start_monitor();
+  /// The next event, if any.
+  std::optional<JobEvent> take_event();
+
+  /// Publishes a failure on this node (first one wins job-wide). Non-blocking.
+  void report_failure(int exit_code, const std::string& report);
+  /// Publishes that this node's ranks all succeeded. Non-blocking.
+  void report_done();
+  /// Waits (bounded) until what was reported reached the store and, on node 0, until the
+  /// other agents saw the final state; then stops the thread.
+  void finish();
+
+  const NodeSpec& spec() const { return spec_; }
+
+ private:
+  explicit NodeLink(NodeSpec spec) : spec_(std::move(spec)) {}
+  void monitor();
+  void post(JobEvent e);
+  Status tick(std::vector<int64_t>& last_hb, std::vector<std::chrono::steady_clock::time_point>& last_change);
+
+  NodeSpec spec_;
+  std::unique_ptr<bootstrap::StoreClient> client_;
+  std::thread thread_;
+  int wake_fd_ = -1;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<JobEvent> events_;
+  std::optional<std::pair<int, std::string>> failure_to_publish_;
+  bool done_to_publish_ = false;
+  bool final_seen_ = false;     // the monitor read a final state (or lost the store)
+  bool quit_ = false;
+  bool published_ = false;      // the last report reached the store
+  std::vector<int> silent_nodes_;  // node 0: agents it declared gone (they will not leave)
+};
+
+}  // namespace strata::cli

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# `strata run --nnodes` between network namespaces: one agent per namespace, as on real
+# hosts. Each case asserts exit statuses, reports and timing, and prints every agent's
+# output when it fails.
+#
+#   launcher_netns_test.sh STRATA SMOKE_RANK CASE [ARGS...]
+#   CASE: smoke | rank_failure | link_down          (the launcher alone)
+#         matrix COUNTS PROGRAM [ARGS...]            (PROGRAM's ranks must all exit 0)
+#         collective_link_down LINKDOWN_RANK         (mh_linkdown_rank.cpp)
+# The last two need collectives across hosts, i.e. the UCX transport.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=netns_lib.sh
+source "$here/netns_lib.sh"
+
+strata=$1 smoke_rank=$2 case=$3
+shift 3
+mh_require
+log=$(mktemp -d /tmp/strata-mhtest.XXXXXX)
+failures=0
+check() {  # check CONDITION-TEXT COMMAND...: counts and reports a failed assertion
+  local what=$1
+  shift
+  if ! "$@"; then
+    echo "FAILED: $what" >&2
+    failures=$((failures + 1))
+  fi
+}
+finish() {
+  [[ -n ${MH_VERBOSE:-} ]] && mh_show "$log" "$1"
+  if [[ $failures -gt 0 ]]; then
+    mh_show "$log" "$1" >&2
+    echo "$case: $failures assertion(s) failed" >&2
+    exit 1
+  fi
+  echo "$case: passed"
+  exit 0
+}
+# Seconds between two epoch timestamps, as an integer number of milliseconds.
+ms_between() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%d", (b - a) * 1000 }'; }
+grep_in() { grep -q -- "$2" "$1"; }
+
+case $case in
+  smoke)
+    # Uneven rank counts, ranks numbered by node order; every rank checks its placement and
+    # meets every other rank through the store served by node 0.
+    mh_setup 3 || exit 1
+    trap 'mh_cleanup; rm -rf "$log"' EXIT
+    mh_start_agents "$strata" 1,2,2 "$log" --timeout 60s -- "$smoke_rank" 1,2,2
+    check "all agents finish within 60 s" mh_wait_agents "$log" 3 60
+    for i in 0 1 2; do check "agent h$i exits with 0 (got $(mh_rc "$log" $i))" test "$(mh_rc "$log" $i)" = 0; done
+    check "h0 relays rank 0" grep_in "$log/h0.out" "^\[h0:0\] rank 0 of 5 on h0 (node 0, local 0 of 1): ok, met 4 ranks"
+    for r in 1 2; do
+      check "h1 relays rank $r" grep_in "$log/h1.out" "^\[h1:$r\] rank $r of 5 on h1 (node 1, local $((r - 1)) of 2): ok, met 3"
+    done
+    for r in 3 4; do
+      check "h2 relays rank $r" grep_in "$log/h2.out" "^\[h2:$r\] rank $r of 5 on h2 (node 2, local $((r - 3)) of 2): ok, met 3"
+    done
+    finish 3
+    ;;
+  rank_failure)
+    # A rank failing on h1 stops the ranks on every host; every agent exits with its code.
+    mh_setup 2 || exit 1
+    trap 'mh_cleanup; rm -rf "$log"' EXIT
+    start=$(date +%s.%N)
+    mh_start_agents "$strata" 2,2 "$log" -- sh -c 'sleep 1; [ "$STRATA_RANK" = 3 ] && exit 7; exec sleep 60'
+    check "all agents finish within 20 s" mh_wait_agents "$log" 2 20
+    for i in 0 1; do
+      check "agent h$i exits with the failed rank's code 7 (got $(mh_rc "$log" $i))" test "$(mh_rc "$log" $i)" = 7
+      took=$(ms_between "$start" "$(mh_end "$log" $i)")
+      check "agent h$i is done within 6 s of the start (took $took ms)" test "$took" -lt 6000
+    done
+    check "h1 reports its rank" grep_in "$log/h1.err" "rank 3 on h1 (pid [0-9]*) exited with code 7; stopping the other 1 rank(s) and the ranks on every other node"
+    check "h0 reports node 1's failure" grep_in "$log/h0.err" "the job failed on node 1 (h1): rank 3 on h1 (pid [0-9]*) exited with code 7; stopping the 2 rank(s) on h0"
+    finish 2
+    ;;
+  link_down)
+    # h1's link goes down while the job runs: node 0 misses its heartbeats, h1 loses the
+    # store; both stop their ranks and fail within twice the agent timeout.
+    mh_setup 2 || exit 1
+    trap 'mh_cleanup; rm -rf "$log"' EXIT
+    export STRATA_AGENT_TIMEOUT=2s
+    mh_start_agents "$strata" 2,2 "$log" -- sleep 60
+    sleep 2
+    cut=$(date +%s.%N)
+    mh_link_down 1
+    check "all agents finish within 20 s" mh_wait_agents "$log" 2 20
+    for i in 0 1; do
+      check "agent h$i fails (got $(mh_rc "$log" $i))" test "$(mh_rc "$log" $i)" != 0
+      took=$(ms_between "$cut" "$(mh_end "$log" $i)")
+      check "agent h$i is done within 2 x 2 s of the cut (took $took ms)" test "$took" -lt 4000
+    done
+    check "h0 names the silent node" grep_in "$log/h0.err" "the agent of node 1 (h1) sent no heartbeat for [0-9.]* s"
+    check "h0 stops its ranks" grep_in "$log/h0.err" "stopping the 2 rank(s) on h0"
+    check "h1 reports the lost store" grep_in "$log/h1.err" "lost the store of node 0 at 10.77.0.1:$MH_STORE_PORT"
+    check "h1 stops its ranks" grep_in "$log/h1.err" "stopping the 2 rank(s) on h1"
+    finish 2
+    ;;
+  matrix)
+    # A rank program that runs the collective matrix through the public API; the hosts
+    # have uneven rank counts when COUNTS says so (1,2,2).
+    counts=$1
+    shift
+    IFS=, read -r -a n <<<"$counts"
+    k=${#n[@]}
+    mh_setup "$k" || exit 1
+    trap 'mh_cleanup; rm -rf "$log"' EXIT
+    # UCX over the test link only (lo would short-cut within a host, which shm covers).
+    export STRATA_UCX_NET_DEVICES=${STRATA_UCX_NET_DEVICES:-eth0} STRATA_TIMEOUT=${STRATA_TIMEOUT:-30s}
+    mh_start_agents "$strata" "$counts" "$log" --timeout 150s -- "$@"
+    check "all agents finish within 160 s" mh_wait_agents "$log" "$k" 160
+    for ((i = 0; i < k; i++)); do check "agent h$i exits with 0 (got $(mh_rc "$log" $i))" test "$(mh_rc "$log" $i)" = 0; done
+    finish "$k"
+    ;;
+  collective_link_down)
+    # h1's link goes down while every rank runs all_reduce in a loop: every rank on h0 and
+    # h2 must fail with PeerFailed or Timeout within 2 x STRATA_TIMEOUT of the cut. The agent
+    # timeout is longer, so the ranks' own detection is what is measured, then the launchers
+    # stop the job on every host.
+    linkdown_rank=$1
+    mh_setup 3 || exit 1
+    trap 'mh_cleanup; rm -rf "$log"' EXIT
+    export STRATA_UCX_NET_DEVICES=${STRATA_UCX_NET_DEVICES:-eth0} STRATA_TIMEOUT=3s STRATA_AGENT_TIMEOUT=10s
+    mh_start_agents "$strata" 1,2,2 "$log" --timeout 90s -- "$linkdown_rank" "$log/cut_time" 1
+    sleep 4
+    date +%s.%N >"$log/cut_time"
+    mh_link_down 1
+    check "all agents finish within 40 s" mh_wait_agents "$log" 3 40
+    for i in 0 2; do
+      check "agent h$i fails (got $(mh_rc "$log" $i))" test "$(mh_rc "$log" $i)" != 0
+    done
+    for r in 0 3 4; do
+      h=$([[ $r == 0 ]] && echo 0 || echo 2)
+      check "rank $r (h$h) fails with PeerFailed or Timeout within 6 s of the cut" \
+        grep_in "$log/h$h.out" "^\[h$h:$r\] LINKDOWN-OK rank $r: "
+    done
+    check "no rank ran into a wrong result or a wrong error" bash -c "! grep -h LINKDOWN-BAD $log/h*.out"
+    check "h0's launcher reports the failure" grep_in "$log/h0.err" "strata run: "
+    finish 3
+    ;;
+  *)
+    echo "unknown case '$case'" >&2
+    exit 2
+    ;;
+esac
