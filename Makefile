@@ -3,7 +3,7 @@
 #   make build        dependencies, configure (Ninja, build/), build
 #   make test         main tree + ASan/UBSan + TSan trees, all ctest runs, "N passed, N failed"
 #   make test-fast    main tree only
-#   make demo         build, then run examples/demo on 4 ranks
+#   make demo         build, then run examples/demo on 4 ranks and examples/moe_layer on 2
 #   make install PREFIX=/opt/strata
 #   make format | lint | clean
 #
@@ -60,6 +60,8 @@ demo: build
 	  exit 1; \
 	fi
 	./$(BUILD_DIR)/strata run -n 4 ./$(BUILD_DIR)/examples/demo
+	@echo "--- examples/moe_layer: an MoE feed-forward layer (router, dispatch, SwiGLU experts, combine) ---"
+	./$(BUILD_DIR)/strata run -n 2 ./$(BUILD_DIR)/examples/moe_layer --tokens 512 --hidden 512 --ffn 256 --steps 4
 
 QUICK ?= 0
 # strata vs Open MPI / gloo / memcpy in one run; rewrites docs/PERFORMANCE.md + docs/perf_*.png

@@ -33,6 +33,8 @@ PACKAGES=(
   python3-pytest
   python3-torch
   libtorch-dev
+  # examples/moe_layer: sgemm for the experts (the example falls back to its own kernel without it)
+  libopenblas-dev
   # Later, as the layers arrive (uncomment):
   # libucx-dev                      # transport/ucx
   # (Open MPI, matplotlib for `make bench`: scripts/install_bench_deps.sh)
