@@ -28,7 +28,7 @@ export BUILD_DIR ASAN_DIR TSAN_DIR JOBS CTEST_JOBS CTEST_ARGS SANITIZER_CTEST_AR
 FORMAT_DIRS := src include tests bench examples
 NINJA_JOBS := $(if $(JOBS),-j $(JOBS),)
 
-.PHONY: all deps configure build test test-fast demo bench install format lint clean
+.PHONY: all deps configure build test test-fast demo bench bench-moe install format lint clean
 
 all: build
 
@@ -73,6 +73,15 @@ bench: deps
 	fi
 	cmake --build $(BUILD_DIR) $(NINJA_JOBS)
 	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) QUICK=$(QUICK) scripts/bench_all.sh
+
+# MoE dispatch/combine: strata schedules vs Relay vs Open MPI at 2, 4, 8 ranks; rewrites
+# docs/PERFORMANCE_MOE.md, docs/perf_moe.png and the MoE section of docs/PERFORMANCE.md
+bench-moe: deps
+	@scripts/install_bench_deps.sh
+	@if [ ! -f $(BUILD_DIR)/build.ninja ]; then \
+	  cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS); \
+	fi
+	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) QUICK=$(QUICK) scripts/bench_moe.sh
 
 install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
