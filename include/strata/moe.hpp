@@ -60,6 +60,7 @@ struct Dispatch {
   size_t hidden = 0;             ///< H
   size_t max_tokens = 0;         ///< M
   size_t elem_size = 0;          ///< bytes per element
+  size_t num_tokens = 0;         ///< tokens this rank dispatched (rows of combine's out)
   size_t total_rows = 0;         ///< rows of the whole layout (what y must hold), padding included
   std::byte* window = nullptr;   ///< row 0 of the layout
   std::vector<uint64_t> counts;  ///< [L][R]: rows of expert l from rank s

@@ -297,6 +297,7 @@ struct BufferImpl {
     out.hidden = H;
     out.max_tokens = M;
     out.elem_size = esz;
+    out.num_tokens = h->num_tokens;
     out.total_rows = h->total_rows;
     out.window = window;
     out.counts = h->counts;
