@@ -276,7 +276,7 @@ struct BufferImpl {
     return Status::ok();
   }
 
-  std::shared_ptr<HandleState> new_handle(Schedule s, size_t T, const int64_t* idx, const float* w) {
+  std::shared_ptr<HandleState> new_handle(Schedule s, size_t T, const float* w) {
     auto h = std::make_shared<HandleState>();
     h->owner = this;
     h->seq = seq;
@@ -285,7 +285,6 @@ struct BufferImpl {
     h->dest.assign(T * K, -1);
     h->row.assign(T * K, 0);
     h->w.assign(w, w + T * K);
-    (void)idx;
     return h;
   }
 
@@ -379,7 +378,7 @@ struct BufferImpl {
     // Where our rows for each expert start, and how large the largest window must be.
     std::vector<uint64_t> first_row(E), offs;
     size_t need = 0;
-    auto h = new_handle(Schedule::Prefill, T, idx, w);
+    auto h = new_handle(Schedule::Prefill, T, w);
     for (int dst = 0; dst < R; ++dst) {
       size_t total = 0;
       compact_layout(dst, matrix.data(), offs, total);
@@ -414,7 +413,7 @@ struct BufferImpl {
     for (int e = 0; e < E; ++e) mine[e] = cnt[e];  // released with sent_to below
     std::vector<uint64_t> first_row(E);
     for (int e = 0; e < E; ++e) first_row[e] = (static_cast<size_t>(e % L) * R + me) * M;
-    auto h = new_handle(Schedule::Decode, T, idx, w);
+    auto h = new_handle(Schedule::Decode, T, w);
     h->total_rows = rows;
     STRATA_RETURN_IF_ERROR(send_rows_to(T, static_cast<const std::byte*>(x), idx, peer_dwin, first_row, *h));
     STRATA_RETURN_IF_ERROR(finish_sends(d));
@@ -450,7 +449,7 @@ struct BufferImpl {
     Deadline d = deadline();
     STRATA_RETURN_IF_ERROR(begin(d, false));
     plan(T, idx);
-    auto h = new_handle(Schedule::Relay, T, idx, w);
+    auto h = new_handle(Schedule::Relay, T, w);
     // Permute: rows sorted by global expert id, which groups them by destination rank.
     std::vector<uint64_t> first(E, 0);
     for (int e = 1; e < E; ++e) first[e] = first[e - 1] + cnt[e - 1];
