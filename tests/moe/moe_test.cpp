@@ -4,6 +4,7 @@
 // and a killed peer failing the others instead of hanging them.
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 #include <strata/moe.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -442,8 +444,11 @@ TEST(MoeForked, DispatchCombineAcrossProcesses) {
 }
 
 TEST(MoeForked, PeerKilledDuringDispatchFailsTheOthers) {
-  const auto timeout = 1000ms;
+  const auto timeout = 2000ms;
   using Clock = std::chrono::steady_clock;
+  // The kill comes once every rank is in the loop (slow starts, e.g. under TSan, must not turn
+  // this into a test of joining): each rank touches a marker after its first iteration.
+  const std::string marker = "/tmp/strata-moe-kill-" + std::to_string(getpid()) + "-";
   auto results = run_forked(
       3, timeout,
       [&](Communicator& c, std::string& report) {
@@ -457,6 +462,7 @@ TEST(MoeForked, PeerKilledDuringDispatchFailsTheOthers) {
             t_fail = Clock::now();
             auto d = buf.dispatch(in.x.data(), s.T, in.idx.data(), in.w.data(), i % 2 ? Schedule::Decode : Schedule::Prefill);
             buf.combine(d.window, d.handle, out.data());
+            if (i == 0) std::fclose(std::fopen((marker + std::to_string(c.rank())).c_str(), "w"));
           }
         } catch (const Error& e) {
           auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t_fail).count();
@@ -467,9 +473,16 @@ TEST(MoeForked, PeerKilledDuringDispatchFailsTheOthers) {
         return 1;
       },
       [&](const std::vector<int>& pids) {
-        std::this_thread::sleep_for(400ms);
+        auto all_started = [&] {
+          for (int r = 0; r < 3; ++r)
+            if (access((marker + std::to_string(r)).c_str(), F_OK) != 0) return false;
+          return true;
+        };
+        for (int i = 0; i < 3000 && !all_started(); ++i) std::this_thread::sleep_for(10ms);
+        std::this_thread::sleep_for(100ms);
         kill(pids[1], SIGKILL);
       });
+  for (int r = 0; r < 3; ++r) unlink((marker + std::to_string(r)).c_str());
   for (int r : {0, 2}) {
     std::cout << "rank " << r << ": " << results[r].output << "\n";
     ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
