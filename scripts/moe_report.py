@@ -216,6 +216,8 @@ def main():
          "`STRATA_SPIN_US=100000` (the library's default spins 500 µs, then yields and sleeps on a futex, "
          "and a rank that sleeps on a loaded 2-core machine needs ~1 ms to run again, which would "
          "dominate every decode figure). With more ranks than cores the library spins ~0 regardless.",
+         "- The strata schedules take turns iteration by iteration (one Buffer), so a burst of load "
+         "from elsewhere hits them alike; Open MPI runs as its own job right after.",
          "- Per iteration: barrier, dispatch, barrier, combine. Each phase's time is the slowest rank's; "
          "the figure is the median over the timed iterations after warm-up. GB/s counts hidden × 2 "
          "bytes per (token, expert) selection per rank, as DeepEP does.", "",

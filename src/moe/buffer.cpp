@@ -208,7 +208,7 @@ struct BufferImpl {
     if (!c) return;
     // Peers may still read our windows in their combine; freed blocks are recycled, so wait
     // for them (unless the communicator is already broken: then nobody reads anymore).
-    if (!c->is_broken.load() && ctrl) {
+    if (!c->is_broken.load() && static_cast<int>(peer_ctrl.size()) == R) {  // init got that far
       publish_released(seq);
       Deadline d = deadline();
       for (int r = 0; r < R; ++r)
