@@ -3,7 +3,7 @@
 #   make build        dependencies, configure (Ninja, build/), build
 #   make test         main tree + ASan/UBSan + TSan trees, all ctest runs, "N passed, N failed"
 #   make test-fast    main tree only
-#   make demo         build, then run examples/demo on 4 ranks
+#   make demo         build, then run examples/demo on 4 ranks and examples/moe_layer on 2
 #   make install PREFIX=/opt/strata
 #   make format | lint | clean
 #
@@ -28,7 +28,7 @@ export BUILD_DIR ASAN_DIR TSAN_DIR JOBS CTEST_JOBS CTEST_ARGS SANITIZER_CTEST_AR
 FORMAT_DIRS := src include tests bench examples
 NINJA_JOBS := $(if $(JOBS),-j $(JOBS),)
 
-.PHONY: all deps configure build test test-fast demo bench bench-recovery install format lint clean
+.PHONY: all deps configure build test test-fast demo bench bench-moe bench-recovery install format lint clean
 
 all: build
 
@@ -61,6 +61,9 @@ demo: build
 	fi
 	./$(BUILD_DIR)/strata run -n 4 ./$(BUILD_DIR)/examples/demo
 	@echo
+	@echo "--- examples/moe_layer: an MoE feed-forward layer (router, dispatch, SwiGLU experts, combine) ---"
+	./$(BUILD_DIR)/strata run -n 2 ./$(BUILD_DIR)/examples/moe_layer --tokens 512 --hidden 512 --ffn 256 --steps 4
+	@echo
 	@echo "==> failure recovery: 4-rank data-parallel training, rank 2 SIGKILLed at step 10;"
 	@echo "    only rank 2 is replaced, it restores from a replica, the step is redone"
 	./$(BUILD_DIR)/strata run --ft -n 4 ./$(BUILD_DIR)/examples/train_dp --steps 20 --quiet --fail 2:10:kill
@@ -83,6 +86,15 @@ bench: deps
 bench-recovery: build
 	@scripts/install_bench_deps.sh
 	/usr/bin/python3 scripts/bench_recovery.py --build $(BUILD_DIR)
+
+# MoE dispatch/combine: strata schedules vs Relay vs Open MPI at 2, 4, 8 ranks; rewrites
+# docs/PERFORMANCE_MOE.md, docs/perf_moe.png and the MoE section of docs/PERFORMANCE.md
+bench-moe: deps
+	@scripts/install_bench_deps.sh
+	@if [ ! -f $(BUILD_DIR)/build.ninja ]; then \
+	  cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS); \
+	fi
+	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) QUICK=$(QUICK) scripts/bench_moe.sh
 
 install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)

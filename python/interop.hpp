@@ -11,6 +11,7 @@
 
 #include <strata/strata.hpp>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -71,5 +72,11 @@ std::vector<py::ssize_t> parse_shape(py::handle spec);
 /// Creates strata.Error and its subclasses in `m` and registers the translator from
 /// strata::Error (thrown by the library or by the binding) to them.
 void register_errors(py::module_& m);
+
+// ---- moe -----------------------------------------------------------------------------------
+
+/// Adds MoeBuffer and MoeDispatch (python/moe.cpp); `comm_of` gets the C++ communicator of a
+/// strata.Communicator.
+void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of);
 
 }  // namespace strata::python

@@ -978,6 +978,8 @@ PYBIND11_MODULE(_strata, m) {
       py::arg("job_id") = "", py::arg("timeout") = py::none(), py::arg("host_id") = "",
       "Joins the job and returns the world communicator (low level; use strata.init).");
 
+  bind_moe(m, [](py::handle c) { return c.cast<PyComm&>().comm(); });
+
   // The rendezvous store, for jobs whose ranks are not started by `strata run`.
   py::class_<bootstrap::StoreServer>(m, "StoreServer", "A rendezvous store served by a thread of this process.")
       .def(py::init([](const std::string& host, int port, std::string token) {

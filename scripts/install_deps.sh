@@ -35,6 +35,8 @@ PACKAGES=(
   libtorch-dev
   # transport/ucx: ranks on other hosts (UCX 1.13 in Debian 12); the build skips it when absent
   libucx-dev
+  # examples/moe_layer: sgemm for the experts (the example falls back to its own kernel without it)
+  libopenblas-dev
   # (Open MPI, matplotlib for `make bench`: scripts/install_bench_deps.sh)
 )
 # shellcheck disable=SC2206

@@ -447,6 +447,7 @@ def main():
           "Backend `strata` against `gloo` through torch.distributed (all_reduce 4 KiB–64 MiB, DDP step "
           "time): [PERFORMANCE_PYTHON.md](PERFORMANCE_PYTHON.md), measured by `python/bench_torch.py`.", ""]
     L += multihost_section(o.docs) + [""]
+    L += moe_section(o.docs)
 
     path = os.path.join(o.docs, "PERFORMANCE.md")
     with open(path, "w") as f:
@@ -461,6 +462,24 @@ def multihost_section(docs):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import perf_multihost_report
     return perf_multihost_report.section_lines(docs)
+
+
+def moe_section(docs):
+    """The MoE section: a link to PERFORMANCE_MOE.md (scripts/bench_moe.sh) and its headline table,
+    read back from there so that this report keeps it without re-running the MoE benchmark."""
+    path = os.path.join(docs, "PERFORMANCE_MOE.md")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        text = f.read()
+    head = []
+    b, e = text.find("<!-- moe-headline -->"), text.find("<!-- /moe-headline -->")
+    if 0 <= b < e:
+        head = text[b + len("<!-- moe-headline -->"):e].strip().splitlines()
+    return ["## MoE dispatch/combine", "",
+            "Relay-buffer-free dispatch/combine (`strata::moe`, issue 5) against its Relay baseline and Open MPI "
+            "(Megatron-style all-to-all), R = 2, 4, 8: [PERFORMANCE_MOE.md](PERFORMANCE_MOE.md), measured by "
+            "`scripts/bench_moe.sh`. Headline, 2 ranks:", ""] + head + [""]
 
 
 def _timing(runs, key):

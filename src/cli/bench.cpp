@@ -465,6 +465,7 @@ int launch(const Options& o, int argc, char** argv) {
 }  // namespace
 
 int bench_main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "moe") return bench_moe_main(argc - 1, argv + 1);
   Options o;
   bool help = false;
   std::string err = parse_options(argc, argv, 1, Tool::Strata, o, help);

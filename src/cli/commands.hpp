@@ -18,6 +18,8 @@ int run_main(int argc, char** argv);
 int store_main(int argc, char** argv);
 int info_main(int argc, char** argv);
 int bench_main(int argc, char** argv);
+/// `strata bench moe` (reached through bench_main; argv[0] = "moe").
+int bench_moe_main(int argc, char** argv);
 
 /// Matches option `arg` against `names` ("-n", "--np") in the forms "--np V", "--np=V" and,
 /// for one-letter names, "-nV". On a match stores the value, advances `i` past what was

@@ -7,5 +7,6 @@ target_sources(strata_cli PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/store_cmd.cpp
   ${CMAKE_CURRENT_LIST_DIR}/info.cpp
   ${CMAKE_CURRENT_LIST_DIR}/bench.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/bench_moe.cpp
 )
 target_compile_definitions(strata_cli PRIVATE STRATA_VERSION="${PROJECT_VERSION}")

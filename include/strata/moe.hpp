@@ -1,0 +1,143 @@
+#pragma once
+// Expert-parallel MoE dispatch and combine without relay buffers (DESIGN §5).
+//
+// A moe::Buffer owns windows in the symmetric heap of an expert-parallel communicator of R
+// ranks. dispatch() writes every selected token row straight into the window of the rank
+// that owns the expert; combine() reads the expert outputs in place from the peers' windows
+// and reduces them with the routing weights. Only counts and flags travel besides the rows.
+
+#include <strata/strata.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace strata::moe {
+
+/// Shape of one MoE layer on an expert-parallel communicator.
+struct Config {
+  int num_experts = 0;         ///< E, a multiple of the communicator size R; expert e lives on rank e / (E/R)
+  size_t hidden = 0;           ///< H, elements per token row
+  size_t max_tokens = 0;       ///< M, most tokens one rank dispatches in one call
+  int topk = 1;                ///< K, experts per token (1 <= K <= E)
+  DataType dtype = DataType::BFloat16;  ///< payload type: BFloat16, Float16 or Float32
+  size_t expert_alignment = 1;  ///< Prefill/Relay: each expert's range starts at a multiple of this many rows
+};
+
+/// How dispatch moves the rows.
+enum class Schedule : uint8_t {
+  Prefill,  ///< exchange counts, then write rows into contiguous per-expert ranges (throughput)
+  Decode,   ///< fixed [L][R][M][H] slots, no count exchange (latency)
+  Relay,    ///< baseline: pack by destination, all_to_all_v, unpack into expert order
+};
+
+/// "prefill", "decode", "relay".
+const char* to_string(Schedule s);
+
+namespace detail {
+struct BufferImpl;
+struct HandleState;
+}  // namespace detail
+
+/// What combine() needs to bring the expert outputs of one dispatch back to their tokens.
+struct Handle {
+  std::shared_ptr<const detail::HandleState> state;
+};
+
+/// Rows received by this rank for its local experts. Views into the Buffer's windows: valid
+/// until the next dispatch() on the same Buffer.
+///
+/// Compact layout (Prefill, Relay): expert l has count(l) contiguous rows starting at row
+/// offset(l), ordered by (source rank, source token). Masked layout (Decode): expert l owns
+/// R blocks of max_tokens rows; block s holds count(l, s) rows from rank s, in token order.
+struct Dispatch {
+  Schedule schedule = Schedule::Prefill;
+  Handle handle;                 ///< pass to combine()
+  int local_experts = 0;         ///< L = E / R
+  int ranks = 0;                 ///< R
+  size_t hidden = 0;             ///< H
+  size_t max_tokens = 0;         ///< M
+  size_t elem_size = 0;          ///< bytes per element
+  size_t num_tokens = 0;         ///< tokens this rank dispatched (rows of combine's out)
+  size_t total_rows = 0;         ///< rows of the whole layout (what y must hold), padding included
+  std::byte* window = nullptr;   ///< row 0 of the layout
+  std::vector<uint64_t> counts;  ///< [L][R]: rows of expert l from rank s
+  std::vector<uint64_t> offsets; ///< [L][R]: first row of expert l's rows from rank s
+
+  /// True for the Decode (masked [L][R][M][H]) layout.
+  bool masked() const { return schedule == Schedule::Decode; }
+  /// Rows received for local expert l (from every source).
+  size_t count(int l) const;
+  /// Rows received for local expert l from rank `src`.
+  size_t count(int l, int src) const { return counts[static_cast<size_t>(l) * ranks + src]; }
+  /// Row index (in the layout) of expert l's first row from rank `src`.
+  size_t offset(int l, int src = 0) const { return offsets[static_cast<size_t>(l) * ranks + src]; }
+  /// Address of expert l's first row (compact: count(l) rows follow; masked: R blocks of M rows).
+  void* expert_x(int l) const { return window + offset(l) * hidden * elem_size; }
+  /// Typed view of expert_x(l); T must match the Buffer's dtype.
+  template <class T>
+  T* expert_x_as(int l) const {
+    if (dtype_of_v<T> != dtype_)
+      strata::detail::throw_invalid("Dispatch::expert_x_as: element type " + std::string(strata::to_string(dtype_of_v<T>)) +
+                                    " does not match the buffer's " + strata::to_string(dtype_));
+    return reinterpret_cast<T*>(expert_x(l));
+  }
+  DataType dtype_ = DataType::BFloat16;
+};
+
+/// Dispatch/combine engine of one MoE layer. Construction and destruction are collective over
+/// the communicator; dispatch() and combine() are collective too, and every rank must call
+/// them in the same order with the same schedule. Windows are allocated once (the Prefill
+/// window grows, collectively, when a batch needs more rows) and reused by every call.
+/// Not thread-safe: one thread per rank drives a Buffer.
+class Buffer {
+ public:
+  /// Throws InvalidArgument for E % R != 0, K outside [1, E], H or M zero, or a dtype other
+  /// than BFloat16/Float16/Float32.
+  Buffer(Communicator comm, const Config& cfg);
+  ~Buffer();
+  Buffer(Buffer&&) noexcept;
+  Buffer& operator=(Buffer&&) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  const Config& config() const;
+
+  /// Sends row t of x ([num_tokens][H], the Buffer's dtype) to the experts topk_idx[t][k]
+  /// ([num_tokens][K]; -1 = no expert). topk_w ([num_tokens][K]) is kept for combine.
+  /// InvalidArgument for num_tokens > M, an expert id outside [-1, E), or an expert named
+  /// twice in one row. A peer that dies or stalls fails the call (PeerFailed, Timeout).
+  Dispatch dispatch(const void* x, size_t num_tokens, const int64_t* topk_idx, const float* topk_w, Schedule s);
+
+  /// Typed form: num_tokens = x.size() / H; checks the element type and the shapes.
+  template <class T>
+  Dispatch dispatch(std::span<const T> x, std::span<const int64_t> topk_idx, std::span<const float> topk_w,
+                    Schedule s) {
+    check_typed(dtype_of_v<T>, x.size(), topk_idx.size(), topk_w.size());
+    return dispatch(x.data(), x.size() / config().hidden, topk_idx.data(), topk_w.data(), s);
+  }
+
+  /// out[t] = sum over k with topk_idx[t][k] >= 0 of topk_w[t][k] * y[slot(t, k)], in
+  /// float32 in the order k = 0..K-1, rounded once to the dtype. y holds the expert outputs in
+  /// the layout of the dispatch (d.total_rows rows; the window itself, written in place, is
+  /// the fast path). y elsewhere in the registered heap is read in place, and this call then
+  /// returns only once every peer has read it; y outside the heap is copied into the window.
+  /// out has num_tokens rows of H.
+  void combine(const void* y, const Handle& h, void* out);
+
+  /// Typed form of combine().
+  template <class T>
+  void combine(std::span<const T> y, const Handle& h, std::span<T> out) {
+    check_typed_combine(dtype_of_v<T>, y.size(), h, out.size());
+    combine(y.data(), h, out.data());
+  }
+
+ private:
+  void check_typed(DataType t, size_t x, size_t idx, size_t w) const;
+  void check_typed_combine(DataType t, size_t y, const Handle& h, size_t out) const;
+  std::unique_ptr<detail::BufferImpl> impl_;
+};
+
+}  // namespace strata::moe

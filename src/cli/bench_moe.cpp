@@ -1,0 +1,191 @@
+// `strata bench moe`: MoE dispatch and combine time and bandwidth for the Prefill and Decode
+// schedules and the Relay baseline, on the cases of src/cli/bench_moe.hpp (shared with the Open
+// MPI peer bench/peers/mpi_moe_bench.cpp). Experts are the identity (y is the window itself), so
+// the figures are the communication alone; every run's output is checked.
+//
+//   strata bench moe -n 2 [--quick] [--only prefill|decode] [--json FILE]
+//
+// Like `strata bench`, it starts its ranks through `strata run` on this binary; rank 0 writes
+// the table to the inherited descriptors given by the hidden --worker-fds option.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <strata/moe.hpp>
+#include <strata/strata.hpp>
+
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cli/bench_moe.hpp"
+#include "cli/commands.hpp"
+
+namespace strata::cli {
+namespace {
+
+using namespace strata::bench::moe;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kWho = "strata bench moe";
+
+struct MoeOptions {
+  int nranks = 0;
+  bool quick = false;
+  std::string only, json;
+  int out_fd = -1, err_fd = -1;
+  bool worker = false;
+};
+
+const char* kUsage =
+    "usage: strata bench moe -n N [--quick] [--only prefill|decode] [--json FILE]\n"
+    "  MoE dispatch/combine: Prefill and Decode schedules vs the Relay baseline, bfloat16, top-8 of 64\n"
+    "  experts; prefill 4096 tokens/rank x hidden 4096, decode 1/32/128 tokens/rank x hidden 7168.\n"
+    "  Times are medians over iterations of the slowest rank; GB/s counts hidden x 2 bytes per\n"
+    "  (token, expert) selection per rank. --json appends one JSON object per line to FILE.\n";
+
+double us_since(Clock::time_point t) { return std::chrono::duration<double, std::micro>(Clock::now() - t).count(); }
+
+int worker(const MoeOptions& o) {
+  Communicator comm = init();
+  const int R = comm.size(), me = comm.rank();
+  const int out_fd = o.out_fd >= 0 ? o.out_fd : STDOUT_FILENO;
+  if (me == 0) write_all(out_fd, "# strata bench moe: " + std::to_string(R) + " ranks\n" + table_header());
+  int rc = 0;
+  for (const Case& c : cases(o.quick)) {
+    if (!o.only.empty() && o.only != c.phase) continue;
+    Inputs in = make_inputs(c, me);
+    moe::Buffer buf(comm, {.num_experts = c.experts, .hidden = c.hidden, .max_tokens = c.max_tokens,
+                           .topk = c.topk, .dtype = DataType::BFloat16});
+    std::vector<uint16_t> out(c.tokens * c.hidden);
+    std::vector<moe::Schedule> scheds = {moe::Schedule::Prefill, moe::Schedule::Relay};
+    if (c.phase == "decode") scheds.insert(scheds.begin(), moe::Schedule::Decode);
+    // The schedules take turns iteration by iteration, so a burst of load from elsewhere on a
+    // shared machine hits them alike and their ratios hold.
+    const size_t ns = scheds.size();
+    std::vector<std::vector<double>> dt(ns, std::vector<double>(c.iters)), ct = dt;
+    std::vector<double> bad(ns, 0.0);
+    for (int i = 0; i < c.warmup + c.iters; ++i) {
+      for (size_t k = 0; k < ns; ++k) {
+        comm.barrier();
+        auto t0 = Clock::now();
+        moe::Dispatch d = buf.dispatch(in.x.data(), c.tokens, in.idx.data(), in.w.data(), scheds[k]);
+        double d_us = us_since(t0);
+        comm.barrier();
+        auto t1 = Clock::now();
+        buf.combine(d.window, d.handle, out.data());
+        double c_us = us_since(t1);
+        if (i >= c.warmup) {
+          dt[k][i - c.warmup] = d_us;
+          ct[k][i - c.warmup] = c_us;
+        }
+        std::string why;
+        if (i + 1 == c.warmup + c.iters && !check_identity(c, in, out.data(), why)) {
+          bad[k] = 1;
+          print_error(kWho, "rank " + std::to_string(me) + ": wrong result (" + moe::to_string(scheds[k]) + "): " + why);
+        }
+      }
+    }
+    comm.all_reduce(bad, ReduceOp::Max);
+    for (size_t k = 0; k < ns; ++k) {
+      comm.all_reduce(dt[k], ReduceOp::Max);
+      comm.all_reduce(ct[k], ReduceOp::Max);
+      if (bad[k]) rc = 1;
+      if (me == 0) {
+        std::string row, json;
+        format_row(c, R, std::string("strata-") + moe::to_string(scheds[k]), median(dt[k]), median(ct[k]), row, json);
+        write_all(out_fd, row);
+        if (!o.json.empty()) std::ofstream(o.json, std::ios::app) << json;
+      }
+    }
+  }
+  comm.barrier();
+  return rc;
+}
+
+}  // namespace
+
+int bench_moe_main(int argc, char** argv) {
+  MoeOptions o;
+  std::vector<std::string> pass;  // what the ranks get
+  for (int i = 1; i < argc;) {
+    // take_option advances i past what it consumed; the flags advance it here.
+    std::string v, err;
+    std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      write_all(STDOUT_FILENO, kUsage);
+      return 0;
+    } else if (a == "--quick") {
+      o.quick = true;
+      pass.push_back(a);
+      ++i;
+    } else if (take_option(argc, argv, i, {"-n", "--np"}, v, err)) {
+      auto n = parse_long(v);
+      if (!n || *n < 1 || *n > 4096) {
+        print_error(kWho, "-n needs a rank count, got '" + v + "'");
+        return kUsageError;
+      }
+      o.nranks = static_cast<int>(*n);
+    } else if (take_option(argc, argv, i, {"--only"}, v, err)) {
+      if (v != "prefill" && v != "decode") {
+        print_error(kWho, "--only takes prefill or decode, got '" + v + "'");
+        return kUsageError;
+      }
+      o.only = v;
+      pass.push_back("--only=" + v);
+    } else if (take_option(argc, argv, i, {"--json"}, v, err)) {
+      o.json = v;
+      pass.push_back("--json=" + v);
+    } else if (take_option(argc, argv, i, {"--worker-fds"}, v, err)) {
+      if (std::sscanf(v.c_str(), "%d,%d", &o.out_fd, &o.err_fd) != 2) {
+        print_error(kWho, "bad --worker-fds");
+        return kUsageError;
+      }
+      o.worker = true;
+    } else {
+      print_error(kWho, err.empty() ? "unknown option '" + a + "'" : err);
+      write_all(STDERR_FILENO, kUsage);
+      return kUsageError;
+    }
+    if (!err.empty()) {
+      print_error(kWho, err);
+      return kUsageError;
+    }
+  }
+  if (o.worker) {
+    try {
+      return worker(o);
+    } catch (const Error& e) {
+      print_error(kWho, std::string(to_string(e.code())) + ": " + e.what());
+      return 1;
+    }
+  }
+  if (o.nranks == 0) {
+    print_error(kWho, "-n is required");
+    return kUsageError;
+  }
+  char exe[PATH_MAX];
+  ssize_t len = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len <= 0) {
+    print_error(kWho, "cannot find this executable");
+    return 1;
+  }
+  exe[len] = '\0';
+  int out_fd = ::fcntl(STDOUT_FILENO, F_DUPFD, 10);
+  int err_fd = ::fcntl(STDERR_FILENO, F_DUPFD, 10);
+  std::vector<std::string> args = {"run", "-n", std::to_string(o.nranks), "--", exe, "bench", "moe",
+                                   "--worker-fds=" + std::to_string(out_fd) + "," + std::to_string(err_fd)};
+  args.insert(args.end(), pass.begin(), pass.end());
+  std::vector<char*> run_argv;
+  for (auto& a : args) run_argv.push_back(a.data());
+  run_argv.push_back(nullptr);
+  int rc = run_main(static_cast<int>(args.size()), run_argv.data());
+  if (out_fd >= 0) ::close(out_fd);
+  if (err_fd >= 0) ::close(err_fd);
+  return rc;
+}
+
+}  // namespace strata::cli

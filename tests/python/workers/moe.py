@@ -1,0 +1,88 @@
+"""strata.moe from Python: dispatch views, combine against a numpy reference, every schedule,
+numpy float32 and torch bfloat16, and argument errors.
+
+Invariants: every (t, k) with an expert lands once in its expert's rows (in (source, token)
+order for the compact layouts), combine equals sum_k w * expert(x) computed here, schedules agree."""
+
+import numpy as np
+
+import strata
+import strata.moe
+from common import join
+
+comm = join()
+r, n = comm.rank, comm.size
+E, H, M, K = 4 * n, 16, 8, 2
+
+
+def inputs(rank, T):
+    g = np.random.default_rng(100 + rank)
+    x = g.standard_normal((T, H)).astype(np.float32)
+    idx = np.stack([g.permutation(E)[:K] for _ in range(T)]).astype(np.int64)
+    idx[::3, 1] = -1
+    w = g.uniform(0.1, 1.0, (T, K)).astype(np.float32)
+    return x, idx, w
+
+
+def scale(e):
+    return np.float32(1.0 + 0.25 * e)
+
+
+T = M
+xs = [inputs(s, T) for s in range(n)]
+x, idx, w = xs[r]
+want = np.zeros((T, H), np.float32)
+for t in range(T):
+    for k in range(K):
+        if idx[t, k] >= 0:
+            want[t] += w[t, k] * (x[t] * scale(idx[t, k]))
+
+buf = strata.moe.Buffer(comm, num_experts=E, hidden=H, max_tokens=M, topk=K, dtype="float32")
+outs = []
+for sched in strata.moe.SCHEDULES:
+    d = buf.dispatch(x, idx, w, sched)
+    assert d.schedule == sched and d.masked == (sched == "decode")
+    L = d.local_experts
+    for l in range(L):
+        e = r * L + l
+        for s in range(n):
+            rows = [t for t in range(T) if e in xs[s][1][t]]
+            assert d.count(l, s) == len(rows), (sched, l, s, d.count(l, s), len(rows))
+            got = d.window[d.offset(l, s):d.offset(l, s) + len(rows)]
+            assert np.array_equal(got, xs[s][0][rows]), (sched, "rows of expert", e, "from", s)
+        if d.masked:
+            d.expert_x(l)[:] *= scale(e)  # the whole [R, M, H] block; only counted rows matter
+        else:
+            assert d.expert_x(l).shape == (d.count(l), H)
+            d.expert_x(l)[:] *= scale(e)
+    out = buf.combine(d)
+    assert np.allclose(out, want, rtol=1e-5, atol=1e-5), (sched, np.abs(out - want).max())
+    outs.append(out)
+assert all(np.array_equal(outs[0], o) for o in outs[1:]), "schedules disagree"
+
+for bad, what in (((np.ascontiguousarray(x[:, :5]), idx, w), "not a multiple of hidden"),
+                  ((x, np.ascontiguousarray(idx[:, :1]), w), "topk_idx has"),
+                  ((x.astype(np.float64), idx, w), "dtype")):
+    try:
+        buf.dispatch(*bad, "prefill")
+    except strata.InvalidArgument as e:
+        assert what in str(e), str(e)
+    else:
+        raise AssertionError("no error for " + what)
+
+try:
+    import torch
+except ImportError:
+    torch = None
+if torch is not None:
+    bb = strata.moe.Buffer(comm, num_experts=E, hidden=H, max_tokens=M, topk=K, dtype="bfloat16")
+    xt = torch.from_numpy(x).to(torch.bfloat16)
+    d = bb.dispatch(xt, torch.from_numpy(idx), torch.from_numpy(w), "decode")
+    assert d.window.dtype == torch.bfloat16
+    out = bb.combine(d)  # identity experts
+    ref = (xt.float() * torch.from_numpy(np.where(idx >= 0, w, 0).sum(1))[:, None])
+    assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2), (out.float() - ref).abs().max()
+    bb.close()
+buf.close()
+comm.barrier()
+print("OK", flush=True)
