@@ -12,8 +12,9 @@
 #   JOBS                            parallel compile jobs (empty: ninja's default)
 #   CTEST_JOBS                      tests run at once (2: many tests start several ranks)
 #   CTEST_ARGS                      extra ctest arguments for every tree (e.g. "-R Reduce")
-#   SANITIZER_CTEST_ARGS            extra ctest arguments for sanitizer trees ("-LE slow":
-#                                   tests labelled `slow` are skipped there)
+#   SANITIZER_CTEST_ARGS            extra ctest arguments for sanitizer trees ("-LE slow|multihost":
+#                                   tests labelled `slow`, and the network-namespace tests, which
+#                                   the main tree runs, are skipped there)
 #   CMAKE_ARGS                      extra configure arguments for every tree
 set -euo pipefail
 
@@ -26,7 +27,7 @@ TSAN_DIR=${TSAN_DIR:-build-tsan}
 JOBS=${JOBS:-}
 CTEST_JOBS=${CTEST_JOBS:-2}
 CTEST_ARGS=${CTEST_ARGS:-}
-SANITIZER_CTEST_ARGS=${SANITIZER_CTEST_ARGS--LE slow}
+SANITIZER_CTEST_ARGS=${SANITIZER_CTEST_ARGS--LE slow|multihost}
 CMAKE_ARGS=${CMAKE_ARGS:-}
 
 trees=("$@")
