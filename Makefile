@@ -64,7 +64,7 @@ demo: build
 	@echo "--- examples/moe_layer: an MoE feed-forward layer (router, dispatch, SwiGLU experts, combine) ---"
 	./$(BUILD_DIR)/strata run -n 2 ./$(BUILD_DIR)/examples/moe_layer --tokens 512 --hidden 512 --ffn 256 --steps 4
 	@echo
-	@echo "==> failure recovery: 4-rank data-parallel training, rank 2 SIGKILLed at step 10;"
+	@echo "--- failure recovery: 4-rank data-parallel training, rank 2 SIGKILLed at step 10;"
 	@echo "    only rank 2 is replaced, it restores from a replica, the step is redone"
 	./$(BUILD_DIR)/strata run --ft -n 4 ./$(BUILD_DIR)/examples/train_dp --steps 20 --quiet --fail 2:10:kill
 	@echo "    (reference without failure:)"
