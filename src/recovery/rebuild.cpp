@@ -97,7 +97,7 @@ Status rebuild_world(CommImpl& c, bool fresh) {
     // each mapping waits for that peer's fd server to be scheduled, which on a busy host is
     // the bulk of its join. Survivors attach only the replaced ranks.
     bool moved = false;
-    std::vector<int> todo;
+    std::vector<int> to_attach;
     std::vector<WorldRecord> recs(static_cast<size_t>(n));
     for (int r = 0; r < n && !moved; ++r) {
       if (attached[r]) continue;
@@ -112,23 +112,23 @@ Status rebuild_world(CommImpl& c, bool fresh) {
       if (recs[r].host != ctx.job.host_id)
         return unavailable("rank " + std::to_string(r) + " rejoined on host '" + recs[r].host + "' but rank " +
                            std::to_string(me) + " is on '" + ctx.job.host_id + "'");
-      todo.push_back(r);
+      to_attach.push_back(r);
     }
     if (moved) continue;
-    if (todo.size() > 1) {
+    if (to_attach.size() > 1) {
       std::atomic<size_t> next{0};
       auto map_some = [&] {
-        for (size_t i = next++; i < todo.size(); i = next++) {
-          int r = todo[i];
+        for (size_t i = next++; i < to_attach.size(); i = next++) {
+          int r = to_attach[i];
           (void)ctx.heap->peer_ptr(c.members[r], recs[r].ctrl, CtrlView::bytes(n), d);  // errors: below
         }
       };
       std::vector<std::thread> workers;
-      for (size_t t = 1; t < std::min<size_t>(8, todo.size()); ++t) workers.emplace_back(map_some);
+      for (size_t t = 1; t < std::min<size_t>(8, to_attach.size()); ++t) workers.emplace_back(map_some);
       map_some();
       for (auto& w : workers) w.join();
     }
-    for (int r : todo) {
+    for (int r : to_attach) {
       Status a = c.attach_peer(r, recs[r].ctrl, d);
       if (!a.is_ok()) {
         // A peer that cannot be reached now has most likely just failed too: its notice

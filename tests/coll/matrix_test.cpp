@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "coll/harness.hpp"
+#include "common/elements.hpp"
 
 namespace strata::test {
 namespace {
@@ -50,38 +51,13 @@ int64_t gen(int r, size_t i, ReduceOp op, uint64_t salt) {
 /// Element storage as raw bytes of the dtype, and conversions with doubles/int64.
 size_t esz(DataType t) { return dtype_size(t); }
 void put(DataType t, void* base, size_t i, int64_t v) {
-  char* p = static_cast<char*>(base) + i * esz(t);
-  double f = static_cast<double>(v) * 0.25;  // floats carry quarters to exercise fractions
-  switch (t) {
-    case DataType::Int8: { int8_t x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); break; }
-    case DataType::UInt8: { uint8_t x = static_cast<uint8_t>(v); std::memcpy(p, &x, 1); break; }
-    case DataType::Int32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-    case DataType::UInt32: { uint32_t x = static_cast<uint32_t>(v); std::memcpy(p, &x, 4); break; }
-    case DataType::Int64: { int64_t x = v; std::memcpy(p, &x, 8); break; }
-    case DataType::UInt64: { uint64_t x = static_cast<uint64_t>(v); std::memcpy(p, &x, 8); break; }
-    case DataType::Float16: { float16_t x = to_float16(static_cast<float>(f)); std::memcpy(p, &x, 2); break; }
-    case DataType::BFloat16: { bfloat16_t x = to_bfloat16(static_cast<float>(f)); std::memcpy(p, &x, 2); break; }
-    case DataType::Float32: { float x = static_cast<float>(f); std::memcpy(p, &x, 4); break; }
-    case DataType::Float64: std::memcpy(p, &f, 8); break;
-  }
+  const bool floating = t == DataType::Float16 || t == DataType::BFloat16 || t == DataType::Float32 ||
+                        t == DataType::Float64;
+  // Floats carry quarters to exercise fractions.
+  store_element(t, base, i, floating ? static_cast<double>(v) * 0.25 : static_cast<double>(v));
 }
 /// Reads element i as double (floats) or as the integer's value.
-double get(DataType t, const void* base, size_t i) {
-  const char* p = static_cast<const char*>(base) + i * esz(t);
-  switch (t) {
-    case DataType::Int8: { int8_t x; std::memcpy(&x, p, 1); return x; }
-    case DataType::UInt8: { uint8_t x; std::memcpy(&x, p, 1); return x; }
-    case DataType::Int32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-    case DataType::UInt32: { uint32_t x; std::memcpy(&x, p, 4); return x; }
-    case DataType::Int64: { int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
-    case DataType::UInt64: { uint64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
-    case DataType::Float16: { float16_t x; std::memcpy(&x, p, 2); return to_float(x); }
-    case DataType::BFloat16: { bfloat16_t x; std::memcpy(&x, p, 2); return to_float(x); }
-    case DataType::Float32: { float x; std::memcpy(&x, p, 4); return x; }
-    case DataType::Float64: { double x; std::memcpy(&x, p, 8); return x; }
-  }
-  return 0;
-}
+double get(DataType t, const void* base, size_t i) { return load_element(t, base, i); }
 
 /// The value an input element holds once stored in dtype t (what the library sees).
 double stored(DataType t, int64_t v) {

@@ -32,6 +32,8 @@
 
 #include <strata/strata.hpp>
 
+#include "common/elements.hpp"
+
 namespace {
 
 using namespace strata;
@@ -42,51 +44,9 @@ const DataType kAllTypes[] = {DataType::Int8,    DataType::UInt8,    DataType::I
                               DataType::Float32, DataType::Float64};
 const ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg};
 
-size_t esize(DataType t) {
-  switch (t) {
-    case DataType::Int8:
-    case DataType::UInt8: return 1;
-    case DataType::Float16:
-    case DataType::BFloat16: return 2;
-    case DataType::Int32:
-    case DataType::UInt32:
-    case DataType::Float32: return 4;
-    default: return 8;
-  }
-}
-
-void put(DataType t, void* base, size_t i, double v) {
-  char* p = static_cast<char*>(base) + i * esize(t);
-  switch (t) {
-    case DataType::Int8: { int8_t x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); break; }
-    case DataType::UInt8: { uint8_t x = static_cast<uint8_t>(v); std::memcpy(p, &x, 1); break; }
-    case DataType::Int32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-    case DataType::UInt32: { uint32_t x = static_cast<uint32_t>(v); std::memcpy(p, &x, 4); break; }
-    case DataType::Int64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
-    case DataType::UInt64: { uint64_t x = static_cast<uint64_t>(v); std::memcpy(p, &x, 8); break; }
-    case DataType::Float16: { float16_t x = to_float16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
-    case DataType::BFloat16: { bfloat16_t x = to_bfloat16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
-    case DataType::Float32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
-    case DataType::Float64: std::memcpy(p, &v, 8); break;
-  }
-}
-
-double get(DataType t, const void* base, size_t i) {
-  const char* p = static_cast<const char*>(base) + i * esize(t);
-  switch (t) {
-    case DataType::Int8: { int8_t x; std::memcpy(&x, p, 1); return x; }
-    case DataType::UInt8: { uint8_t x; std::memcpy(&x, p, 1); return x; }
-    case DataType::Int32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-    case DataType::UInt32: { uint32_t x; std::memcpy(&x, p, 4); return x; }
-    case DataType::Int64: { int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
-    case DataType::UInt64: { uint64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
-    case DataType::Float16: { float16_t x; std::memcpy(&x, p, 2); return to_float(x); }
-    case DataType::BFloat16: { bfloat16_t x; std::memcpy(&x, p, 2); return to_float(x); }
-    case DataType::Float32: { float x; std::memcpy(&x, p, 4); return x; }
-    case DataType::Float64: { double x; std::memcpy(&x, p, 8); return x; }
-  }
-  return 0;
-}
+size_t esize(DataType t) { return dtype_size(t); }
+void put(DataType t, void* base, size_t i, double v) { test::store_element(t, base, i, v); }
+double get(DataType t, const void* base, size_t i) { return test::load_element(t, base, i); }
 
 /// Input of rank r at element i. Small non-negative integers: every reduction of up to 16
 /// ranks is exact in every type (products stay within 2^16, sums within 200).
