@@ -156,16 +156,11 @@ std::string read_all(int fd) {
 
 }  // namespace
 
-std::vector<ChildResult> run_forked(int n, std::chrono::milliseconds timeout,
-                                    const std::function<int(Communicator&, std::string&)>& body,
-                                    const std::function<void(const std::vector<int>&)>& control) {
-  const std::string token = "forked-token";
-  const std::string job = unique_job_id("fork");
-  // The store lives in its own process so this (single-threaded) parent can fork safely.
+ForkedStore::ForkedStore(const std::string& token) {
   int port_pipe[2], stop_pipe[2];
   if (pipe(port_pipe) || pipe(stop_pipe)) throw std::runtime_error("pipe failed");
-  pid_t store_pid = fork();
-  if (store_pid == 0) {
+  pid_ = fork();
+  if (pid_ == 0) {
     close(port_pipe[0]);
     close(stop_pipe[1]);
     auto server = bootstrap::StoreServer::start("127.0.0.1", 0, token);
@@ -178,11 +173,40 @@ std::vector<ChildResult> run_forked(int n, std::chrono::milliseconds timeout,
   }
   close(port_pipe[1]);
   close(stop_pipe[0]);
+  stop_fd_ = stop_pipe[1];
   uint16_t port = 0;
-  if (::read(port_pipe[0], &port, sizeof port) != sizeof port || port == 0)
-    throw std::runtime_error("store process did not start");
+  bool ok = ::read(port_pipe[0], &port, sizeof port) == sizeof port && port != 0;
   close(port_pipe[0]);
-  const std::string store = "127.0.0.1:" + std::to_string(port);
+  if (!ok) {
+    stop();
+    throw std::runtime_error("store process did not start");
+  }
+  address_ = "127.0.0.1:" + std::to_string(port);
+}
+
+ForkedStore::~ForkedStore() { stop(); }
+
+void ForkedStore::stop() {
+  if (stop_fd_ >= 0) close(stop_fd_);
+  stop_fd_ = -1;
+  if (pid_ > 0) {
+    int st;
+    while (waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+  }
+  pid_ = -1;
+}
+
+void ForkedStore::close_in_child() const { close(stop_fd_); }
+
+std::vector<ChildResult> run_forked(int n, std::chrono::milliseconds timeout,
+                                    const std::function<int(Communicator&, std::string&)>& body,
+                                    const std::function<void(const std::vector<int>&)>& control) {
+  const std::string token = "forked-token";
+  const std::string job = unique_job_id("fork");
+  // The store lives in its own process so this (single-threaded) parent can fork safely.
+  ForkedStore server(token);
+  const std::string& store = server.address();
 
   std::vector<int> pids(n), report_fds(n);
   for (int r = 0; r < n; ++r) {
@@ -191,7 +215,7 @@ std::vector<ChildResult> run_forked(int n, std::chrono::milliseconds timeout,
     pid_t pid = fork();
     if (pid == 0) {
       close(rp[0]);
-      close(stop_pipe[1]);
+      server.close_in_child();
       std::string report;
       int code = 0;
       try {
@@ -223,9 +247,6 @@ std::vector<ChildResult> run_forked(int n, std::chrono::milliseconds timeout,
     if (WIFEXITED(status)) results[r].exit_code = WEXITSTATUS(status);
     if (WIFSIGNALED(status)) results[r].signal = WTERMSIG(status);
   }
-  close(stop_pipe[1]);
-  int st;
-  waitpid(store_pid, &st, 0);
   return results;
 }
 

@@ -37,6 +37,29 @@ class Team {
 };
 
 /// Result of one forked rank.
+/// A rendezvous store served by a child process, so that the caller stays single-threaded
+/// and may go on forking ranks (what the sanitizers, TSan above all, require of fork).
+class ForkedStore {
+ public:
+  /// Starts the store; std::runtime_error when it does not come up.
+  explicit ForkedStore(const std::string& token);
+  /// Stops the store process and reaps it.
+  ~ForkedStore();
+  ForkedStore(const ForkedStore&) = delete;
+  ForkedStore& operator=(const ForkedStore&) = delete;
+  /// "127.0.0.1:port".
+  const std::string& address() const { return address_; }
+  /// In a forked rank: drop the descriptor that keeps the store alive (it stops when the
+  /// owner alone closes it).
+  void close_in_child() const;
+
+ private:
+  void stop();
+  int pid_ = -1;
+  int stop_fd_ = -1;
+  std::string address_;
+};
+
 struct ChildResult {
   int exit_code = -1;   // -1 when killed by a signal
   int signal = 0;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bootstrap/store.hpp"
+#include "coll/harness.hpp"
 
 namespace strata::test {
 namespace {
@@ -51,27 +52,8 @@ std::vector<RankOutcome> run_job(const std::vector<std::string>& hosts, const st
   const std::string token = "mh-token";
   // The store runs in a process of its own so that this one has no thread when it forks the
   // ranks (what the sanitizers, TSan above all, require of fork).
-  int port_pipe[2], stop_pipe[2];
-  if (pipe(port_pipe) || pipe(stop_pipe)) throw std::runtime_error("pipe");
-  pid_t store_pid = fork();
-  if (store_pid == 0) {
-    close(port_pipe[0]);
-    close(stop_pipe[1]);
-    auto server = bootstrap::StoreServer::start("127.0.0.1", 0, token);
-    uint16_t port = server.is_ok() ? server.value()->port() : 0;
-    if (::write(port_pipe[1], &port, sizeof port) != sizeof port) _exit(1);
-    char ch;
-    while (::read(stop_pipe[0], &ch, 1) < 0 && errno == EINTR) {
-    }
-    _exit(0);
-  }
-  close(port_pipe[1]);
-  close(stop_pipe[0]);
-  uint16_t port = 0;
-  if (::read(port_pipe[0], &port, sizeof port) != sizeof port || port == 0)
-    throw std::runtime_error("the store process did not start");
-  close(port_pipe[0]);
-  const std::string store = "127.0.0.1:" + std::to_string(port);
+  test::ForkedStore server(token);
+  const std::string store = server.address();
   const std::string job = "mh-" + std::to_string(getpid()) + "-" +
                           std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
   const int n = static_cast<int>(hosts.size());
@@ -86,7 +68,7 @@ std::vector<RankOutcome> run_job(const std::vector<std::string>& hosts, const st
       dup2(p[1], 2);
       close(p[0]);
       close(p[1]);
-      close(stop_pipe[1]);
+      server.close_in_child();
       setenv("STRATA_RANK", std::to_string(r).c_str(), 1);
       setenv("STRATA_WORLD_SIZE", std::to_string(n).c_str(), 1);
       setenv("STRATA_STORE", store.c_str(), 1);
@@ -131,9 +113,6 @@ std::vector<RankOutcome> run_job(const std::vector<std::string>& hosts, const st
   }
   done = true;
   watchdog.join();
-  close(stop_pipe[1]);
-  int st = 0;
-  waitpid(store_pid, &st, 0);
   return out;
 }
 
