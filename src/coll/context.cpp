@@ -175,8 +175,16 @@ void CommImpl::clear_broken() {
   abort_flag.store(false, std::memory_order_release);
 }
 
-std::shared_ptr<CommImpl> new_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id, std::vector<int> members,
-                                   int rank, void* ctrl_mem) {
+/// Cores this process may run on (what "oversubscribed" is measured against).
+static int usable_cpus() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
+/// The fields every communicator has, registered with the context so that a failure
+/// notice revokes it too; the shm and the network constructors add their own parts.
+static std::shared_ptr<CommImpl> base_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id,
+                                           std::vector<int> members, int rank) {
   auto c = std::make_shared<CommImpl>();
   c->ctx = ctx;
   c->id = std::move(id);
@@ -184,23 +192,27 @@ std::shared_ptr<CommImpl> new_comm(const std::shared_ptr<ContextImpl>& ctx, std:
   c->rank = rank;
   c->size = static_cast<int>(c->members.size());
   c->timeout = ctx->timeout;
-  c->ctrl_mem = ctrl_mem;
-  c->self = CtrlView(ctrl_mem, c->size);
-  c->peers.resize(c->size);
-  c->peers[rank] = c->self;
   c->pids.assign(c->size, 0);
   c->pids[rank] = static_cast<int>(getpid());
   c->pidfds.assign(c->size, -1);
   c->send_seq.assign(c->size, 0);
   c->recv_seq.assign(c->size, 0);
-  c->cma_tmp.resize(c->size);
-  cpu_set_t set;
-  int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-  c->oversubscribed = c->size > cpus;
   std::lock_guard<std::mutex> g(ctx->mu);
   // Drop entries of communicators that are gone, so a job that splits often stays small.
   std::erase_if(ctx->comms, [](const std::weak_ptr<CommImpl>& w) { return w.expired(); });
   ctx->comms.push_back(c);
+  return c;
+}
+
+std::shared_ptr<CommImpl> new_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id, std::vector<int> members,
+                                   int rank, void* ctrl_mem) {
+  auto c = base_comm(ctx, std::move(id), std::move(members), rank);
+  c->ctrl_mem = ctrl_mem;
+  c->self = CtrlView(ctrl_mem, c->size);
+  c->peers.resize(c->size);
+  c->peers[rank] = c->self;
+  c->cma_tmp.resize(c->size);
+  c->oversubscribed = c->size > usable_cpus();
   return c;
 }
 
@@ -288,24 +300,9 @@ Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImp
                                                 std::vector<int> members, int rank, void* local_ctrl,
                                                 const std::vector<memory::SegRef>& local_refs, Deadline d) {
   STRATA_RETURN_IF_ERROR(ensure_net(*ctx));
-  auto c = std::make_shared<CommImpl>();
-  c->ctx = ctx;
-  c->id = std::move(id);
-  c->members = std::move(members);
-  c->rank = rank;
-  c->size = static_cast<int>(c->members.size());
-  c->timeout = ctx->timeout;
+  auto c = base_comm(ctx, std::move(id), std::move(members), rank);
   c->net = ctx->net.get();
   c->tag_base = fnv1a16(c->id);
-  {
-    // Revocable like every communicator (a failure notice reaches it too).
-    std::lock_guard<std::mutex> g(ctx->mu);
-    ctx->comms.push_back(c);
-  }
-  c->pids.assign(c->size, 0);
-  c->pidfds.assign(c->size, -1);
-  c->send_seq.assign(c->size, 0);
-  c->recv_seq.assign(c->size, 0);
   c->host_of.assign(c->size, -1);
   c->local_of.assign(c->size, -1);
   std::vector<std::string> names;
@@ -329,9 +326,7 @@ Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImp
   auto local = make_comm(ctx, c->id + "/host", std::move(local_globals), c->local_of[rank], local_ctrl, local_refs, d);
   if (!local.is_ok()) return local.status().with_context("intra-host part of communicator '" + c->id + "': ");
   c->local = std::move(local).value();
-  cpu_set_t set;
-  int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-  c->oversubscribed = c->local->size > cpus;
+  c->oversubscribed = c->local->size > usable_cpus();
   // Liveness of the members on this host by pidfd; those on other hosts by their endpoints.
   for (size_t i = 0; i < mine.size(); ++i) {
     c->pids[mine[i]] = c->local->pids[i];

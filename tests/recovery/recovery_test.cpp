@@ -21,8 +21,10 @@ using cli_test::run_cli;
 
 constexpr int kRanks = 4;
 const std::vector<std::string> kTrain = {STRATA_TRAIN_DP, "--steps", "16", "--quiet"};
-// Fast timeouts keep the hang test short; the monitor beats every 100 ms by default.
-const std::vector<std::string> kEnv = {"STRATA_HEARTBEAT_TIMEOUT=600ms", "STRATA_TIMEOUT=60s"};
+// The monitor beats every 100 ms. The heartbeat timeout must leave room for a loaded CI
+// machine starving a healthy rank's monitor thread (a healthy rank declared hung would be
+// replaced and fail the PID checks), yet keep the hang test short.
+const std::vector<std::string> kEnv = {"STRATA_HEARTBEAT_TIMEOUT=2s", "STRATA_TIMEOUT=60s"};
 
 struct Job {
   Outcome o;
