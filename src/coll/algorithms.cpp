@@ -68,7 +68,7 @@ using coll::rooted;
 
 namespace {
 
-constexpr uint8_t kOneShot = 1, kTwoShot = 2;
+constexpr uint8_t kOneShot = 1, kTwoShot = 2, kInline = 3;
 
 size_t sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t{0}); }
 
@@ -141,7 +141,7 @@ struct Exec {
   char* out = nullptr;
   size_t esz = 0;
 
-  const OpDesc& desc(int r) const { return c.peers[r].hdr()->desc; }
+  const OpDesc& desc(int r) const { return c.peers[r].hdr()->slot(c.seq).desc; }
 
   bool cma(int r, uint32_t flag) const { return r != c.rank && (desc(r).flags & flag); }
 
@@ -386,12 +386,12 @@ Status scatter(Exec& x) {
 /// Compares every peer's descriptor with ours; all ranks reach the same verdict because they
 /// all see the same descriptors.
 Status check_descriptors(const CommImpl& c, const Op& op) {
-  const OpDesc& mine = c.self.hdr()->desc;
+  const OpDesc& mine = c.self.hdr()->slot(c.seq).desc;
   const int n = c.size;
   auto kind = static_cast<OpKind>(mine.kind);
   for (int k = 1; k < n; ++k) {
     int r = (c.rank + k) % n;
-    const OpDesc& d = c.peers[r].hdr()->desc;
+    const OpDesc& d = c.peers[r].hdr()->slot(c.seq).desc;
     bool same = d.kind == mine.kind && d.seq == mine.seq;
     if (same && kind != OpKind::Barrier) same = d.dtype == mine.dtype;
     if (same && has_count(kind)) same = d.count == mine.count;
@@ -425,6 +425,33 @@ Status check_descriptors(const CommImpl& c, const Op& op) {
                     r);
     }
   }
+  return Status::ok();
+}
+
+/// Small all_reduce: the input is copied into this rank's slot next to the descriptor, one
+/// arrival publishes both, and every rank reduces the peers' slots in rank order. Nothing
+/// else: nobody reads the caller's buffers, so no closing synchronisation is needed.
+Status all_reduce_inline(CommImpl& c, const Op& op, Deadline deadline) {
+  const int n = c.size;
+  const size_t bytes = op.count * dtype_size(op.dtype);
+  ++c.seq;
+  OpSlot& mine = c.self.hdr()->slot(c.seq);
+  if (bytes) std::memcpy(mine.data, op.in, bytes);
+  OpDesc& d = mine.desc;
+  d = OpDesc{};
+  d.seq = c.seq;
+  d.kind = static_cast<uint8_t>(op.kind);
+  d.dtype = static_cast<uint8_t>(op.dtype);
+  d.rop = static_cast<uint8_t>(op.rop);
+  d.algo = kInline;
+  d.count = op.count;
+  STRATA_RETURN_IF_ERROR(c.sync(deadline, "all_reduce"));
+  STRATA_RETURN_IF_ERROR(check_descriptors(c, op).with_context("all_reduce: "));
+  Srcs srcs(n);
+  for (int r = 0; r < n; ++r) srcs[r] = c.peers[r].hdr()->slot(c.seq).data;
+  kernels::reduce(op.dtype, op.rop, op.out, srcs.data(), n, op.count, n);
+  c.direct_bytes.fetch_add(bytes * static_cast<size_t>(n - 1), std::memory_order_relaxed);
+  c.ops.fetch_add(1, std::memory_order_relaxed);
   return Status::ok();
 }
 
@@ -517,6 +544,11 @@ Status run_collective(CommImpl& c, Op& op) {
   STRATA_RETURN_IF_ERROR(c.broken());
   if (c.net) return run_collective_net(c, op);
   auto timeout = op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout;
+  // The choice depends only on what every rank's descriptor must agree on (kind, count,
+  // dtype, size), so all ranks take the same path or see a mismatch.
+  if (op.kind == OpKind::AllReduce && op.opts.algorithm == Algorithm::Auto && c.size > 1 &&
+      op.count * dtype_size(op.dtype) <= kInlineBytes)
+    return all_reduce_inline(c, op, Deadline::after(timeout));
   Exec x{c, op, Deadline::after(timeout)};
   x.esz = dtype_size(op.dtype);
   memory::Heap& heap = *c.ctx->heap;
@@ -589,9 +621,10 @@ Status run_collective(CommImpl& c, Op& op) {
   }
 
   // Publish the descriptor.
-  OpDesc& d = c.self.hdr()->desc;
+  ++c.seq;
+  OpDesc& d = c.self.hdr()->slot(c.seq).desc;
   d = OpDesc{};
-  d.seq = ++c.seq;
+  d.seq = c.seq;
   d.kind = static_cast<uint8_t>(op.kind);
   d.dtype = static_cast<uint8_t>(op.dtype);
   d.rop = static_cast<uint8_t>(op.rop);
@@ -632,12 +665,10 @@ Status run_collective(CommImpl& c, Op& op) {
   const char* name = coll::to_string(op.kind);
   STRATA_RETURN_IF_ERROR(c.sync(x.deadline, name));
 
+  // Every rank sees the mismatch after the same one step and returns; the communicator stays
+  // usable (slots alternate, so nobody overwrites a descriptor a peer is still checking).
   Status st = check_descriptors(c, op);
-  if (!st.is_ok()) {
-    // Every rank saw the mismatch; finish the step together so the communicator stays usable.
-    STRATA_RETURN_IF_ERROR(c.sync(x.deadline, name));
-    return st;
-  }
+  if (!st.is_ok()) return st;
 
   std::vector<size_t> counts;
   switch (op.kind) {
@@ -665,7 +696,7 @@ Status run_collective(CommImpl& c, Op& op) {
     case OpKind::AllToAllV: st = all_to_all(x, tmp); break;
     case OpKind::Gather: st = gather(x); break;
     case OpKind::Scatter: st = scatter(x); break;
-    case OpKind::Barrier: st = c.sync(x.deadline, name); break;
+    case OpKind::Barrier: break;  // the first step was the barrier
     default: st = internal_error(std::string("not a collective: ") + name);
   }
   if (!st.is_ok()) return st.with_context(std::string(name) + ": ");

@@ -89,6 +89,25 @@ struct P2pSlot {
   uint64_t off = 0;
 };
 
+/// Largest all_reduce input (bytes per rank) that travels inline in the control block
+/// (all_reduce_inline in algorithms.cpp: one cache-line handshake, no heap buffer read).
+inline constexpr size_t kInlineBytes = 512;
+
+/// One operation's synchronisation word, descriptor and, for inline all_reduce, input. Two
+/// per rank, used by alternate sequence numbers. `ready` carries the rank's sync steps
+/// (CommImpl::phase) during the operation; the first step publishes the descriptor. Slot
+/// s % 2 is rewritten only at operation s + 2, after every peer has passed the first step of
+/// s + 1, so no peer still reads it; and a rank waiting on a peer's slot for s is never
+/// overtaken by that peer's writes for s + 2.
+struct alignas(64) OpSlot {
+  transport::Signal ready;
+  coll::OpDesc desc;
+  // The first 8 bytes share the cache line of `ready` and the descriptor: a peer's 8-byte
+  // all_reduce costs one miss.
+  unsigned char data[8 + kInlineBytes];
+};
+static_assert(offsetof(OpSlot, data) == 56, "ready + descriptor + 8 data bytes fill one cache line");
+
 struct alignas(64) CtrlHeader {
   uint64_t magic = 0;
   int32_t rank = 0;
@@ -96,12 +115,9 @@ struct alignas(64) CtrlHeader {
   int32_t pid = 0;
   uint64_t self_addr = 0;   // the block's address in its owner's address space (CMA probe)
   uint32_t cma_ok = 0;      // owner could read every peer with process_vm_readv
-  // One cache line: a peer that sees the phase change reads the descriptor without
-  // another miss.
-  alignas(64) transport::Signal phase;
-  coll::OpDesc desc;
+  OpSlot slots[2];
+  OpSlot& slot(uint32_t seq) { return slots[seq & 1]; }
 };
-static_assert(offsetof(CtrlHeader, desc) / 64 == offsetof(CtrlHeader, phase) / 64);
 
 /// Typed view of a control block: header, then 4n size_t (v-collective arrays), then the
 /// point-to-point area (per peer: posted signal, done signal, error word, ring of slots).
@@ -220,7 +236,8 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   void set_broken(const Status& s);
   transport::WaitPolicy policy(Deadline d);
   Status check_peers();
-  /// One barrier step across all members.
+  /// One barrier step across all members. The first step of operation `seq` is its
+  /// arrival: the caller has filled this rank's slot, and the step delivers every member's.
   Status sync(Deadline d, const char* what);
   Result<void*> scratch_block(int which, size_t bytes);
   void shutdown();

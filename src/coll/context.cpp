@@ -84,11 +84,11 @@ Status CommImpl::check_peers() {
 
 Status CommImpl::sync(Deadline d, const char* what) {
   ++phase;
-  transport::publish(self.hdr()->phase, phase);
+  transport::publish(self.hdr()->slot(seq).ready, phase);
   auto pol = policy(d);
   for (int k = 1; k < size; ++k) {
     int r = (rank + k) % size;
-    Status s = transport::wait_reached(peers[r].hdr()->phase, phase, pol, what);
+    Status s = transport::wait_reached(peers[r].hdr()->slot(seq).ready, phase, pol, what);
     if (!s.is_ok()) {
       Status full(s.code(),
                   s.message() + " on rank " + std::to_string(rank) + " waiting for rank " + std::to_string(r) +
@@ -144,8 +144,10 @@ void CommImpl::reset_sync_state() {
   std::fill(send_seq.begin(), send_seq.end(), 0);
   std::fill(recv_seq.begin(), recv_seq.end(), 0);
   CtrlHeader* h = self.hdr();
-  h->desc = coll::OpDesc{};
-  transport::publish(h->phase, 0);
+  for (OpSlot& sl : h->slots) {
+    sl.desc = coll::OpDesc{};
+    transport::publish(sl.ready, 0);
+  }
   char* base = static_cast<char*>(self.base());
   std::memset(base + sizeof(CtrlHeader), 0, CtrlView::bytes(size) - sizeof(CtrlHeader));
   std::atomic_thread_fence(std::memory_order_seq_cst);

@@ -52,9 +52,20 @@ TEST(ZeroCopy, HeapBuffersAreNeverStaged) {
     // In place and one-shot, the result is formed in a temporary (peers still read the
     // input): that is counted apart, and is never staging.
     auto small = c.alloc<float>(64);
-    c.all_reduce(small, ReduceOp::Sum);
+    CollOptions one_shot;
+    one_shot.algorithm = Algorithm::OneShot;
+    c.all_reduce(small, ReduceOp::Sum, one_shot);
     if (c.stats().staged_bytes != before.staged_bytes) throw std::runtime_error("in-place one-shot staged");
     if (c.stats().temp_bytes != after.temp_bytes + 64 * sizeof(float)) throw std::runtime_error("temp not counted");
+    // Small enough to travel inline in the control block: neither staged nor a temporary,
+    // heap buffer or not.
+    std::vector<float> ext(64, 1.0f);
+    Stats inl = c.stats();
+    c.all_reduce(small, ReduceOp::Sum);
+    c.all_reduce(ext.data(), ext.data(), ext.size(), DataType::Float32, ReduceOp::Sum);
+    if (c.stats().staged_bytes != inl.staged_bytes || c.stats().temp_bytes != inl.temp_bytes)
+      throw std::runtime_error("inline all_reduce staged or used a temporary");
+    if (ext[0] != static_cast<float>(c.size())) throw std::runtime_error("inline all_reduce of a vector: wrong sum");
     if (after.direct_bytes <= before.direct_bytes) throw std::runtime_error("no direct bytes counted");
     if (a[0] != static_cast<float>(c.size())) throw std::runtime_error("wrong all_reduce value");
   }));
@@ -95,6 +106,48 @@ TEST(Mismatch, CountDiffersNamesBothRanksAndDescriptors) {
     EXPECT_NE(m.find("count=16"), std::string::npos) << m;
     EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
   }
+}
+
+// Small all_reduce travels inline in the control block (one step), larger ones through the
+// heap (several steps): a mismatch between the two paths is still found by descriptor, and
+// the steps of both paths stay aligned afterwards.
+TEST(Mismatch, InlineAgainstHeapPathStaysUsable) {
+  std::atomic<int> errors{0};
+  auto t0 = std::chrono::steady_clock::now();
+  auto failures = on_fresh_team(3, 5000ms, [&](Communicator& c) {
+    const size_t big = 1 << 16;
+    auto buf = c.alloc<float>(big);
+    for (int variant = 0; variant < 3; ++variant) {
+      try {
+        if (variant == 0) {
+          size_t count = c.rank() == 1 ? 8 : big;  // inline on rank 1, two-shot elsewhere
+          c.all_reduce(buf.data(), buf.data(), count, DataType::Float32, ReduceOp::Sum);
+        } else if (variant == 1) {
+          if (c.rank() == 2) c.broadcast(buf.data(), buf.data(), 8, DataType::Float32, 0);
+          else c.all_reduce(buf.data(), buf.data(), 8, DataType::Float32, ReduceOp::Sum);
+        } else {
+          if (c.rank() == 0) c.barrier();
+          else c.all_reduce(buf.data(), buf.data(), 4, DataType::Float32, ReduceOp::Max);
+        }
+        throw std::runtime_error("variant " + std::to_string(variant) + ": no error");
+      } catch (const Error& e) {
+        if (e.code() != Code::InvalidArgument || std::string(e.what()).find("mismatch") == std::string::npos) throw;
+        ++errors;
+      }
+      // Both paths work afterwards, in either order.
+      std::fill(buf.begin(), buf.end(), 1.0f);
+      c.all_reduce(buf.data(), buf.data(), 8, DataType::Float32, ReduceOp::Sum);
+      c.all_reduce(buf, ReduceOp::Sum);
+      c.barrier();
+      c.all_reduce(buf.data(), buf.data(), 2, DataType::Float32, ReduceOp::Sum);
+      const float n = static_cast<float>(c.size());
+      if (buf[0] != n * n * n || buf[7] != n * n || buf[big - 1] != n)
+        throw std::runtime_error("variant " + std::to_string(variant) + ": wrong values after the mismatch");
+    }
+  });
+  expect_no_failures(failures);
+  EXPECT_EQ(errors.load(), 9);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5000ms) << "detected by descriptor, not by timeout";
 }
 
 TEST(Mismatch, DtypeAndRootAndKind) {
