@@ -455,6 +455,15 @@ Status all_reduce_inline(CommImpl& c, const Op& op, Deadline deadline) {
   return Status::ok();
 }
 
+/// Whether peers read or write this rank's output during `kind` (else only this rank
+/// writes it, and an external output is written in place).
+bool peers_touch_out(OpKind kind, uint8_t algo) {
+  return kind == OpKind::Reduce || kind == OpKind::Gather || (kind == OpKind::AllReduce && algo == kTwoShot);
+}
+
+/// Whether peers read this rank's input during `kind` (gather pushes it instead).
+bool peers_read_in(OpKind kind) { return kind != OpKind::Gather; }
+
 uint8_t pick_algorithm(const CommImpl& c, const Op& op) {
   if (op.kind != OpKind::AllReduce) return 0;
   if (op.opts.algorithm == Algorithm::OneShot) return kOneShot;
@@ -567,14 +576,25 @@ Status run_collective(CommImpl& c, Op& op) {
   std::optional<memory::SegRef> out_ref = ext.out ? heap.locate(out, ext.out) : std::nullopt;
   bool in_ext = ext.in && !in_ref;
   bool out_ext = ext.out && !out_ref;
-  // Registered external buffers are read and written in place by peers with CMA (single
-  // copy) when every member can; otherwise they are staged like unregistered ones.
-  bool in_cma = in_ext && c.cma_all && c.ctx->is_registered(in, ext.in);
-  bool out_cma = out_ext && c.cma_all && c.ctx->is_registered(out, ext.out);
-  if (overlap(in, ext.in, out, ext.out) && (in_ext || out_ext) && !(in_cma && out_cma)) in_cma = out_cma = false;
+  // A buffer that only its owner touches needs no staging, external or not: the output of
+  // most collectives (each rank writes its own) and gather's input (each rank pushes it).
+  const uint8_t algo = pick_algorithm(c, op);
+  const bool out_local = out_ext && !peers_touch_out(op.kind, algo);
+  const bool in_local = in_ext && !peers_read_in(op.kind);
+  if (out_local) out_ext = false;
+  if (in_local) in_ext = false;
+  // External buffers that are registered, or large (a copy through the heap would cost more
+  // than the system calls), are read and written in place by peers with CMA (single copy)
+  // when every member can; otherwise they are staged. Each rank decides for its own buffers
+  // and says so in its descriptor.
+  const size_t cma_min = c.ctx->env.cma_min_bytes;
+  bool in_cma = in_ext && c.cma_all && (ext.in >= cma_min || c.ctx->is_registered(in, ext.in));
+  bool out_cma = out_ext && c.cma_all && (ext.out >= cma_min || c.ctx->is_registered(out, ext.out));
+  const bool both_staged_together = overlap(in, ext.in, out, ext.out) && (in_ext || out_ext) && !out_local;
+  if (both_staged_together && !(in_cma && out_cma)) in_cma = out_cma = false;
   if (in_cma) in_ext = false;
   if (out_cma) out_ext = false;
-  if (overlap(in, ext.in, out, ext.out) && (in_ext || out_ext)) {
+  if (both_staged_together && (in_ext || out_ext)) {
     auto lo = std::min(in, out);
     auto hi = std::max(in + ext.in, out + ext.out);
     size_t bytes = static_cast<size_t>(hi - lo);
@@ -611,7 +631,6 @@ Status run_collective(CommImpl& c, Op& op) {
 
   // In place, one-shot all_reduce and all_to_all land in a temporary (peers still read the
   // bytes they would overwrite).
-  uint8_t algo = pick_algorithm(c, op);
   bool need_tmp = in == out && ext.out &&
                   ((op.kind == OpKind::AllReduce && algo == kOneShot && n > 1) ||
                    op.kind == OpKind::AllToAll || op.kind == OpKind::AllToAllV);

@@ -118,6 +118,8 @@ Env parse(Lookup lookup, void* ctx) {
   if (auto v = to_int(get("STRATA_SPIN_US")); v && *v >= 0) e.spin_us = static_cast<uint32_t>(*v);
   if (auto s = get("STRATA_ONESHOT_MAX_BYTES"))
     if (auto v = parse_size(*s)) e.oneshot_max_bytes = *v;
+  if (auto s = get("STRATA_CMA_MIN_BYTES"))
+    if (auto v = parse_size(*s)) e.cma_min_bytes = *v;
   if (auto s = get("STRATA_LOG")) e.log_level = *s;
   if (auto s = get("STRATA_KERNELS")) e.kernels = *s;
   if (auto s = get("STRATA_HEAP_SEGMENT_SIZE"))

@@ -42,6 +42,7 @@ struct Env {
   bool heap_huge_pages = false;                       // STRATA_HEAP_HUGE_PAGES: MFD_HUGETLB segments
   bool heap_prefault = false;                         // STRATA_HEAP_PREFAULT: touch pages when a segment is made
   bool cma = true;                                    // STRATA_CMA=0 disables process_vm_readv/writev
+  size_t cma_min_bytes = size_t{1} << 20;             // STRATA_CMA_MIN_BYTES: unregistered buffers this big use CMA too
 
   // Failure recovery (set by `strata run --ft`; see docs/RECOVERY.md).
   bool ft = false;                                    // STRATA_FT: the job runs under a recovery controller

@@ -77,8 +77,17 @@ TEST(ZeroCopy, ExternalBuffersAreStagedAndCorrect) {
     Stats before = c.stats();
     c.all_reduce(v, out, ReduceOp::Sum);
     if (out[999] != 3.0) throw std::runtime_error("wrong value " + std::to_string(out[999]));
+    // One-shot: peers read the input only; the output is written in place by its owner.
+    if (c.stats().staged_bytes - before.staged_bytes != 1000 * sizeof(double))
+      throw std::runtime_error("expected staging of the input only");
+    // Two-shot: peers read each rank's output slice too.
+    CollOptions two_shot;
+    two_shot.algorithm = Algorithm::TwoShot;
+    before = c.stats();
+    c.all_reduce(v.data(), out.data(), v.size(), DataType::Float64, ReduceOp::Sum, two_shot);
+    if (out[0] != 3.0) throw std::runtime_error("two-shot: wrong value " + std::to_string(out[0]));
     if (c.stats().staged_bytes - before.staged_bytes != 2 * 1000 * sizeof(double))
-      throw std::runtime_error("expected staging of in + out");
+      throw std::runtime_error("two-shot: expected staging of in + out");
   }));
 }
 
