@@ -35,6 +35,7 @@ TEST(EnvParse, DefaultsWithEmptyEnvironment) {
   EXPECT_EQ(e.store_connect_timeout, 60000ms);
   EXPECT_EQ(e.spin_us, 500u);
   EXPECT_EQ(e.oneshot_max_bytes, size_t{256} << 10);
+  EXPECT_EQ(e.cma_min_bytes, size_t{1} << 20);
   EXPECT_EQ(e.log_level, "warn");
   EXPECT_EQ(e.kernels, "");
   EXPECT_EQ(e.heap_segment_size, size_t{1} << 30);
@@ -120,6 +121,7 @@ TEST(EnvParse, BehaviourAndHeapSettings) {
                         {"STRATA_STORE_TIMEOUT", "1500"},
                         {"STRATA_SPIN_US", "0"},
                         {"STRATA_ONESHOT_MAX_BYTES", "128K"},
+                        {"STRATA_CMA_MIN_BYTES", "64K"},
                         {"STRATA_LOG", "debug"},
                         {"STRATA_KERNELS", "avx2"},
                         {"STRATA_HEAP_SEGMENT_SIZE", "256M"},
@@ -132,6 +134,7 @@ TEST(EnvParse, BehaviourAndHeapSettings) {
   EXPECT_EQ(e.store_connect_timeout, 1500ms);
   EXPECT_EQ(e.spin_us, 0u);
   EXPECT_EQ(e.oneshot_max_bytes, size_t{128} << 10);
+  EXPECT_EQ(e.cma_min_bytes, size_t{64} << 10);
   EXPECT_EQ(e.log_level, "debug");
   EXPECT_EQ(e.kernels, "avx2");
   EXPECT_EQ(e.heap_segment_size, size_t{256} << 20);
