@@ -178,9 +178,15 @@ void CommImpl::clear_broken() {
 }
 
 /// Cores this process may run on (what "oversubscribed" is measured against).
-static int usable_cpus() {
+/// Whether `ranks` processes share this host's cores (the wait policy then yields at once):
+/// STRATA_OVERSUBSCRIBED when set, else more ranks than this process may run on. Ranks of
+/// other "hosts" that share the cores (network namespaces, containers) are not visible
+/// here; such set-ups say so with STRATA_OVERSUBSCRIBED=1.
+static bool oversubscribed(const Env& env, int ranks) {
+  if (env.oversubscribed >= 0) return env.oversubscribed == 1;
   cpu_set_t set;
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  return ranks > cpus;
 }
 
 /// The fields every communicator has, registered with the context so that a failure
@@ -214,7 +220,7 @@ std::shared_ptr<CommImpl> new_comm(const std::shared_ptr<ContextImpl>& ctx, std:
   c->peers.resize(c->size);
   c->peers[rank] = c->self;
   c->cma_tmp.resize(c->size);
-  c->oversubscribed = c->size > usable_cpus();
+  c->oversubscribed = oversubscribed(ctx->env, c->size);
   return c;
 }
 
@@ -328,7 +334,7 @@ Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImp
   auto local = make_comm(ctx, c->id + "/host", std::move(local_globals), c->local_of[rank], local_ctrl, local_refs, d);
   if (!local.is_ok()) return local.status().with_context("intra-host part of communicator '" + c->id + "': ");
   c->local = std::move(local).value();
-  c->oversubscribed = c->local->size > usable_cpus();
+  c->oversubscribed = oversubscribed(ctx->env, c->local->size);
   // Liveness of the members on this host by pidfd; those on other hosts by their endpoints.
   for (size_t i = 0; i < mine.size(); ++i) {
     c->pids[mine[i]] = c->local->pids[i];

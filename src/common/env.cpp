@@ -116,6 +116,8 @@ Env parse(Lookup lookup, void* ctx) {
   if (auto s = get("STRATA_AGENT_TIMEOUT"))
     if (auto d = parse_duration(*s); d && d->count() > 0) e.agent_timeout = *d;
   if (auto v = to_int(get("STRATA_SPIN_US")); v && *v >= 0) e.spin_us = static_cast<uint32_t>(*v);
+  if (auto s = get("STRATA_OVERSUBSCRIBED"); s && *s != "auto" && !s->empty())
+    e.oversubscribed = to_bool(s, false) ? 1 : 0;
   if (auto s = get("STRATA_ONESHOT_MAX_BYTES"))
     if (auto v = parse_size(*s)) e.oneshot_max_bytes = *v;
   if (auto s = get("STRATA_CMA_MIN_BYTES"))
