@@ -69,6 +69,8 @@ using coll::rooted;
 namespace {
 
 constexpr uint8_t kOneShot = 1, kTwoShot = 2, kInline = 3;
+// CMA reads that feed a reduction land in chunks of this size (fits in L2 with its peers').
+constexpr size_t kCmaChunkBytes = 256 * 1024;
 
 size_t sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t{0}); }
 
@@ -229,6 +231,29 @@ class Srcs {
   const void** p_;
 };
 
+/// dst[lo, hi) <- the reduction of every rank's input over [lo, hi) (elements), peers in
+/// rank order starting with this rank. Where a peer's input is reachable only by CMA, its
+/// bytes land in a per-peer buffer first: that is done in chunks small enough to stay in
+/// cache, so the landing copy costs little more than reading a mapped buffer.
+Status reduce_range(Exec& x, char* dst, size_t lo, size_t hi) {
+  const int n = x.c.size, me = x.c.rank;
+  const size_t e = x.esz;
+  bool any_cma = false;
+  for (int r = 0; r < n; ++r) any_cma = any_cma || x.cma(r, OpDesc::kInCma);
+  const size_t step = any_cma ? std::max<size_t>(1, kCmaChunkBytes / e) : hi - lo;
+  Srcs srcs(n);
+  for (size_t a = lo; a < hi; a += step) {
+    const size_t b = std::min(hi, a + step);
+    for (int k = 0; k < n; ++k) {
+      int r = (me + k) % n;
+      STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, a * e, (b - a) * e));
+      srcs[k] = p;
+    }
+    kernels::reduce(x.op.dtype, x.op.rop, dst + (a - lo) * e, srcs.data(), n, b - a, divisor(x));
+  }
+  return Status::ok();
+}
+
 Status all_reduce(Exec& x, uint8_t algo, void* tmp) {
   const int n = x.c.size, me = x.c.rank;
   const size_t count = x.op.count, e = x.esz;
@@ -251,14 +276,7 @@ Status all_reduce(Exec& x, uint8_t algo, void* tmp) {
   }
   // Two-shot: reduce-scatter straight into each rank's own output slice, then all-gather.
   auto [lo, hi] = slice(count, n, me, e);
-  if (hi > lo) {
-    for (int k = 0; k < n; ++k) {
-      int r = (me + k) % n;
-      STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, lo * e, (hi - lo) * e));
-      srcs[k] = p;
-    }
-    kernels::reduce(x.op.dtype, x.op.rop, x.out + lo * e, srcs.data(), n, hi - lo, divisor(x));
-  }
+  if (hi > lo) STRATA_RETURN_IF_ERROR(reduce_range(x, x.out + lo * e, lo, hi));
   STRATA_RETURN_IF_ERROR(x.sync("all_reduce"));
   for (int k = 1; k < n; ++k) {
     int r = (me + k) % n;
@@ -274,40 +292,25 @@ Status reduce(Exec& x) {
   const size_t e = x.esz;
   auto [lo, hi] = slice(x.op.count, n, me, e);
   if (hi > lo) {
-    Srcs srcs(n);
-    for (int k = 0; k < n; ++k) {
-      int r = (me + k) % n;
-      STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, lo * e, (hi - lo) * e));
-      srcs[k] = p;
-    }
     if (x.cma(x.op.root, OpDesc::kOutCma)) {
-      // The root's output is registered external memory: reduce here, write once.
+      // The root's output is external memory reached by CMA: reduce here, write once.
       std::vector<char> part((hi - lo) * e);
-      kernels::reduce(x.op.dtype, x.op.rop, part.data(), srcs.data(), n, hi - lo, divisor(x));
+      STRATA_RETURN_IF_ERROR(reduce_range(x, part.data(), lo, hi));
       STRATA_RETURN_IF_ERROR(x.copy_to_out(x.op.root, lo * e, part.data(), part.size()));
     } else {
       STRATA_ASSIGN_OR_RETURN(char* dst, x.peer_out(x.op.root, lo * e, (hi - lo) * e));
-      kernels::reduce(x.op.dtype, x.op.rop, dst, srcs.data(), n, hi - lo, divisor(x));
+      STRATA_RETURN_IF_ERROR(reduce_range(x, dst, lo, hi));
     }
   }
   return x.sync("reduce");
 }
 
 Status reduce_scatter(Exec& x, const std::vector<size_t>& counts) {
-  const int n = x.c.size, me = x.c.rank;
-  const size_t e = x.esz;
+  const int me = x.c.rank;
   std::vector<size_t> displ = prefix(counts);
   size_t mine = counts[me];
-  Srcs srcs(n);
-  if (mine) {
-    for (int k = 0; k < n; ++k) {
-      int r = (me + k) % n;
-      STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, displ[me] * e, mine * e));
-      srcs[k] = p;
-    }
-  }
   // In place, out is our own block of in, which no peer reads: safe to write directly.
-  if (mine) kernels::reduce(x.op.dtype, x.op.rop, x.out, srcs.data(), n, mine, divisor(x));
+  if (mine) STRATA_RETURN_IF_ERROR(reduce_range(x, x.out, displ[me], displ[me] + mine));
   return x.sync("reduce_scatter");
 }
 
