@@ -388,8 +388,9 @@ Status scatter(Exec& x) {
 
 /// Compares every peer's descriptor with ours; all ranks reach the same verdict because they
 /// all see the same descriptors.
-Status check_descriptors(const CommImpl& c, const Op& op) {
-  const OpDesc& mine = c.self.hdr()->slot(c.seq).desc;
+/// `mine` is this rank's descriptor as built locally: reading it back from the published
+/// slot would wait for the cache line that peers are busy claiming.
+Status check_descriptors(const CommImpl& c, const Op& op, const OpDesc& mine) {
   const int n = c.size;
   auto kind = static_cast<OpKind>(mine.kind);
   for (int k = 1; k < n; ++k) {
@@ -440,16 +441,16 @@ Status all_reduce_inline(CommImpl& c, const Op& op, Deadline deadline) {
   ++c.seq;
   OpSlot& mine = c.self.hdr()->slot(c.seq);
   if (bytes) std::memcpy(mine.data, op.in, bytes);
-  OpDesc& d = mine.desc;
-  d = OpDesc{};
+  OpDesc d{};
   d.seq = c.seq;
   d.kind = static_cast<uint8_t>(op.kind);
   d.dtype = static_cast<uint8_t>(op.dtype);
   d.rop = static_cast<uint8_t>(op.rop);
   d.algo = kInline;
   d.count = op.count;
+  mine.desc = d;
   STRATA_RETURN_IF_ERROR(c.sync(deadline, "all_reduce"));
-  STRATA_RETURN_IF_ERROR(check_descriptors(c, op).with_context("all_reduce: "));
+  STRATA_RETURN_IF_ERROR(check_descriptors(c, op, d).with_context("all_reduce: "));
   Srcs srcs(n);
   for (int r = 0; r < n; ++r) srcs[r] = c.peers[r].hdr()->slot(c.seq).data;
   kernels::reduce(op.dtype, op.rop, op.out, srcs.data(), n, op.count, n);
@@ -644,8 +645,7 @@ Status run_collective(CommImpl& c, Op& op) {
 
   // Publish the descriptor.
   ++c.seq;
-  OpDesc& d = c.self.hdr()->slot(c.seq).desc;
-  d = OpDesc{};
+  OpDesc d{};
   d.seq = c.seq;
   d.kind = static_cast<uint8_t>(op.kind);
   d.dtype = static_cast<uint8_t>(op.dtype);
@@ -684,12 +684,13 @@ Status run_collective(CommImpl& c, Op& op) {
       vec[3 * n + j] = op.rdispls[j];
     }
   }
+  c.self.hdr()->slot(c.seq).desc = d;
   const char* name = coll::to_string(op.kind);
   STRATA_RETURN_IF_ERROR(c.sync(x.deadline, name));
 
   // Every rank sees the mismatch after the same one step and returns; the communicator stays
   // usable (slots alternate, so nobody overwrites a descriptor a peer is still checking).
-  Status st = check_descriptors(c, op);
+  Status st = check_descriptors(c, op, d);
   if (!st.is_ok()) return st;
 
   std::vector<size_t> counts;

@@ -41,6 +41,11 @@ void publish(Signal& s, uint32_t v) {
   if (s.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&s.value);
 }
 
+void publish_spinning(Signal& s, uint32_t v) {
+  s.value.store(v, std::memory_order_release);
+  if (s.sleepers.load(std::memory_order_relaxed) != 0) futex_wake_all(&s.value);
+}
+
 Status wait_reached(const Signal& s, uint32_t target, const WaitPolicy& policy, const char* what) {
   if (reached(s.value.load(std::memory_order_acquire), target)) return Status::ok();
   // Spin, then yield, then sleep: the clock is read every 64 polls only (vDSO, ~20 ns).

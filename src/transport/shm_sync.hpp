@@ -43,6 +43,12 @@ struct WaitPolicy {
 
 /// Stores `v` with release order and wakes sleepers, if any.
 void publish(Signal& s, uint32_t v);
+/// publish() without the full fence between the store and the check for sleepers: the
+/// caller goes on (to read its peers' lines) while the store's cache line is still being
+/// claimed. The price: a peer that falls asleep in the instant before the store lands may
+/// miss the wake-up and sleep until its 1 ms timeout. For peers that each own a core (they
+/// spin for STRATA_SPIN_US before sleeping), where that instant almost never comes.
+void publish_spinning(Signal& s, uint32_t v);
 
 /// Waits until reached(s.value, target). Returns Timeout, Aborted or whatever `check`
 /// returned when the wait cannot complete. `what` names the wait in the error message.
