@@ -817,6 +817,14 @@ void reduce(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int
   reduce(active(), dtype, op, dst, srcs, nsrcs, count, avg_divisor);
 }
 
+void copy_uncached(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+#if STRATA_KERNELS_X86
+  if (active() != Isa::Scalar) return copy_streaming(dst, src, bytes);
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
 void copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0 || dst == src) return;
 #if STRATA_KERNELS_X86

@@ -15,6 +15,10 @@ void reduce(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int
 
 /// Copies bytes; used for every data move so the copy kernel can be tuned in one place.
 void copy(void* dst, const void* src, size_t bytes);
+/// Copies with non-temporal stores whatever the size (memcpy where the CPU has none): for
+/// destinations whose lines other cores hold, where claiming each line costs more than
+/// writing around the cache.
+void copy_uncached(void* dst, const void* src, size_t bytes);
 
 /// The instruction set the kernels dispatched to on this CPU ("avx512", "avx2", "scalar").
 const char* isa();
