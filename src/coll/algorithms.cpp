@@ -444,22 +444,28 @@ Status check_descriptors(const CommImpl& c, const Op& op, const OpDesc& mine) {
   return Status::ok();
 }
 
+/// Takes the next sequence number and describes `op` for the peers' check.
+OpDesc next_desc(CommImpl& c, const Op& op, uint8_t algo) {
+  OpDesc d{};
+  d.seq = ++c.seq;
+  d.kind = static_cast<uint8_t>(op.kind);
+  d.dtype = static_cast<uint8_t>(op.dtype);
+  d.rop = static_cast<uint8_t>(op.rop);
+  d.algo = algo;
+  d.root = op.root;
+  d.count = has_count(op.kind) ? op.count : 0;
+  return d;
+}
+
 /// Small all_reduce: the input is copied into this rank's slot next to the descriptor, one
 /// arrival publishes both, and every rank reduces the peers' slots in rank order. Nothing
 /// else: nobody reads the caller's buffers, so no closing synchronisation is needed.
 Status all_reduce_inline(CommImpl& c, const Op& op, Deadline deadline) {
   const int n = c.size;
   const size_t bytes = op.count * dtype_size(op.dtype);
-  ++c.seq;
+  const OpDesc d = next_desc(c, op, kInline);
   OpSlot& mine = c.self.hdr()->slot(c.seq);
   if (bytes) std::memcpy(mine.data, op.in, bytes);
-  OpDesc d{};
-  d.seq = c.seq;
-  d.kind = static_cast<uint8_t>(op.kind);
-  d.dtype = static_cast<uint8_t>(op.dtype);
-  d.rop = static_cast<uint8_t>(op.rop);
-  d.algo = kInline;
-  d.count = op.count;
   mine.desc = d;
   STRATA_RETURN_IF_ERROR(c.sync(deadline, "all_reduce"));
   STRATA_RETURN_IF_ERROR(check_descriptors(c, op, d).with_context("all_reduce: "));
@@ -656,15 +662,7 @@ Status run_collective(CommImpl& c, Op& op) {
   }
 
   // Publish the descriptor.
-  ++c.seq;
-  OpDesc d{};
-  d.seq = c.seq;
-  d.kind = static_cast<uint8_t>(op.kind);
-  d.dtype = static_cast<uint8_t>(op.dtype);
-  d.rop = static_cast<uint8_t>(op.rop);
-  d.algo = algo;
-  d.root = op.root;
-  d.count = has_count(op.kind) ? op.count : 0;
+  OpDesc d = next_desc(c, op, algo);
   if (ext.in) {
     d.flags |= OpDesc::kHasIn;
     if (in_cma) {
