@@ -175,8 +175,9 @@ struct Exec {
     STRATA_ASSIGN_OR_RETURN(void* p, c.ctx->heap->peer_ptr(c.members[r], {d.out_seg, d.out_off + offset}, bytes, deadline));
     return static_cast<char*>(p);
   }
-  /// dst <- rank r's input or output at offset: one copy, whether mapped or CMA.
-  Status copy_from(int r, bool from_out, size_t offset, void* dst, size_t bytes) {
+  /// dst <- rank r's input or output at offset: one copy, whether mapped or CMA. `uncached`
+  /// streams a mapped source around the cache (see copy_uncached).
+  Status copy_from(int r, bool from_out, size_t offset, void* dst, size_t bytes, bool uncached = false) {
     if (!bytes) return Status::ok();
     if (cma(r, from_out ? OpDesc::kOutCma : OpDesc::kInCma)) {
       const OpDesc& d = desc(r);
@@ -186,7 +187,7 @@ struct Exec {
       return Status::ok();
     }
     STRATA_ASSIGN_OR_RETURN(char* p, from_out ? peer_out(r, offset, bytes) : peer_in(r, offset, bytes));
-    copy(dst, p, bytes);
+    copy(dst, p, bytes, uncached);
     return Status::ok();
   }
   /// rank r's output at offset <- src.
@@ -202,9 +203,10 @@ struct Exec {
     copy(p, src, bytes);
     return Status::ok();
   }
-  void copy(void* dst, const void* src, size_t bytes) {
+  void copy(void* dst, const void* src, size_t bytes, bool uncached = false) {
     if (!bytes || dst == src) return;
-    kernels::copy(dst, src, bytes);
+    if (uncached) kernels::copy_uncached(dst, src, bytes);
+    else kernels::copy(dst, src, bytes);
     c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
   }
   Status sync(const char* what) { return c.sync(deadline, what); }
@@ -288,13 +290,8 @@ Status all_reduce(Exec& x, uint8_t algo, void* tmp) {
     // In place, rank r has just read these lines of our buffer (its input slice): claiming
     // them back one by one costs more than streaming around the cache (measured at 2 ranks:
     // 4 MiB 700 -> 490 us; below 1 MiB slices the cached copy wins).
-    if (x.in == x.out && bytes >= kUncachedMinBytes && !x.cma(r, OpDesc::kOutCma)) {
-      STRATA_ASSIGN_OR_RETURN(char* p, x.peer_out(r, rlo * e, bytes));
-      kernels::copy_uncached(x.out + rlo * e, p, bytes);
-      x.c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
-      continue;
-    }
-    STRATA_RETURN_IF_ERROR(x.copy_from(r, true, rlo * e, x.out + rlo * e, bytes));
+    const bool uncached = x.in == x.out && bytes >= kUncachedMinBytes;
+    STRATA_RETURN_IF_ERROR(x.copy_from(r, true, rlo * e, x.out + rlo * e, bytes, uncached));
   }
   return x.sync("all_reduce");
 }

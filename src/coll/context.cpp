@@ -179,7 +179,6 @@ void CommImpl::clear_broken() {
   abort_flag.store(false, std::memory_order_release);
 }
 
-/// Cores this process may run on (what "oversubscribed" is measured against).
 /// Whether `ranks` processes share this host's cores (the wait policy then yields at once):
 /// STRATA_OVERSUBSCRIBED when set, else more ranks than this process may run on. Ranks of
 /// other "hosts" that share the cores (network namespaces, containers) are not visible
