@@ -395,6 +395,42 @@ Status scatter(Exec& x) {
   return x.sync("scatter");
 }
 
+}  // namespace
+
+Status compare_descriptor(const Op& op, const OpDesc& mine, int me, const OpDesc& d, const uint64_t* vec, int r,
+                          int n) {
+  auto kind = static_cast<OpKind>(mine.kind);
+  bool same = d.kind == mine.kind && d.seq == mine.seq;
+  if (same && kind != OpKind::Barrier) same = d.dtype == mine.dtype;
+  if (same && has_count(kind)) same = d.count == mine.count;
+  if (same && reducing(kind)) same = d.rop == mine.rop;
+  if (same && rooted(kind)) same = d.root == mine.root;
+  if (same && kind == OpKind::AllReduce) same = d.algo == mine.algo;
+  std::string extra;
+  if (same && vec && (kind == OpKind::AllGatherV || kind == OpKind::ReduceScatterV)) {
+    for (int j = 0; j < n && same; ++j)
+      if (vec[j] != op.counts[j]) {
+        same = false;
+        extra = " (counts[" + std::to_string(j) + "] is " + std::to_string(op.counts[j]) + " on rank " +
+                std::to_string(me) + " but " + std::to_string(vec[j]) + " on rank " + std::to_string(r) + ")";
+      }
+  }
+  if (same && vec && kind == OpKind::AllToAllV && vec[me] != op.rcounts[r]) {
+    same = false;
+    extra = " (rank " + std::to_string(r) + " sends " + std::to_string(vec[me]) + " elements to rank " +
+            std::to_string(me) + ", which expects recv_counts[" + std::to_string(r) +
+            "]=" + std::to_string(op.rcounts[r]) + ")";
+  }
+  if (same) return Status::ok();
+  return Status(Code::InvalidArgument,
+                "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(me) +
+                    " called " + coll::describe(mine) + " but rank " + std::to_string(r) + " called " +
+                    coll::describe(d) + extra,
+                r);
+}
+
+namespace {
+
 /// Compares every peer's descriptor with ours; all ranks reach the same verdict because they
 /// all see the same descriptors.
 /// `mine` is this rank's descriptor as built locally: reading it back from the published
@@ -402,41 +438,11 @@ Status scatter(Exec& x) {
 Status check_descriptors(const CommImpl& c, const Op& op, const OpDesc& mine) {
   const int n = c.size;
   auto kind = static_cast<OpKind>(mine.kind);
+  const bool has_vec = kind == OpKind::AllGatherV || kind == OpKind::ReduceScatterV || kind == OpKind::AllToAllV;
   for (int k = 1; k < n; ++k) {
     int r = (c.rank + k) % n;
-    const OpDesc& d = c.peers[r].hdr()->slot(c.seq).desc;
-    bool same = d.kind == mine.kind && d.seq == mine.seq;
-    if (same && kind != OpKind::Barrier) same = d.dtype == mine.dtype;
-    if (same && has_count(kind)) same = d.count == mine.count;
-    if (same && reducing(kind)) same = d.rop == mine.rop;
-    if (same && rooted(kind)) same = d.root == mine.root;
-    if (same && kind == OpKind::AllReduce) same = d.algo == mine.algo;
-    std::string extra;
-    if (same && (kind == OpKind::AllGatherV || kind == OpKind::ReduceScatterV)) {
-      const uint64_t* pv = c.peers[r].vec();
-      for (int j = 0; j < n && same; ++j)
-        if (pv[j] != op.counts[j]) {
-          same = false;
-          extra = " (counts[" + std::to_string(j) + "] is " + std::to_string(op.counts[j]) + " on rank " +
-                  std::to_string(c.rank) + " but " + std::to_string(pv[j]) + " on rank " + std::to_string(r) + ")";
-        }
-    }
-    if (same && kind == OpKind::AllToAllV) {
-      const uint64_t* pv = c.peers[r].vec();
-      if (pv[c.rank] != op.rcounts[r]) {
-        same = false;
-        extra = " (rank " + std::to_string(r) + " sends " + std::to_string(pv[c.rank]) + " elements to rank " +
-                std::to_string(c.rank) + ", which expects recv_counts[" + std::to_string(r) +
-                "]=" + std::to_string(op.rcounts[r]) + ")";
-      }
-    }
-    if (!same) {
-      return Status(Code::InvalidArgument,
-                    "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " +
-                        std::to_string(c.rank) + " called " + coll::describe(mine) + " but rank " +
-                        std::to_string(r) + " called " + coll::describe(d) + extra,
-                    r);
-    }
+    STRATA_RETURN_IF_ERROR(compare_descriptor(op, mine, c.rank, c.peers[r].hdr()->slot(c.seq).desc,
+                                              has_vec ? c.peers[r].vec() : nullptr, r, n));
   }
   return Status::ok();
 }

@@ -106,11 +106,11 @@ Status CommImpl::sync(Deadline d, const char* what) {
 Result<void*> CommImpl::scratch_block(int which, size_t bytes) {
   Scratch& s = scratch[which];
   if (s.bytes >= bytes && s.p) return s.p;
+  // Grow geometrically so a sweep of sizes reuses the same (already touched) pages.
+  const size_t want = std::max(bytes, s.bytes * 2);
   if (s.p) (void)ctx->heap->free(s.p);
   s.p = nullptr;
   s.bytes = 0;
-  // Grow geometrically so a sweep of sizes reuses the same (already touched) pages.
-  size_t want = std::max(bytes, s.bytes * 2);
   STRATA_ASSIGN_OR_RETURN(void* p, ctx->heap->alloc(want));
   s.p = p;
   s.bytes = want;

@@ -16,6 +16,7 @@
 
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include "coll/comm_impl.hpp"
 #include "coll/counts.hpp"
@@ -62,6 +63,7 @@ struct NetExec {
   char* out = nullptr;
   size_t esz = 0;
   std::vector<OpDesc> descs;  // every member's descriptor
+  std::vector<const char*> eager_in;  // eager operations: the data rank r sent, in our scratch
   std::vector<transport::TransferPtr> xs;
   bool out_is_landing = true;  // peers' data lands in `out` (not in a temporary)
 
@@ -500,30 +502,103 @@ Status scatter(NetExec& x) {
   return x.wait("scatter");
 }
 
-/// Exchanges descriptors with every member and compares them (the cross-host form of
-/// check_descriptors in algorithms.cpp). The wire record is the descriptor followed by the
-/// rank's count vector for v-collectives.
-Status exchange_descriptors(NetExec& x, OpDesc mine) {
+/// Operations whose per-peer data is at most this big travel with their descriptor: one
+/// network round instead of a descriptor exchange followed by data rounds. Measured at 2
+/// hosts x 2 ranks (docs/PERFORMANCE_MULTIHOST.md): eager all_reduce wins up to 16 KiB,
+/// beyond which the hierarchical pattern's smaller cross-host messages win.
+constexpr size_t kEagerBytes = size_t{16} << 10;
+
+/// What an eager operation sends each member after its descriptor, and expects back.
+struct Eager {
+  std::vector<const char*> to;  // payload for rank r (nullptr: none)
+  std::vector<size_t> to_bytes, from_bytes;
+};
+
+/// The eager form of `x.op`, or nothing when its messages are too big or its kind has none.
+/// Decided from descriptor fields only: ranks that decide differently also publish different
+/// descriptors, and the first round reports that as the mismatch it is.
+std::optional<Eager> eager_plan(const NetExec& x) {
+  const Op& op = x.op;
+  const int n = x.c.size, me = x.c.rank, root = op.root;
+  const size_t b = op.count * x.esz;
+  if (!coll::has_count(op.kind) || b > kEagerBytes) return std::nullopt;
+  Eager p;
+  p.to.assign(n, nullptr);
+  p.to_bytes.assign(n, 0);
+  p.from_bytes.assign(n, 0);
+  auto to = [&](int r, const char* src) {
+    p.to[r] = src;
+    p.to_bytes[r] = b;
+  };
+  for (int r = 0; r < n; ++r) {
+    if (r == me) continue;
+    switch (op.kind) {
+      case OpKind::AllReduce:
+        if (op.opts.algorithm == Algorithm::TwoShot) return std::nullopt;
+        [[fallthrough]];
+      case OpKind::AllGather:
+        to(r, x.in);
+        p.from_bytes[r] = b;
+        break;
+      case OpKind::AllToAll:
+        to(r, x.in + r * b);
+        p.from_bytes[r] = b;
+        break;
+      case OpKind::Broadcast:
+      case OpKind::Scatter:
+        if (me == root) to(r, op.kind == OpKind::Scatter ? x.in + r * b : x.in);
+        else if (r == root) p.from_bytes[r] = b;
+        break;
+      case OpKind::Reduce:
+      case OpKind::Gather:
+        if (me == root) p.from_bytes[r] = b;
+        else if (r == root) to(r, x.in);
+        break;
+      default: return std::nullopt;
+    }
+  }
+  return p;
+}
+
+/// The first round of every operation: each member sends every other one message holding
+/// its descriptor, then its count vector (v-collectives), then, for an eager operation, that
+/// peer's data. It is the cross-host mismatch check (the form of check_descriptors in
+/// algorithms.cpp), and every rank reaches the same verdict because every rank sees every
+/// descriptor. Eager data that arrived is left at x.eager_in[r].
+Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
   CommImpl& c = x.c;
   const int n = c.size, me = c.rank;
   const auto kind = x.op.kind;
   const bool has_vec = kind == OpKind::AllGatherV || kind == OpKind::ReduceScatterV || kind == OpKind::AllToAllV;
-  const size_t rec = sizeof(OpDesc) + (has_vec ? n * sizeof(uint64_t) : 0);
-  std::vector<char> out_rec(rec), in_recs(rec * n);
-  std::memcpy(out_rec.data(), &mine, sizeof mine);
+  const size_t head = sizeof(OpDesc) + (has_vec ? n * sizeof(uint64_t) : 0);
+  std::vector<uint64_t> out_head(head / sizeof(uint64_t));
+  std::memcpy(out_head.data(), &mine, sizeof mine);
   if (has_vec)
-    for (int j = 0; j < n; ++j) {
-      uint64_t v = x.op.counts[j];
-      std::memcpy(out_rec.data() + sizeof(OpDesc) + j * sizeof v, &v, sizeof v);
-    }
+    for (int j = 0; j < n; ++j) out_head[sizeof(OpDesc) / sizeof(uint64_t) + j] = x.op.counts[j];
+  // Room for the largest first message of any operation, so that a peer that called
+  // something else is read and named rather than cut off.
+  size_t cap = sizeof(OpDesc) + kEagerBytes;
+  for (int r = 0; r < n; ++r) cap = std::max(cap, head + (eager ? eager->from_bytes[r] : 0));
+  cap = (cap + 63) & ~size_t{63};
+  STRATA_ASSIGN_OR_RETURN(void* rv, c.scratch_block(2, cap * n));
+  char* rbuf = static_cast<char*>(rv);
+  std::vector<transport::TransferPtr> rx(n);
   for (int k = 1; k < n; ++k) {
     int r = (me + k) % n;
-    STRATA_RETURN_IF_ERROR(x.recv(r, kDesc, in_recs.data() + r * rec, rec));
+    STRATA_ASSIGN_OR_RETURN(rx[r], x.net().recv_upto(x.g(r), make_tag(c, kDesc, x.seq, r), rbuf + r * cap, cap));
+    x.xs.push_back(rx[r]);
   }
-  for (int k = 1; k < n; ++k) STRATA_RETURN_IF_ERROR(x.send((me + k) % n, kDesc, out_rec.data(), rec));
+  for (int k = 1; k < n; ++k) {
+    int r = (me + k) % n;
+    const bool data = eager && eager->to_bytes[r];
+    STRATA_ASSIGN_OR_RETURN(auto t, x.net().send2(x.g(r), make_tag(c, kDesc, x.seq, me), out_head.data(), head,
+                                                  data ? eager->to[r] : nullptr, data ? eager->to_bytes[r] : 0));
+    if (data) c.direct_bytes.fetch_add(eager->to_bytes[r], std::memory_order_relaxed);
+    x.xs.push_back(std::move(t));
+  }
   Status ws = x.wait(coll::to_string(kind));
   if (!ws.is_ok()) {
-    // A record of another size is a different operation: report it as the mismatch it is.
+    // A message too long for any first message of this operation: a different operation.
     if (ws.code() != Code::InvalidArgument) return ws;
     return Status(Code::InvalidArgument,
                   "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(me) +
@@ -533,46 +608,75 @@ Status exchange_descriptors(NetExec& x, OpDesc mine) {
   }
   x.descs.assign(n, OpDesc{});
   x.descs[me] = mine;
+  x.eager_in.assign(n, nullptr);
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
-    OpDesc d;
-    std::memcpy(&d, in_recs.data() + r * rec, sizeof d);
-    x.descs[r] = d;
-    bool same = d.kind == mine.kind && d.seq == mine.seq;
-    if (same && kind != OpKind::Barrier) same = d.dtype == mine.dtype;
-    if (same && coll::has_count(kind)) same = d.count == mine.count;
-    if (same && coll::reducing(kind)) same = d.rop == mine.rop;
-    if (same && coll::rooted(kind)) same = d.root == mine.root;
-    std::string extra;
-    if (same && has_vec) {
-      const char* pv = in_recs.data() + r * rec + sizeof(OpDesc);
-      auto at = [&](int j) {
-        uint64_t v;
-        std::memcpy(&v, pv + j * sizeof v, sizeof v);
-        return v;
-      };
-      if (kind == OpKind::AllToAllV) {
-        if (at(me) != x.op.rcounts[r]) {
-          same = false;
-          extra = " (rank " + std::to_string(r) + " sends " + std::to_string(at(me)) + " elements to rank " +
-                  std::to_string(me) + ", which expects recv_counts[" + std::to_string(r) +
-                  "]=" + std::to_string(x.op.rcounts[r]) + ")";
-        }
-      } else {
-        for (int j = 0; j < n && same; ++j)
-          if (at(j) != x.op.counts[j]) {
-            same = false;
-            extra = " (counts[" + std::to_string(j) + "] is " + std::to_string(x.op.counts[j]) + " on rank " +
-                    std::to_string(me) + " but " + std::to_string(at(j)) + " on rank " + std::to_string(r) + ")";
-          }
-      }
-    }
-    if (!same)
+    const size_t len = rx[r]->received;
+    const char* m = rbuf + r * cap;
+    if (len < sizeof(OpDesc))
       return Status(Code::InvalidArgument,
-                    "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(me) +
-                        " called " + coll::describe(mine) + " but rank " + std::to_string(r) + " called " +
-                        coll::describe(d) + extra,
+                    "rank " + std::to_string(r) + " sent " + std::to_string(len) + " bytes as its descriptor of operation #" +
+                        std::to_string(mine.seq) + " (expected at least " + std::to_string(sizeof(OpDesc)) + ")",
                     r);
+    OpDesc d;
+    std::memcpy(&d, m, sizeof d);
+    x.descs[r] = d;
+    const auto* vec = len >= head && has_vec ? reinterpret_cast<const uint64_t*>(m + sizeof(OpDesc)) : nullptr;
+    STRATA_RETURN_IF_ERROR(compare_descriptor(x.op, mine, me, d, vec, r, n));
+    const size_t want = head + (eager ? eager->from_bytes[r] : 0);
+    if (len != want)
+      return Status(Code::InvalidArgument,
+                    "rank " + std::to_string(r) + " sent " + std::to_string(len) + " bytes for " + coll::describe(d) +
+                        " where rank " + std::to_string(me) + " expected " + std::to_string(want),
+                    r);
+    if (eager && eager->from_bytes[r]) x.eager_in[r] = m + head;
+  }
+  return Status::ok();
+}
+
+/// Completes an eager operation from the data its first round brought.
+Status finish_eager(NetExec& x) {
+  CommImpl& c = x.c;
+  const Op& op = x.op;
+  const int n = c.size, me = c.rank, root = op.root;
+  const size_t b = op.count * x.esz;
+  if (!b) return Status::ok();
+  auto land = [&](char* dst, int r) {
+    kernels::copy(dst, x.eager_in[r], b);
+    c.temp_bytes.fetch_add(b, std::memory_order_relaxed);
+  };
+  auto reduce_all = [&] {
+    // In rank order on every rank that reduces: bit-identical results everywhere.
+    std::vector<const void*> srcs(n);
+    for (int r = 0; r < n; ++r) srcs[r] = r == me ? static_cast<const void*>(x.in) : x.eager_in[r];
+    kernels::reduce(op.dtype, op.rop, x.out, srcs.data(), n, op.count, n);
+  };
+  switch (op.kind) {
+    case OpKind::AllReduce: reduce_all(); break;
+    case OpKind::Reduce:
+      if (me == root) reduce_all();
+      break;
+    case OpKind::AllGather:
+    case OpKind::Gather:
+      if (op.kind == OpKind::Gather && me != root) break;
+      if (x.out + me * b != x.in) kernels::copy(x.out + me * b, x.in, b);
+      for (int r = 0; r < n; ++r)
+        if (r != me) land(x.out + r * b, r);
+      break;
+    case OpKind::AllToAll:
+      if (x.out != x.in) kernels::copy(x.out + me * b, x.in + me * b, b);
+      for (int r = 0; r < n; ++r)
+        if (r != me) land(x.out + r * b, r);
+      break;
+    case OpKind::Broadcast:
+      if (me != root) land(x.out, root);
+      else if (x.out != x.in) kernels::copy(x.out, x.in, b);
+      break;
+    case OpKind::Scatter:
+      if (me != root) land(x.out, root);
+      else if (x.out != x.in + me * b) kernels::copy(x.out, x.in + me * b, b);
+      break;
+    default: return internal_error("finish_eager: no eager form");
   }
   return Status::ok();
 }
@@ -612,8 +716,13 @@ Status run_collective_net(CommImpl& c, Op& op) {
       d.out_off = ref->offset;
     }
   const char* name = coll::to_string(op.kind);
-  Status st = exchange_descriptors(x, d);
-  if (st.is_ok()) {
+  const std::optional<Eager> eager = eager_plan(x);
+  // all_reduce publishes its pattern: eager (one-shot) or not, as the shm path does.
+  if (op.kind == OpKind::AllReduce) d.algo = eager ? 1 : 2;
+  Status st = first_round(x, d, eager ? &*eager : nullptr);
+  if (st.is_ok() && eager) {
+    st = finish_eager(x);
+  } else if (st.is_ok()) {
     switch (op.kind) {
       case OpKind::AllReduce: st = hier ? all_reduce_hier(x) : all_reduce_direct(x); break;
       case OpKind::Reduce: st = reduce(x); break;

@@ -29,6 +29,7 @@ namespace strata::transport {
 struct Transfer {
   int peer = -1;  // global rank
   bool is_recv = false;
+  bool exact = true;  // receives: a message shorter than `bytes` is an error
   size_t bytes = 0;  // posted size
   std::atomic<bool> done{false};
   Status status;                   // valid once done
@@ -55,8 +56,14 @@ class Net {
 
   /// Sends `bytes` at `buf` to global rank `peer`; matched at the receiver by `tag`.
   virtual Result<TransferPtr> send(int peer, uint64_t tag, const void* buf, size_t bytes) = 0;
+  /// Sends one message made of `head` then `body` (gathered by the transport, not copied
+  /// here first): a small record and the user data it describes.
+  virtual Result<TransferPtr> send2(int peer, uint64_t tag, const void* head, size_t head_bytes, const void* body,
+                                    size_t body_bytes) = 0;
   /// Receives a message with `tag` from `peer` straight into `buf` (at most `bytes`).
   virtual Result<TransferPtr> recv(int peer, uint64_t tag, void* buf, size_t bytes) = 0;
+  /// As recv, but a shorter message is not an error: Transfer::received tells its length.
+  virtual Result<TransferPtr> recv_upto(int peer, uint64_t tag, void* buf, size_t capacity) = 0;
   /// Writes `bytes` from `buf` (in our heap) into `peer`'s heap at `dst`, then sends a
   /// zero-byte message with `tag` once the data is visible there: the receiver waits for
   /// that message (recv with bytes = 0), so puts and tag messages complete alike.

@@ -112,7 +112,14 @@ class Ucx final : public Net {
   std::string describe() const override { return put_ ? "put" : "tag"; }
   bool use_put() const override { return put_; }
   Result<TransferPtr> send(int peer, uint64_t tag, const void* buf, size_t bytes) override;
-  Result<TransferPtr> recv(int peer, uint64_t tag, void* buf, size_t bytes) override;
+  Result<TransferPtr> send2(int peer, uint64_t tag, const void* head, size_t head_bytes, const void* body,
+                            size_t body_bytes) override;
+  Result<TransferPtr> recv(int peer, uint64_t tag, void* buf, size_t bytes) override {
+    return post_recv(peer, tag, buf, bytes, true);
+  }
+  Result<TransferPtr> recv_upto(int peer, uint64_t tag, void* buf, size_t capacity) override {
+    return post_recv(peer, tag, buf, capacity, false);
+  }
   Result<TransferPtr> put(int peer, uint64_t tag, const void* buf, size_t bytes, RemoteRef dst) override;
   Status wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, const char* what) override;
   bool test(const Transfer& x) override;
@@ -136,7 +143,9 @@ class Ucx final : public Net {
     while (ucp_worker_progress(worker_) != 0) {
     }
   }
-  Status post_tag_send(ucp_ep_h ep, uint64_t tag, const void* buf, size_t bytes, const TransferPtr& x);
+  Result<TransferPtr> post_recv(int peer, uint64_t tag, void* buf, size_t bytes, bool exact);
+  Status post_tag_send(ucp_ep_h ep, uint64_t tag, const void* buf, size_t bytes, const TransferPtr& x,
+                       bool iov = false);
   static void on_send(void* req, ucs_status_t st, void* user);
   static void on_recv(void* req, ucs_status_t st, const ucp_tag_recv_info_t* info, void* user);
   static void on_flush(void* req, ucs_status_t st, void* user);
@@ -321,7 +330,7 @@ Result<RemoteSeg> Ucx::remote_seg(int peer, uint32_t seg) {
 void Ucx::finish(Transfer* x, ucs_status_t st, size_t len) {
   x->status = from_ucs(st, x->peer, x->is_recv ? "ucx receive" : "ucx send");
   x->received = len;
-  if (x->is_recv && st == UCS_OK && len != x->bytes)
+  if (x->is_recv && x->exact && st == UCS_OK && len != x->bytes)
     x->status = Status(Code::InvalidArgument,
                        "world rank " + std::to_string(x->peer) + " sent " + std::to_string(len) + " bytes where " +
                            std::to_string(x->bytes) + " were expected",
@@ -344,9 +353,13 @@ void Ucx::on_recv(void* req, ucs_status_t st, const ucp_tag_recv_info_t* info, v
   ucp_request_free(req);
 }
 
-Status Ucx::post_tag_send(ucp_ep_h ep, uint64_t tag, const void* buf, size_t bytes, const TransferPtr& x) {
+Status Ucx::post_tag_send(ucp_ep_h ep, uint64_t tag, const void* buf, size_t bytes, const TransferPtr& x, bool iov) {
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  if (iov) {  // buf: an array of `bytes` ucp_dt_iov_t entries
+    rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    rp.datatype = ucp_dt_make_iov();
+  }
   rp.cb.send = &Ucx::on_send;
   rp.user_data = x.get();
   x->self = x;
@@ -364,11 +377,31 @@ Result<TransferPtr> Ucx::send(int peer, uint64_t tag, const void* buf, size_t by
   return x;
 }
 
-Result<TransferPtr> Ucx::recv(int peer, uint64_t tag, void* buf, size_t bytes) {
+/// A two-part send: UCX reads the parts list until the send completes, so it lives here.
+struct IovTransfer : Transfer {
+  ucp_dt_iov_t parts[2];
+};
+
+Result<TransferPtr> Ucx::send2(int peer, uint64_t tag, const void* head, size_t head_bytes, const void* body,
+                               size_t body_bytes) {
+  auto x = std::make_shared<IovTransfer>();
+  x->peer = peer;
+  x->bytes = head_bytes + body_bytes;
+  x->parts[0] = {const_cast<void*>(head), head_bytes};
+  x->parts[1] = {const_cast<void*>(body), body_bytes};
+  std::lock_guard<std::mutex> g(mu_);
+  STRATA_ASSIGN_OR_RETURN(ucp_ep_h ep, endpoint(peer));
+  TransferPtr t = x;
+  STRATA_RETURN_IF_ERROR(post_tag_send(ep, tag, x->parts, body_bytes ? 2 : 1, t, true));
+  return t;
+}
+
+Result<TransferPtr> Ucx::post_recv(int peer, uint64_t tag, void* buf, size_t bytes, bool exact) {
   auto x = std::make_shared<Transfer>();
   x->peer = peer;
   x->bytes = bytes;
   x->is_recv = true;
+  x->exact = exact;
   ucp_request_param_t rp{};
   // Completion always through the callback: UCX 1.13 does not report the received length
   // of a receive that completes immediately.

@@ -254,22 +254,36 @@ struct Runner {
   }
 
   void mismatch() {
-    // Rank 0 disagrees on the count: every rank must fail with InvalidArgument, and the
-    // communicator must stay usable.
-    Buf b(c, 64 * 4);
-    bool threw = false;
-    try {
+    // Ranks that disagree must all fail with InvalidArgument, and the communicator must stay
+    // usable. Small operations travel with their descriptor (eager), larger ones exchange
+    // descriptors first: a disagreement within either form and across the two is caught.
+    const size_t big = size_t{1} << 16;  // 256 KiB of float32: not eager
+    Buf b(c, big * 4), o(c, big * 4 * n);
+    auto expect_mismatch = [&](const char* what, const std::function<void()>& call) {
+      bool threw = false;
+      try {
+        call();
+      } catch (const Error& err) {
+        threw = err.code() == Code::InvalidArgument && std::string(err.what()).find("mismatch") != std::string::npos;
+        if (!threw) std::fprintf(stderr, "mh_rank: rank %d: %s gave %s\n", me, what, err.what());
+      }
+      ++checks;
+      if (!threw) {
+        std::fprintf(stderr, "mh_rank: rank %d: %s across ranks was not reported\n", me, what);
+        ++failures;
+      }
+      all_reduce(DataType::Float32, ReduceOp::Sum, 7, false);
+    };
+    expect_mismatch("a count mismatch", [&] {
       c.all_reduce(b.p, b.p, me == 0 ? 8 : 9, DataType::Float32, ReduceOp::Sum);
-    } catch (const Error& err) {
-      threw = err.code() == Code::InvalidArgument && std::string(err.what()).find("mismatch") != std::string::npos;
-      if (!threw) std::fprintf(stderr, "mh_rank: rank %d: mismatch gave %s\n", me, err.what());
-    }
-    ++checks;
-    if (!threw) {
-      std::fprintf(stderr, "mh_rank: rank %d: a count mismatch across ranks was not reported\n", me);
-      ++failures;
-    }
-    all_reduce(DataType::Float32, ReduceOp::Sum, 7, false);
+    });
+    expect_mismatch("a small against a large count", [&] {
+      c.all_reduce(b.p, b.p, me == n - 1 ? 8 : big, DataType::Float32, ReduceOp::Sum);
+    });
+    expect_mismatch("an all_gather against an all_to_all", [&] {
+      if (me == 0) c.all_gather(b.p, o.p, 16, DataType::Float32);
+      else c.all_to_all(o.p, b.p, 4, DataType::Float32);
+    });
   }
 
   void split() {
