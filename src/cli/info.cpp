@@ -193,7 +193,7 @@ int info_main(int argc, char** argv) {
   std::printf("transports\n");
   row("  shm", probe_shm());
   row("  CMA", probe_cma(env));
-  row("  UCX", transport::ucx_summary(env.ucx_tls, env.ucx_net_devices, env.ucx_datapath));
+  row("  UCX", transport::ucx_summary(env));
   std::printf("heap\n");
   row("  segment size", format_bytes(env.heap_segment_size) + " (STRATA_HEAP_SEGMENT_SIZE)");
   row("  max size", format_bytes(env.heap_max_size) + " (STRATA_HEAP_MAX_SIZE)");

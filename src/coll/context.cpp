@@ -294,8 +294,7 @@ Status ensure_net(ContextImpl& ctx) {
   if (ctx.net) return Status::ok();
 #if STRATA_HAVE_UCX
   STRATA_ASSIGN_OR_RETURN(ctx.net, transport::make_ucx_net(ctx.job.job_id, ctx.job.rank, ctx.job.world_size, ctx.store,
-                                                           *ctx.heap, ctx.timeout, ctx.env.ucx_tls,
-                                                           ctx.env.ucx_net_devices, ctx.env.ucx_datapath));
+                                                           *ctx.heap, ctx.timeout, ctx.env));
   return Status::ok();
 #else
   return unavailable("ranks on different hosts need the UCX transport, which this build does not have "

@@ -141,6 +141,8 @@ Env parse(Lookup lookup, void* ctx) {
     if (auto d = parse_duration(*s); d && d->count() > 0) e.heartbeat_timeout = *d;
   if (auto s = get("STRATA_UCX_TLS")) e.ucx_tls = *s;
   if (auto s = get("STRATA_UCX_NET_DEVICES")) e.ucx_net_devices = *s;
+  if (auto s = get("STRATA_UCX_RNDV_THRESH")) e.ucx_rndv_thresh = *s;
+  else if (get("UCX_RNDV_THRESH")) e.ucx_rndv_thresh.clear();  // tuned through UCX itself
   if (auto s = get("STRATA_UCX_DATAPATH"); s && (*s == "auto" || *s == "tag" || *s == "put")) e.ucx_datapath = *s;
   return e;
 }

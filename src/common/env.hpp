@@ -55,6 +55,10 @@ struct Env {
   std::string ucx_tls;                                // STRATA_UCX_TLS: transports, e.g. "tcp,self" (sets UCX TLS)
   std::string ucx_net_devices;                        // STRATA_UCX_NET_DEVICES: e.g. "eth0" (sets UCX NET_DEVICES)
   std::string ucx_datapath = "auto";                  // STRATA_UCX_DATAPATH: auto|tag|put (auto: put only on native RMA)
+  // STRATA_UCX_RNDV_THRESH: messages from this size use UCX's rendezvous on the tag data path
+  // (sets UCX RNDV_THRESH; empty when UCX_RNDV_THRESH is set and this is not). Over TCP the
+  // rendezvous handshake costs a round trip of wake-ups, so medium messages go eagerly.
+  std::string ucx_rndv_thresh = "256k";
 
   /// Reads the process environment.
   static Env from_process();

@@ -5,7 +5,7 @@
 namespace strata::transport {
 
 #if !STRATA_HAVE_UCX
-std::string ucx_summary(const std::string&, const std::string&, const std::string&) {
+std::string ucx_summary(const Env&) {
   return "no (not built with UCX: install libucx-dev and configure with -DSTRATA_WITH_UCX=ON)";
 }
 #endif

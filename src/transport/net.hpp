@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/env.hpp"
 #include "common/status.hpp"
 #include "transport/shm_sync.hpp"
 
@@ -82,13 +83,13 @@ class Net {
 /// The UCX transport of one rank: UCP context + worker, worker addresses and rkeys exchanged
 /// through the store under "strata/<job>/ucx/". Every segment of `heap` is mapped for RMA
 /// when it is created. Unavailable when the build has no UCX.
+/// The STRATA_UCX_* settings come from `env`.
 Result<std::unique_ptr<Net>> make_ucx_net(const std::string& job_id, int rank, int world_size,
                                           std::shared_ptr<bootstrap::StoreClient> store, memory::Heap& heap,
-                                          std::chrono::milliseconds timeout, const std::string& tls,
-                                          const std::string& net_devices, const std::string& datapath);
+                                          std::chrono::milliseconds timeout, const Env& env);
 
 /// One line for `strata info`: the UCX version, the data path `auto` would pick here and the
 /// STRATA_UCX_* settings; "no (...)" in a build without UCX.
-std::string ucx_summary(const std::string& tls, const std::string& net_devices, const std::string& datapath);
+std::string ucx_summary(const Env& env);
 
 }  // namespace strata::transport

@@ -107,7 +107,7 @@ class Ucx final : public Net {
   }
   ~Ucx() override;
 
-  Status start(const std::string& tls, const std::string& devices, const std::string& datapath);
+  Status start(const Env& env);
 
   std::string describe() const override { return put_ ? "put" : "tag"; }
   bool use_put() const override { return put_; }
@@ -185,7 +185,17 @@ class Ucx final : public Net {
   };
 };
 
-Status Ucx::start(const std::string& tls, const std::string& devices, const std::string& datapath) {
+/// Puts are the data path only where RDMA hardware is present (UCX emulates RMA over TCP:
+/// MEASURED.md, puts ~5x slower than tag messages there), unless forced.
+bool puts_are_datapath(const Env& env) {
+  return env.ucx_datapath == "put" ||
+         (env.ucx_datapath == "auto" && have_rdma_devices() && env.ucx_tls.find("tcp") == std::string::npos);
+}
+
+Status Ucx::start(const Env& env) {
+  const std::string& tls = env.ucx_tls;
+  const std::string& devices = env.ucx_net_devices;
+  put_ = puts_are_datapath(env);
   ucp_config_t* cfg = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
   if (st != UCS_OK) return unavailable(std::string("ucx: reading UCX configuration: ") + ucs_status_string(st));
@@ -196,6 +206,12 @@ Status Ucx::start(const std::string& tls, const std::string& devices, const std:
   if (!devices.empty() && (st = ucp_config_modify(cfg, "NET_DEVICES", devices.c_str())) != UCS_OK) {
     ucp_config_release(cfg);
     return invalid_argument("STRATA_UCX_NET_DEVICES='" + devices +
+                            "' is not accepted by UCX: " + ucs_status_string(st));
+  }
+  if (!put_ && !env.ucx_rndv_thresh.empty() &&
+      (st = ucp_config_modify(cfg, "RNDV_THRESH", env.ucx_rndv_thresh.c_str())) != UCS_OK) {
+    ucp_config_release(cfg);
+    return invalid_argument("STRATA_UCX_RNDV_THRESH='" + env.ucx_rndv_thresh +
                             "' is not accepted by UCX: " + ucs_status_string(st));
   }
   ucp_params_t p{};
@@ -218,9 +234,6 @@ Status Ucx::start(const std::string& tls, const std::string& devices, const std:
   std::string a = hex(addr, len);
   ucp_worker_release_address(worker_, addr);
   STRATA_RETURN_IF_ERROR(store_->set(key("addr", rank_), a));
-  // UCX emulates RMA over TCP (MEASURED.md: puts ~5x slower than tag messages there), so
-  // puts are the data path only where RDMA hardware is present, unless forced.
-  put_ = datapath == "put" || (datapath == "auto" && have_rdma_devices() && tls.find("tcp") == std::string::npos);
   heap_.set_segment_listener([this](uint32_t id, void* base, size_t size) { map_segment(id, base, size); });
   return Status::ok();
 }
@@ -550,24 +563,27 @@ Status Ucx::wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, c
 
 }  // namespace
 
-std::string ucx_summary(const std::string& tls, const std::string& net_devices, const std::string& datapath) {
-  const bool put =
-      datapath == "put" || (datapath == "auto" && have_rdma_devices() && tls.find("tcp") == std::string::npos);
+std::string ucx_summary(const Env& env) {
+  const bool put = puts_are_datapath(env);
+  const std::string& dp = env.ucx_datapath;
   std::string s = std::string("UCX ") + ucp_get_version_string() + ", data path " + (put ? "put" : "tag") + " (" +
-                  (datapath == "auto" ? std::string(have_rdma_devices() ? "RDMA devices found" : "no RDMA devices") +
-                                            ", STRATA_UCX_DATAPATH=auto"
-                                      : "STRATA_UCX_DATAPATH=" + datapath) +
-                  "), transports " + (tls.empty() ? std::string("UCX default") : tls) + " (STRATA_UCX_TLS)";
-  if (!net_devices.empty()) s += ", devices " + net_devices + " (STRATA_UCX_NET_DEVICES)";
+                  (dp == "auto" ? std::string(have_rdma_devices() ? "RDMA devices found" : "no RDMA devices") +
+                                      ", STRATA_UCX_DATAPATH=auto"
+                                : "STRATA_UCX_DATAPATH=" + dp) +
+                  "), transports " + (env.ucx_tls.empty() ? std::string("UCX default") : env.ucx_tls) +
+                  " (STRATA_UCX_TLS)";
+  if (!env.ucx_net_devices.empty()) s += ", devices " + env.ucx_net_devices + " (STRATA_UCX_NET_DEVICES)";
+  if (!put)
+    s += ", rendezvous from " + (env.ucx_rndv_thresh.empty() ? std::string("UCX's UCX_RNDV_THRESH") : env.ucx_rndv_thresh) +
+         " (STRATA_UCX_RNDV_THRESH)";
   return s;
 }
 
 Result<std::unique_ptr<Net>> make_ucx_net(const std::string& job_id, int rank, int world_size,
                                           std::shared_ptr<bootstrap::StoreClient> store, memory::Heap& heap,
-                                          std::chrono::milliseconds timeout, const std::string& tls,
-                                          const std::string& net_devices, const std::string& datapath) {
+                                          std::chrono::milliseconds timeout, const Env& env) {
   auto u = std::make_unique<Ucx>(job_id, rank, world_size, std::move(store), heap, timeout);
-  STRATA_RETURN_IF_ERROR(u->start(tls, net_devices, datapath));
+  STRATA_RETURN_IF_ERROR(u->start(env));
   return std::unique_ptr<Net>(std::move(u));
 }
 

@@ -150,6 +150,16 @@ TEST(EnvParse, BehaviourAndHeapSettings) {
   EXPECT_FALSE(e.cma);
 }
 
+// Strata picks UCX's rendezvous threshold unless the user tuned UCX itself; its own
+// variable wins over both.
+TEST(EnvParse, UcxRendezvousThresholdDefaultsUnlessUcxIsTuned) {
+  EXPECT_EQ(env_of({}).ucx_rndv_thresh, "256k");
+  EXPECT_EQ(env_of({{"UCX_RNDV_THRESH", "8k"}}).ucx_rndv_thresh, "");
+  EXPECT_EQ(env_of({{"UCX_RNDV_THRESH", "8k"}, {"STRATA_UCX_RNDV_THRESH", "1m"}}).ucx_rndv_thresh, "1m");
+  EXPECT_EQ(env_of({{"STRATA_UCX_DATAPATH", "put"}}).ucx_datapath, "put");
+  EXPECT_EQ(env_of({{"STRATA_UCX_DATAPATH", "rdma"}}).ucx_datapath, "auto");  // not a choice: the default
+}
+
 TEST(EnvParse, BooleanSpellings) {
   for (const char* off : {"0", "false", "no", "off"}) EXPECT_FALSE(env_of({{"STRATA_CMA", off}}).cma) << off;
   for (const char* on : {"1", "true", "yes", "on"})
