@@ -9,7 +9,7 @@
 # Setup (tests/multihost/netns_lib.sh): 2 hosts x 2 ranks, each host a namespace with one
 # veth to a bridge (10.77.0.0/24), ranks on one host share memory. Measured:
 #   link probe   TCP over the same veth: iperf3, 1 and 2 streams (2 ranks per host send at
-#                once), h1 -> h0, and 2 streams each way at once (--bidir), once per round
+#                once), h1 -> h0, and 2 streams each way at once (two iperf3 pairs), once per round
 #   strata       `strata run --nnodes 2` on each host, ranks running `strata bench --as-rank`
 #                (all_reduce, all_to_all; fp32, out of place)
 #   Open MPI     mpirun from h0, daemons started in the namespaces by an rsh agent
@@ -140,13 +140,32 @@ mpi_job() {
 
 # iperf3 server in h0, client in h1, over the veths and the bridge the collectives use.
 link_probe() {
-  local streams=$1 json=$2 bidir=${3:-}
+  local streams=$1 json=$2
   mh_exec 0 iperf3 -s -1 -B "$(mh_addr 0)" -p 5201 >"$BENCH_OUT/iperf3_server_$streams.log" 2>&1 &
   local server=$!
   sleep 0.5
-  mh_exec 1 iperf3 -c "$(mh_addr 0)" -p 5201 -t "$([[ $QUICK == 1 ]] && echo 2 || echo 5)" -P "$streams" $bidir -J >"$json"
+  mh_exec 1 iperf3 -c "$(mh_addr 0)" -p 5201 -t "$([[ $QUICK == 1 ]] && echo 2 || echo 5)" -P "$streams" -J >"$json"
   local rc=$?
   wait "$server"
+  return $rc
+}
+
+# Both directions at once, each by its own iperf3 pair (iperf3 is single-threaded, so one
+# process doing both directions would measure itself): h1 -> h0 and h0 -> h1, 2 streams each.
+link_probe_both() {
+  local json=$1 t
+  t=$([[ $QUICK == 1 ]] && echo 2 || echo 5)
+  mh_exec 0 iperf3 -s -1 -B "$(mh_addr 0)" -p 5201 >"$BENCH_OUT/iperf3_server_both0.log" 2>&1 &
+  local s0=$!
+  mh_exec 1 iperf3 -s -1 -B "$(mh_addr 1)" -p 5202 >"$BENCH_OUT/iperf3_server_both1.log" 2>&1 &
+  local s1=$!
+  sleep 0.5
+  mh_exec 1 iperf3 -c "$(mh_addr 0)" -p 5201 -t "$t" -P 2 -J >"${json%.json}_fwd.json" &
+  local c0=$!
+  mh_exec 0 iperf3 -c "$(mh_addr 1)" -p 5202 -t "$t" -P 2 -J >"${json%.json}_rev.json"
+  local rc=$?
+  wait "$c0" || rc=1
+  wait "$s0" "$s1"
   return $rc
 }
 
@@ -175,7 +194,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
     run "link_2streams_r$round" link_probe 2 "$BENCH_OUT/link_2streams_r$round.json"
     # Both collectives send in both directions at once, and the two directions' TCP work
     # shares the same cores: this is the probe they are held against.
-    run "link_bidir_2streams_r$round" link_probe 2 "$BENCH_OUT/link_bidir_2streams_r$round.json" --bidir
+    run "link_both_r$round" link_probe_both "$BENCH_OUT/link_both_r$round.json"
   fi
   for coll in "${COLLS[@]}"; do
     [[ ${SKIP_STRATA:-0} == 1 ]] || run "strata_${coll}_r$round" strata_job "$coll" "$BENCH_OUT/strata_${coll}_r$round.json" "${coll}_r$round"

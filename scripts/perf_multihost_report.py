@@ -56,17 +56,21 @@ def load(out):
         pass
     link = {}  # streams: [GB/s per round], one direction
     bidir = []  # [(h1 -> h0, h0 -> h1) GB/s per round], both directions at once
+
+    def received(path):
+        return json.load(open(path))["end"]["sum_received"]["bits_per_second"] / 8e9
+
     for path in sorted(glob.glob(os.path.join(out, "link_*stream*.json"))):
-        m = re.match(r"link_(bidir_)?(\d+)streams?(_r\d+)?\.json$", os.path.basename(path))
+        m = re.match(r"link_(\d+)streams?(_r\d+)?\.json$", os.path.basename(path))
         if not m:
             continue
         try:
-            e = json.load(open(path))["end"]
-            fwd = e["sum_received"]["bits_per_second"] / 8e9
-            if m.group(1):
-                bidir.append((fwd, e["sum_received_bidir_reverse"]["bits_per_second"] / 8e9))
-            else:
-                link.setdefault(int(m.group(2)), []).append(fwd)
+            link.setdefault(int(m.group(1)), []).append(received(path))
+        except (OSError, ValueError, KeyError):
+            pass
+    for path in sorted(glob.glob(os.path.join(out, "link_both_r*_fwd.json"))):
+        try:
+            bidir.append((received(path), received(path.replace("_fwd.json", "_rev.json"))))
         except (OSError, ValueError, KeyError):
             pass
     return best, rounds, machine, link, bidir
@@ -147,7 +151,7 @@ def main():
             L.append("| %d stream%s, h1 → h0 | %s | %.2f |" % (s, "s" if s > 1 else "",
                                                             " / ".join("%.2f" % v for v in link[s]), max(link[s])))
         if bidir:
-            L.append("| 2 streams each way at once (`--bidir`), h1 → h0 + h0 → h1 | %s | %.2f per direction |" % (
+            L.append("| 2 streams each way at once (two iperf3 pairs), h1 → h0 + h0 → h1 | %s | %.2f per direction |" % (
                 " / ".join("%.2f + %.2f" % fr for fr in bidir), link_gbs))
         L += ["", "What the link allows (busbw if only the link limited it, at %.2f GB/s per direction per host "
               "(%s; all_reduce and all_to_all send both ways at once, and the TCP work of both directions "
