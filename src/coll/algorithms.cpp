@@ -59,10 +59,10 @@ std::string describe(const OpDesc& d) {
 
 namespace strata::detail {
 
+using coll::has_count;
 using coll::Op;
 using coll::OpDesc;
 using coll::OpKind;
-using coll::has_count;
 using coll::reducing;
 using coll::rooted;
 
@@ -141,7 +141,7 @@ struct Exec {
   CommImpl& c;
   const Op& op;
   Deadline deadline;
-  char* in = nullptr;   // this rank's effective (heap) buffers
+  char* in = nullptr;  // this rank's effective (heap) buffers
   char* out = nullptr;
   size_t esz = 0;
 
@@ -159,20 +159,24 @@ struct Exec {
     if (d.flags & OpDesc::kInCma) {
       auto& tmp = c.cma_tmp[r];
       if (tmp.size() < bytes) tmp.resize(bytes);
-      STRATA_RETURN_IF_ERROR(memory::cma_read(c.pids[r], reinterpret_cast<const void*>(d.in_off + offset), tmp.data(), bytes));
+      STRATA_RETURN_IF_ERROR(
+          memory::cma_read(c.pids[r], reinterpret_cast<const void*>(d.in_off + offset), tmp.data(), bytes));
       c.cma_bytes.fetch_add(bytes, std::memory_order_relaxed);
       return tmp.data();
     }
-    STRATA_ASSIGN_OR_RETURN(void* p, c.ctx->heap->peer_ptr(c.members[r], {d.in_seg, d.in_off + offset}, bytes, deadline));
+    STRATA_ASSIGN_OR_RETURN(void* p,
+                            c.ctx->heap->peer_ptr(c.members[r], {d.in_seg, d.in_off + offset}, bytes, deadline));
     return static_cast<char*>(p);
   }
   Result<char*> peer_out(int r, size_t offset, size_t bytes) {
     if (r == c.rank) return out + offset;
     if (!bytes) return static_cast<char*>(nullptr);
     const OpDesc& d = desc(r);
-    if (!(d.flags & OpDesc::kHasOut)) return internal_error("rank " + std::to_string(r) + " published no output buffer");
+    if (!(d.flags & OpDesc::kHasOut))
+      return internal_error("rank " + std::to_string(r) + " published no output buffer");
     if (d.flags & OpDesc::kOutCma) return internal_error("peer_out on a CMA buffer of rank " + std::to_string(r));
-    STRATA_ASSIGN_OR_RETURN(void* p, c.ctx->heap->peer_ptr(c.members[r], {d.out_seg, d.out_off + offset}, bytes, deadline));
+    STRATA_ASSIGN_OR_RETURN(void* p,
+                            c.ctx->heap->peer_ptr(c.members[r], {d.out_seg, d.out_off + offset}, bytes, deadline));
     return static_cast<char*>(p);
   }
   /// dst <- rank r's input or output at offset: one copy, whether mapped or CMA. `uncached`
@@ -657,8 +661,8 @@ Status run_collective(CommImpl& c, Op& op) {
   // In place, one-shot all_reduce and all_to_all land in a temporary (peers still read the
   // bytes they would overwrite).
   bool need_tmp = in == out && ext.out &&
-                  ((op.kind == OpKind::AllReduce && algo == kOneShot && n > 1) ||
-                   op.kind == OpKind::AllToAll || op.kind == OpKind::AllToAllV);
+                  ((op.kind == OpKind::AllReduce && algo == kOneShot && n > 1) || op.kind == OpKind::AllToAll ||
+                   op.kind == OpKind::AllToAllV);
   void* tmp = nullptr;
   if (need_tmp) {
     STRATA_ASSIGN_OR_RETURN(tmp, c.scratch_block(2, ext.out));

@@ -4,8 +4,8 @@
 // engine), and the shared-memory control block layout.
 
 #include <atomic>
-#include <cstddef>
 #include <condition_variable>
+#include <cstddef>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -39,11 +39,11 @@ struct ContextService {
 /// What this process knows about the job's failure epochs (all times CLOCK_REALTIME ns, so
 /// they compare across processes).
 struct EpochState {
-  std::atomic<uint64_t> latest{0};   // newest epoch announced by the controller
-  std::atomic<int64_t> seen_ns{0};   // when this process saw `latest` announced
-  uint64_t joined = 0;               // epoch the world communicator was last built for
+  std::atomic<uint64_t> latest{0};  // newest epoch announced by the controller
+  std::atomic<int64_t> seen_ns{0};  // when this process saw `latest` announced
+  uint64_t joined = 0;              // epoch the world communicator was last built for
   std::mutex mu;
-  recovery::Report report;           // the last recovery, for recovery::last_report
+  recovery::Report report;  // the last recovery, for recovery::last_report
 };
 
 /// One rank's process-level state, shared by all its communicators and buffers.
@@ -113,8 +113,8 @@ struct alignas(64) CtrlHeader {
   int32_t rank = 0;
   int32_t size = 0;
   int32_t pid = 0;
-  uint64_t self_addr = 0;   // the block's address in its owner's address space (CMA probe)
-  uint32_t cma_ok = 0;      // owner could read every peer with process_vm_readv
+  uint64_t self_addr = 0;  // the block's address in its owner's address space (CMA probe)
+  uint32_t cma_ok = 0;     // owner could read every peer with process_vm_readv
   OpSlot slots[2];
   OpSlot& slot(uint32_t seq) { return slots[seq & 1]; }
 };
@@ -140,7 +140,9 @@ class CtrlView {
 
  private:
   static size_t align64(size_t v) { return (v + 63) & ~size_t{63}; }
-  static size_t p2p_offset(int n) { return align64(sizeof(CtrlHeader) + 4 * sizeof(uint64_t) * static_cast<size_t>(n)); }
+  static size_t p2p_offset(int n) {
+    return align64(sizeof(CtrlHeader) + 4 * sizeof(uint64_t) * static_cast<size_t>(n));
+  }
   static size_t per_peer() { return align64(192 + kP2pDepth * sizeof(P2pSlot)); }
   char* peer_area(int peer) const { return base_ + p2p_offset(n_) + static_cast<size_t>(peer) * per_peer(); }
   char* base_ = nullptr;
@@ -154,7 +156,7 @@ struct WorkState {
   bool done = false;
   Status status;
   int rank = -1;
-  std::function<Status()> run;            // engine-executed body
+  std::function<Status()> run;             // engine-executed body
   std::function<Status(bool block)> poll;  // for sends: completes by observing the receiver
   std::function<void()> on_destroy;        // releases staging memory
   ~WorkState() {
@@ -181,25 +183,26 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   std::chrono::milliseconds timeout{0};
 
   CtrlView self;
-  std::vector<CtrlView> peers;      // indexed by comm rank (self included)
-  std::vector<int> pids;            // per comm rank
-  std::vector<int> pidfds;          // per comm rank, -1 when same process or unavailable
+  std::vector<CtrlView> peers;  // indexed by comm rank (self included)
+  std::vector<int> pids;        // per comm rank
+  std::vector<int> pidfds;      // per comm rank, -1 when same process or unavailable
   void* ctrl_mem = nullptr;
 
-  uint32_t seq = 0;                 // collectives executed
-  uint32_t phase = 0;               // sync steps published
-  std::vector<uint32_t> send_seq;   // per peer
-  std::vector<uint32_t> recv_seq;   // per peer
+  uint32_t seq = 0;                // collectives executed
+  uint32_t phase = 0;              // sync steps published
+  std::vector<uint32_t> send_seq;  // per peer
+  std::vector<uint32_t> recv_seq;  // per peer
   int split_count = 0;
 
   std::atomic<bool> abort_flag{false};
   std::mutex err_mu;
-  Status sticky;  // set when the communicator is broken (timeout, peer failure, abort)
+  Status sticky;                       // set when the communicator is broken (timeout, peer failure, abort)
   std::atomic<bool> is_broken{false};  // lets the hot path skip err_mu
 
   std::atomic<uint64_t> ops{0}, staged_bytes{0}, direct_bytes{0}, cma_bytes{0}, temp_bytes{0};
   bool cma_all = false;
-  bool oversubscribed = false;       // more members than cores this process may use              // every member can CMA-read every other member
+  bool oversubscribed = false;  // more members than cores this process may use              // every member can
+                                // CMA-read every other member
   std::vector<std::vector<char>> cma_tmp;  // per peer: landing space for CMA reads that feed a reduction
 
   // Scratch heap blocks used to stage external buffers and for in-place temporaries.
@@ -210,12 +213,12 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   Scratch scratch[3];
 
   // Spanning hosts.
-  transport::Net* net = nullptr;         // owned by ctx
-  std::shared_ptr<CommImpl> local;       // members on this host, ordered by comm rank
-  std::vector<int> host_of;              // comm rank -> host index (hosts ordered by first comm rank)
-  std::vector<int> local_of;             // comm rank -> index among its host's members
+  transport::Net* net = nullptr;               // owned by ctx
+  std::shared_ptr<CommImpl> local;             // members on this host, ordered by comm rank
+  std::vector<int> host_of;                    // comm rank -> host index (hosts ordered by first comm rank)
+  std::vector<int> local_of;                   // comm rank -> index among its host's members
   std::vector<std::vector<int>> host_members;  // host index -> comm ranks
-  uint64_t tag_base = 0;                 // communicator id hash, top 16 bits of every tag
+  uint64_t tag_base = 0;                       // communicator id hash, top 16 bits of every tag
 
   // Copy engine.
   std::mutex exec_mu;

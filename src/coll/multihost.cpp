@@ -62,7 +62,7 @@ struct NetExec {
   char* in = nullptr;
   char* out = nullptr;
   size_t esz = 0;
-  std::vector<OpDesc> descs;  // every member's descriptor
+  std::vector<OpDesc> descs;          // every member's descriptor
   std::vector<const char*> eager_in;  // eager operations: the data rank r sent, in our scratch
   std::vector<transport::TransferPtr> xs;
   bool out_is_landing = true;  // peers' data lands in `out` (not in a temporary)
@@ -615,8 +615,9 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
     const char* m = rbuf + r * cap;
     if (len < sizeof(OpDesc))
       return Status(Code::InvalidArgument,
-                    "rank " + std::to_string(r) + " sent " + std::to_string(len) + " bytes as its descriptor of operation #" +
-                        std::to_string(mine.seq) + " (expected at least " + std::to_string(sizeof(OpDesc)) + ")",
+                    "rank " + std::to_string(r) + " sent " + std::to_string(len) +
+                        " bytes as its descriptor of operation #" + std::to_string(mine.seq) + " (expected at least " +
+                        std::to_string(sizeof(OpDesc)) + ")",
                     r);
     OpDesc d;
     std::memcpy(&d, m, sizeof d);

@@ -12,38 +12,38 @@ namespace strata {
 
 struct Env {
   // Job placement. Filled from STRATA_* first, then torchrun, Open MPI, Slurm.
-  std::optional<int> rank;         // STRATA_RANK | RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID
-  std::optional<int> world_size;   // STRATA_WORLD_SIZE | WORLD_SIZE | OMPI_COMM_WORLD_SIZE | SLURM_NTASKS
-  std::optional<int> local_rank;   // STRATA_LOCAL_RANK | LOCAL_RANK | OMPI_COMM_WORLD_LOCAL_RANK | SLURM_LOCALID
-  std::optional<int> local_size;   // STRATA_LOCAL_SIZE | LOCAL_WORLD_SIZE | OMPI_COMM_WORLD_LOCAL_SIZE
-  std::string store;               // STRATA_STORE host:port | MASTER_ADDR:MASTER_PORT
-  std::string job_token;           // STRATA_JOB_TOKEN: secret the store requires on connect
-  std::string job_id;              // STRATA_JOB_ID | TORCHELASTIC_RUN_ID | SLURM_JOB_ID
-  std::string host_id;             // STRATA_HOST_ID: overrides hostname + boot id
-  std::optional<int> node_rank;    // STRATA_NODE_RANK | GROUP_RANK: this host's agent in a multi-node job
-  std::optional<int> nnodes;       // STRATA_NNODES: agents (hosts) in the job
-  std::string launcher;            // which variables were found: "strata", "torchrun", "mpirun", "slurm", ""
+  std::optional<int> rank;        // STRATA_RANK | RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID
+  std::optional<int> world_size;  // STRATA_WORLD_SIZE | WORLD_SIZE | OMPI_COMM_WORLD_SIZE | SLURM_NTASKS
+  std::optional<int> local_rank;  // STRATA_LOCAL_RANK | LOCAL_RANK | OMPI_COMM_WORLD_LOCAL_RANK | SLURM_LOCALID
+  std::optional<int> local_size;  // STRATA_LOCAL_SIZE | LOCAL_WORLD_SIZE | OMPI_COMM_WORLD_LOCAL_SIZE
+  std::string store;              // STRATA_STORE host:port | MASTER_ADDR:MASTER_PORT
+  std::string job_token;          // STRATA_JOB_TOKEN: secret the store requires on connect
+  std::string job_id;             // STRATA_JOB_ID | TORCHELASTIC_RUN_ID | SLURM_JOB_ID
+  std::string host_id;            // STRATA_HOST_ID: overrides hostname + boot id
+  std::optional<int> node_rank;   // STRATA_NODE_RANK | GROUP_RANK: this host's agent in a multi-node job
+  std::optional<int> nnodes;      // STRATA_NNODES: agents (hosts) in the job
+  std::string launcher;           // which variables were found: "strata", "torchrun", "mpirun", "slurm", ""
 
   // Behaviour.
-  std::chrono::milliseconds timeout{300000};          // STRATA_TIMEOUT (ms, or with s/ms/m suffix)
+  std::chrono::milliseconds timeout{300000};               // STRATA_TIMEOUT (ms, or with s/ms/m suffix)
   std::chrono::milliseconds store_connect_timeout{60000};  // STRATA_STORE_TIMEOUT
   // STRATA_AGENT_TIMEOUT: a multi-node agent silent (no heartbeat) or a store unanswered
   // for this long counts as failed and stops the job on every node.
   std::chrono::milliseconds agent_timeout{10000};
-  uint32_t spin_us = 500;                             // STRATA_SPIN_US: µs a wait spins before yielding/sleeping
-  int oversubscribed = -1;                            // STRATA_OVERSUBSCRIBED: 1/0 force the wait policy; -1 (auto): ranks > cores
-  size_t oneshot_max_bytes = 256 * 1024;              // STRATA_ONESHOT_MAX_BYTES: one-shot vs two-shot all_reduce (2 ranks)
-  std::string log_level = "warn";                     // STRATA_LOG: error|warn|info|debug
-  std::string kernels;                                // STRATA_KERNELS: scalar|avx2|avx512 (empty/auto: best the CPU has)
+  uint32_t spin_us = 500;                 // STRATA_SPIN_US: µs a wait spins before yielding/sleeping
+  int oversubscribed = -1;                // STRATA_OVERSUBSCRIBED: 1/0 force the wait policy; -1 (auto): ranks > cores
+  size_t oneshot_max_bytes = 256 * 1024;  // STRATA_ONESHOT_MAX_BYTES: one-shot vs two-shot all_reduce (2 ranks)
+  std::string log_level = "warn";         // STRATA_LOG: error|warn|info|debug
+  std::string kernels;                    // STRATA_KERNELS: scalar|avx2|avx512 (empty/auto: best the CPU has)
 
   // Heap.
-  size_t heap_segment_size = size_t{1} << 30;         // STRATA_HEAP_SEGMENT_SIZE: bytes per memfd segment (virtual)
-  size_t heap_max_size = size_t{64} << 30;            // STRATA_HEAP_MAX_SIZE: total heap limit per rank
-  size_t heap_symmetric_size = size_t{1} << 30;       // STRATA_HEAP_SYMMETRIC_SIZE: symmetric arena per rank
-  bool heap_huge_pages = false;                       // STRATA_HEAP_HUGE_PAGES: MFD_HUGETLB segments
-  bool heap_prefault = false;                         // STRATA_HEAP_PREFAULT: touch pages when a segment is made
-  bool cma = true;                                    // STRATA_CMA=0 disables process_vm_readv/writev
-  size_t cma_min_bytes = size_t{1} << 20;             // STRATA_CMA_MIN_BYTES: unregistered buffers this big use CMA too
+  size_t heap_segment_size = size_t{1} << 30;    // STRATA_HEAP_SEGMENT_SIZE: bytes per memfd segment (virtual)
+  size_t heap_max_size = size_t{64} << 30;       // STRATA_HEAP_MAX_SIZE: total heap limit per rank
+  size_t heap_symmetric_size = size_t{1} << 30;  // STRATA_HEAP_SYMMETRIC_SIZE: symmetric arena per rank
+  bool heap_huge_pages = false;                  // STRATA_HEAP_HUGE_PAGES: MFD_HUGETLB segments
+  bool heap_prefault = false;                    // STRATA_HEAP_PREFAULT: touch pages when a segment is made
+  bool cma = true;                               // STRATA_CMA=0 disables process_vm_readv/writev
+  size_t cma_min_bytes = size_t{1} << 20;        // STRATA_CMA_MIN_BYTES: unregistered buffers this big use CMA too
 
   // Failure recovery (set by `strata run --ft`; see docs/RECOVERY.md).
   bool ft = false;                                    // STRATA_FT: the job runs under a recovery controller
@@ -52,9 +52,9 @@ struct Env {
   std::chrono::milliseconds heartbeat_timeout{1000};  // STRATA_HEARTBEAT_TIMEOUT: silence that counts as a hang
 
   // Between hosts (UCX). Empty strings leave UCX's own UCX_* settings in force.
-  std::string ucx_tls;                                // STRATA_UCX_TLS: transports, e.g. "tcp,self" (sets UCX TLS)
-  std::string ucx_net_devices;                        // STRATA_UCX_NET_DEVICES: e.g. "eth0" (sets UCX NET_DEVICES)
-  std::string ucx_datapath = "auto";                  // STRATA_UCX_DATAPATH: auto|tag|put (auto: put only on native RMA)
+  std::string ucx_tls;                // STRATA_UCX_TLS: transports, e.g. "tcp,self" (sets UCX TLS)
+  std::string ucx_net_devices;        // STRATA_UCX_NET_DEVICES: e.g. "eth0" (sets UCX NET_DEVICES)
+  std::string ucx_datapath = "auto";  // STRATA_UCX_DATAPATH: auto|tag|put (auto: put only on native RMA)
   // STRATA_UCX_RNDV_THRESH: messages from this size use UCX's rendezvous on the tag data path
   // (sets UCX RNDV_THRESH; empty when UCX_RNDV_THRESH is set and this is not). Over TCP the
   // rendezvous handshake costs a round trip of wake-ups, so medium messages go eagerly.
@@ -81,8 +81,7 @@ std::optional<std::chrono::milliseconds> parse_duration(const std::string& s);
 template <class F>
 Env Env::from_lookup(F&& lookup) {
   return env_detail::parse(
-      [](const char* k, void* c) -> std::optional<std::string> { return (*static_cast<F*>(c))(k); },
-      &lookup);
+      [](const char* k, void* c) -> std::optional<std::string> { return (*static_cast<F*>(c))(k); }, &lookup);
 }
 
 }  // namespace strata

@@ -31,7 +31,7 @@ struct Transfer {
   int peer = -1;  // global rank
   bool is_recv = false;
   bool exact = true;  // receives: a message shorter than `bytes` is an error
-  size_t bytes = 0;  // posted size
+  size_t bytes = 0;   // posted size
   std::atomic<bool> done{false};
   Status status;                   // valid once done
   size_t received = 0;             // receives: bytes that arrived

@@ -566,15 +566,16 @@ Status Ucx::wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, c
 std::string ucx_summary(const Env& env) {
   const bool put = puts_are_datapath(env);
   const std::string& dp = env.ucx_datapath;
-  std::string s = std::string("UCX ") + ucp_get_version_string() + ", data path " + (put ? "put" : "tag") + " (" +
-                  (dp == "auto" ? std::string(have_rdma_devices() ? "RDMA devices found" : "no RDMA devices") +
-                                      ", STRATA_UCX_DATAPATH=auto"
-                                : "STRATA_UCX_DATAPATH=" + dp) +
-                  "), transports " + (env.ucx_tls.empty() ? std::string("UCX default") : env.ucx_tls) +
-                  " (STRATA_UCX_TLS)";
+  std::string s =
+      std::string("UCX ") + ucp_get_version_string() + ", data path " + (put ? "put" : "tag") + " (" +
+      (dp == "auto"
+           ? std::string(have_rdma_devices() ? "RDMA devices found" : "no RDMA devices") + ", STRATA_UCX_DATAPATH=auto"
+           : "STRATA_UCX_DATAPATH=" + dp) +
+      "), transports " + (env.ucx_tls.empty() ? std::string("UCX default") : env.ucx_tls) + " (STRATA_UCX_TLS)";
   if (!env.ucx_net_devices.empty()) s += ", devices " + env.ucx_net_devices + " (STRATA_UCX_NET_DEVICES)";
   if (!put)
-    s += ", rendezvous from " + (env.ucx_rndv_thresh.empty() ? std::string("UCX's UCX_RNDV_THRESH") : env.ucx_rndv_thresh) +
+    s += ", rendezvous from " +
+         (env.ucx_rndv_thresh.empty() ? std::string("UCX's UCX_RNDV_THRESH") : env.ucx_rndv_thresh) +
          " (STRATA_UCX_RNDV_THRESH)";
   return s;
 }

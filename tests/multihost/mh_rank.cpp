@@ -39,8 +39,8 @@ namespace {
 using namespace strata;
 using Clock = std::chrono::steady_clock;
 
-const DataType kAllTypes[] = {DataType::Int8,    DataType::UInt8,    DataType::Int32,   DataType::UInt32,
-                              DataType::Int64,   DataType::UInt64,   DataType::Float16, DataType::BFloat16,
+const DataType kAllTypes[] = {DataType::Int8,    DataType::UInt8,  DataType::Int32,   DataType::UInt32,
+                              DataType::Int64,   DataType::UInt64, DataType::Float16, DataType::BFloat16,
                               DataType::Float32, DataType::Float64};
 const ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg};
 
@@ -117,7 +117,8 @@ struct Runner {
                    : t == DataType::Float32                          ? 1e-6 * std::max(1.0, std::fabs(stored))
                                                                      : 1e-12;
       if (std::fabs(got - stored) > tol) {
-        std::fprintf(stderr, "mh_rank: rank %d: %s: index %zu: got %g, expected %g\n", me, what.c_str(), i, got, stored);
+        std::fprintf(stderr, "mh_rank: rank %d: %s: index %zu: got %g, expected %g\n", me, what.c_str(), i, got,
+                     stored);
         if (++failures > 20) {
           std::fprintf(stderr, "mh_rank: rank %d: too many mismatches, stopping\n", me);
           std::exit(1);
@@ -176,7 +177,8 @@ struct Runner {
     if (v) c.all_gather_v(src, out.p, counts.data(), t);
     else c.all_gather(src, out.p, count, t);
     for (int r = 0; r < n; ++r)
-      check(label(v ? "all_gather_v" : "all_gather", t, ReduceOp::Sum, count, inplace, ext) + " block " + std::to_string(r),
+      check(label(v ? "all_gather_v" : "all_gather", t, ReduceOp::Sum, count, inplace, ext) + " block " +
+                std::to_string(r),
             t, out.p, displ[r], counts[r], [&](size_t i) { return val(r, i); });
   }
 
@@ -274,12 +276,10 @@ struct Runner {
       }
       all_reduce(DataType::Float32, ReduceOp::Sum, 7, false);
     };
-    expect_mismatch("a count mismatch", [&] {
-      c.all_reduce(b.p, b.p, me == 0 ? 8 : 9, DataType::Float32, ReduceOp::Sum);
-    });
-    expect_mismatch("a small against a large count", [&] {
-      c.all_reduce(b.p, b.p, me == n - 1 ? 8 : big, DataType::Float32, ReduceOp::Sum);
-    });
+    expect_mismatch("a count mismatch",
+                    [&] { c.all_reduce(b.p, b.p, me == 0 ? 8 : 9, DataType::Float32, ReduceOp::Sum); });
+    expect_mismatch("a small against a large count",
+                    [&] { c.all_reduce(b.p, b.p, me == n - 1 ? 8 : big, DataType::Float32, ReduceOp::Sum); });
     expect_mismatch("an all_gather against an all_to_all", [&] {
       if (me == 0) c.all_gather(b.p, o.p, 16, DataType::Float32);
       else c.all_to_all(o.p, b.p, 4, DataType::Float32);
@@ -374,8 +374,8 @@ int fault(Communicator& c, int victim, int iters, bool stop) {
     }
   } catch (const Error& e) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t_op).count();
-    std::printf("mh_rank: rank %d: FAULT code=%s ms=%lld: %s\n", c.rank(), to_string(e.code()), static_cast<long long>(ms),
-                e.what());
+    std::printf("mh_rank: rank %d: FAULT code=%s ms=%lld: %s\n", c.rank(), to_string(e.code()),
+                static_cast<long long>(ms), e.what());
     bool ok = (e.code() == Code::PeerFailed || e.code() == Code::Timeout) && ms < 2 * timeout.count();
     return ok ? 0 : 3;
   }
