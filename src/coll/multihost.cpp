@@ -15,6 +15,7 @@
 //    lands (reductions) or where it would overwrite what peers still read (in place).
 
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <optional>
 
@@ -789,11 +790,17 @@ Result<std::shared_ptr<WorkState>> post_send_net(CommImpl& c, const Op& op) {
   const size_t bytes = op.count * dtype_size(op.dtype);
   const int g = c.members[peer];
   std::vector<transport::TransferPtr> xs;
-  STRATA_ASSIGN_OR_RETURN(auto h, c.net->send(g, make_tag(c, kP2pHeader, s, c.rank), hdr.get(), sizeof *hdr));
+  // Straight from the caller's buffer (heap or not): nothing is staged. A small message rides
+  // with its header (one message); a larger one follows it, so that the receiver, having
+  // checked the header, receives it in place.
+  const bool eager = bytes <= kEagerBytes;
+  STRATA_ASSIGN_OR_RETURN(auto h, c.net->send2(g, make_tag(c, kP2pHeader, s, c.rank), hdr.get(), sizeof *hdr,
+                                               eager ? op.in : nullptr, eager ? bytes : 0));
   xs.push_back(std::move(h));
-  // Straight from the caller's buffer (heap or not): nothing is staged.
-  STRATA_ASSIGN_OR_RETURN(auto dx, c.net->send(g, make_tag(c, kP2pData, s, c.rank), op.in, bytes));
-  xs.push_back(std::move(dx));
+  if (!eager) {
+    STRATA_ASSIGN_OR_RETURN(auto dx, c.net->send(g, make_tag(c, kP2pData, s, c.rank), op.in, bytes));
+    xs.push_back(std::move(dx));
+  }
   c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
   auto w = std::make_shared<WorkState>();
   w->rank = c.rank;
@@ -833,21 +840,41 @@ Status recv_net(CommImpl& c, const Op& op) {
     if (st.code() != Code::Timeout && st.code() != Code::InvalidArgument) c.set_broken(full);
     return full;
   };
-  P2pHeader h;
-  STRATA_ASSIGN_OR_RETURN(auto hx, c.net->recv(g, make_tag(c, kP2pHeader, s, peer), &h, sizeof h));
+  // The header, and with it the data of a small message (see post_send_net).
+  constexpr size_t kFirst = sizeof(P2pHeader) + kEagerBytes;
+  auto first = std::make_unique_for_overwrite<char[]>(kFirst);
+  STRATA_ASSIGN_OR_RETURN(auto hx, c.net->recv_upto(g, make_tag(c, kP2pHeader, s, peer), first.get(), kFirst));
   Status st = c.net->wait({hx}, c.policy(d), "recv");
   if (!st.is_ok()) return fail(st);
+  if (hx->received < sizeof(P2pHeader))
+    return fail(Status(
+        Code::InvalidArgument,
+        "rank " + std::to_string(peer) + " sent a " + std::to_string(hx->received) + "-byte message header", peer));
+  P2pHeader h;
+  std::memcpy(&h, first.get(), sizeof h);
   const size_t want = op.count * dtype_size(op.dtype);
   const bool match = h.tag == op.tag && h.dtype == static_cast<uint32_t>(op.dtype) && h.count == op.count;
   const size_t got =
       h.dtype <= static_cast<uint32_t>(DataType::Float64) ? h.count * dtype_size(static_cast<DataType>(h.dtype)) : 0;
-  // On a mismatch the data is still taken (into a discard buffer), so the sender completes
-  // and both sides stay in step for the next message.
-  std::vector<char> discard(match ? 0 : got);
-  STRATA_ASSIGN_OR_RETURN(
-      auto dx, c.net->recv(g, make_tag(c, kP2pData, s, peer), match ? op.out : discard.data(), match ? want : got));
-  st = c.net->wait({dx}, c.policy(d), "recv");
-  if (!st.is_ok()) return fail(st);
+  if (got <= kEagerBytes) {
+    if (hx->received != sizeof h + got)
+      return fail(Status(Code::InvalidArgument,
+                         "rank " + std::to_string(peer) + " sent " + std::to_string(hx->received - sizeof h) +
+                             " data bytes for " + p2p_str("send", h),
+                         peer));
+    if (match && want) {
+      kernels::copy(op.out, first.get() + sizeof h, want);
+      c.temp_bytes.fetch_add(want, std::memory_order_relaxed);
+    }
+  } else {
+    // On a mismatch the data is still taken (into a discard buffer), so the sender completes
+    // and both sides stay in step for the next message.
+    std::vector<char> discard(match ? 0 : got);
+    STRATA_ASSIGN_OR_RETURN(
+        auto dx, c.net->recv(g, make_tag(c, kP2pData, s, peer), match ? op.out : discard.data(), match ? want : got));
+    st = c.net->wait({dx}, c.policy(d), "recv");
+    if (!st.is_ok()) return fail(st);
+  }
   if (!match) {
     P2pHeader mine{op.tag, static_cast<uint32_t>(op.dtype), op.count};
     return Status(Code::InvalidArgument,

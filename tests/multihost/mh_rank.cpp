@@ -280,6 +280,31 @@ struct Runner {
                     [&] { c.all_reduce(b.p, b.p, me == 0 ? 8 : 9, DataType::Float32, ReduceOp::Sum); });
     expect_mismatch("a small against a large count",
                     [&] { c.all_reduce(b.p, b.p, me == n - 1 ? 8 : big, DataType::Float32, ReduceOp::Sum); });
+    // Point to point: rank 0 expects a small message where its predecessor sends a large one
+    // (and the others a large one where a small one comes): the receivers fail with
+    // InvalidArgument, the senders complete, and the pair stays in step.
+    {
+      const int to = (me + 1) % n, from = (me + n - 1) % n;
+      const size_t send_count = me == 0 ? 8 : big, recv_count = me == 0 ? 8 : big;
+      std::vector<float> mine(big, 1.0f), got(big);
+      Work w = c.send_async(mine.data(), send_count, DataType::Float32, to, 3);
+      bool threw = false;
+      try {
+        c.recv(got.data(), recv_count, DataType::Float32, from, 3);
+      } catch (const Error& err) {
+        threw = err.code() == Code::InvalidArgument && std::string(err.what()).find("mismatch") != std::string::npos;
+        if (!threw) std::fprintf(stderr, "mh_rank: rank %d: p2p mismatch gave %s\n", me, err.what());
+      }
+      w.wait();
+      const bool should = me == 0 || from == 0;
+      ++checks;
+      if (threw != should) {
+        std::fprintf(stderr, "mh_rank: rank %d: p2p size mismatch %s\n", me,
+                     should ? "was not reported" : "reported where sizes agree");
+        ++failures;
+      }
+      p2p_ring(7);
+    }
     expect_mismatch("an all_gather against an all_to_all", [&] {
       if (me == 0) c.all_gather(b.p, o.p, 16, DataType::Float32);
       else c.all_to_all(o.p, b.p, 4, DataType::Float32);
