@@ -14,6 +14,7 @@
 //    fabric does RMA natively). Temporaries only where data must be combined before it
 //    lands (reductions) or where it would overwrite what peers still read (in place).
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -451,6 +452,122 @@ Status broadcast(NetExec& x) {
   return x.wait("broadcast");
 }
 
+/// Local index of comm rank r on its host (its rank in the host's communicator).
+int local_index(const CommImpl& c, int r) {
+  const auto& m = c.host_members[c.host_of[r]];
+  return static_cast<int>(std::find(m.begin(), m.end(), r) - m.begin());
+}
+
+/// A rooted operation of the host's communicator, under this operation's deadline.
+Op local_rooted(const NetExec& x, OpKind kind, const void* in, void* out, int local_root, ReduceOp rop) {
+  Op o = local_op(x, kind, in, out, {}, rop);
+  o.count = x.op.count;
+  o.root = local_root;
+  return o;
+}
+
+/// Block l of host h's share when an operation is cut across its ranks (element counts).
+std::vector<size_t> host_slices(const NetExec& x, int h) {
+  return slice_counts(x.op.count, static_cast<int>(x.c.host_members[h].size()), x.esz);
+}
+
+/// Scatter, then all-gather within each host: the root sends block l of the data to local
+/// rank l of every other host, and each of those hosts completes it with an intra-host
+/// all-gather (shm); the root's host broadcasts from the root. The data crosses to each host
+/// once, not once per rank there, and over as many connections as that host has ranks.
+Status broadcast_hier(NetExec& x) {
+  CommImpl& c = x.c;
+  const int me = c.rank, root = x.op.root, H = static_cast<int>(c.host_members.size());
+  const int hm = c.host_of[me], hr = c.host_of[root];
+  const size_t e = x.esz;
+  if (!x.op.count) return Status::ok();
+  const bool shm = c.local && c.local->size > 1;
+  if (me == root) {
+    if (x.out != x.in) kernels::copy(x.out, x.in, x.op.count * e);
+    for (int h = 0; h < H; ++h) {
+      if (h == hr) continue;
+      auto counts = host_slices(x, h);
+      auto displ = coll::prefix_sums(counts);
+      for (size_t l = 0; l < counts.size(); ++l)
+        if (counts[l])
+          STRATA_RETURN_IF_ERROR(
+              x.deliver(c.host_members[h][l], kRoot, x.in + displ[l] * e, counts[l] * e, displ[l] * e));
+    }
+    STRATA_RETURN_IF_ERROR(x.wait("broadcast"));
+  }
+  if (hm == hr) {
+    if (!shm) return Status::ok();
+    Op b = local_rooted(x, OpKind::Broadcast, x.out, x.out, local_index(c, root), ReduceOp::Sum);
+    return run_collective(*c.local, b).with_context("intra-host broadcast: ");
+  }
+  auto counts = host_slices(x, hm);
+  auto displ = coll::prefix_sums(counts);
+  const int li = local_index(c, me);
+  if (counts[li]) {
+    STRATA_RETURN_IF_ERROR(x.expect(root, kRoot, x.out + displ[li] * e, counts[li] * e));
+    STRATA_RETURN_IF_ERROR(x.wait("broadcast"));
+  }
+  if (!shm) return Status::ok();
+  Op ag = local_op(x, OpKind::AllGatherV, x.out + displ[li] * e, x.out, counts, ReduceOp::Sum);
+  return run_collective(*c.local, ag).with_context("intra-host all-gather: ");
+}
+
+/// The reverse of broadcast_hier: every other host reduce-scatters its contributions (shm)
+/// and local rank l sends block l of the host's partial to the root; the root's host reduces
+/// to the root (shm); the root combines the hosts' partials in host order.
+Status reduce_hier(NetExec& x) {
+  CommImpl& c = x.c;
+  const int me = c.rank, root = x.op.root, H = static_cast<int>(c.host_members.size());
+  const int hm = c.host_of[me], hr = c.host_of[root];
+  const size_t e = x.esz, bytes = x.op.count * e;
+  if (!bytes) return Status::ok();
+  const bool shm = c.local && c.local->size > 1;
+  // Avg: sum within and between hosts, divide by the whole communicator at the root.
+  const ReduceOp lop = x.op.rop == ReduceOp::Avg ? ReduceOp::Sum : x.op.rop;
+  if (hm != hr) {
+    auto counts = host_slices(x, hm);
+    auto displ = coll::prefix_sums(counts);
+    const int li = local_index(c, me);
+    STRATA_ASSIGN_OR_RETURN(void* p, c.scratch_block(1, std::max<size_t>(1, counts[li] * e)));
+    char* part = static_cast<char*>(p);
+    if (shm) {
+      Op rs = local_op(x, OpKind::ReduceScatterV, x.in, part, counts, lop);
+      STRATA_RETURN_IF_ERROR(run_collective(*c.local, rs).with_context("intra-host reduce-scatter: "));
+    } else {
+      part = x.in;
+    }
+    if (!counts[li]) return Status::ok();
+    STRATA_RETURN_IF_ERROR(x.send(root, kRoot, part, counts[li] * e));
+    return x.wait("reduce");
+  }
+  // The root's host partial goes straight into the root's output.
+  if (shm) {
+    Op r = local_rooted(x, OpKind::Reduce, x.in, me == root ? x.out : nullptr, local_index(c, root), lop);
+    STRATA_RETURN_IF_ERROR(run_collective(*c.local, r).with_context("intra-host reduce: "));
+  } else if (x.out != x.in) {
+    kernels::copy(x.out, x.in, bytes);
+  }
+  if (me != root) return Status::ok();
+  STRATA_ASSIGN_OR_RETURN(void* t, c.scratch_block(2, std::max<size_t>(1, (H - 1) * bytes)));
+  char* recvd = static_cast<char*>(t);
+  std::vector<const void*> srcs(H);
+  for (int h = 0, k = 0; h < H; ++h) {
+    if (h == hr) {
+      srcs[h] = x.out;
+      continue;
+    }
+    char* dst = recvd + k++ * bytes;
+    srcs[h] = dst;
+    auto counts = host_slices(x, h);
+    auto displ = coll::prefix_sums(counts);
+    for (size_t l = 0; l < counts.size(); ++l)
+      if (counts[l]) STRATA_RETURN_IF_ERROR(x.recv(c.host_members[h][l], kRoot, dst + displ[l] * e, counts[l] * e));
+  }
+  STRATA_RETURN_IF_ERROR(x.wait("reduce"));
+  kernels::reduce(x.op.dtype, x.op.rop, x.out, srcs.data(), H, x.op.count, c.size);
+  return Status::ok();
+}
+
 Status reduce(NetExec& x) {
   const int n = x.c.size, me = x.c.rank, root = x.op.root;
   const size_t e = x.esz;
@@ -699,6 +816,11 @@ Status run_collective_net(CommImpl& c, Op& op) {
                      op.opts.algorithm != Algorithm::OneShot && op.opts.algorithm != Algorithm::TwoShot;
   const bool hier = rails && op.kind == OpKind::AllReduce;
   const bool hier_blocks = rails && contiguous_hosts(c);
+  // Rooted operations go through one rank per host wherever some host has several ranks.
+  bool shared_host = false;
+  for (const auto& h : c.host_members) shared_host = shared_host || h.size() > 1;
+  const bool hosts = shared_host && c.host_members.size() > 1 && op.opts.algorithm != Algorithm::OneShot &&
+                     op.opts.algorithm != Algorithm::TwoShot;
 
   OpDesc d{};
   d.seq = x.seq;
@@ -727,8 +849,8 @@ Status run_collective_net(CommImpl& c, Op& op) {
   } else if (st.is_ok()) {
     switch (op.kind) {
       case OpKind::AllReduce: st = hier ? all_reduce_hier(x) : all_reduce_direct(x); break;
-      case OpKind::Reduce: st = reduce(x); break;
-      case OpKind::Broadcast: st = broadcast(x); break;
+      case OpKind::Reduce: st = hosts ? reduce_hier(x) : reduce(x); break;
+      case OpKind::Broadcast: st = hosts ? broadcast_hier(x) : broadcast(x); break;
       case OpKind::AllGather:
       case OpKind::AllGatherV: {
         auto counts = op.kind == OpKind::AllGather ? std::vector<size_t>(c.size, op.count) : op.counts;

@@ -136,14 +136,14 @@ TEST(MultiHost, MatrixThreeUnevenHosts) {
 
 // Hosts interleaved in rank order: the hierarchical path must follow hosts, not rank blocks.
 TEST(MultiHost, MatrixInterleavedHosts) {
-  expect_all_pass(run_job({"a", "b", "a", "b"}, {"--quick", "--large", "4096"}, "20s", 240s));
+  expect_all_pass(run_job({"a", "b", "a", "b"}, {"--quick", "--large", "8192"}, "20s", 240s));
 }
 
 // One-sided puts into the receivers' registered heap buffers (the RDMA data path; UCX
 // emulates it over TCP here), forced on.
 TEST(MultiHost, MatrixPutDataPath) {
   expect_all_pass(
-      run_job({"h0", "h0", "h1", "h1"}, {"--quick", "--large", "4096"}, "20s", 240s, {{"STRATA_UCX_DATAPATH", "put"}}));
+      run_job({"h0", "h0", "h1", "h1"}, {"--quick", "--large", "8192"}, "20s", 240s, {{"STRATA_UCX_DATAPATH", "put"}}));
 }
 
 // A rank on the other host is SIGKILLed mid-loop: every other rank fails with PeerFailed or
