@@ -16,6 +16,7 @@ PACKAGES=(
   python3-numpy
   python3-matplotlib   # plots of scripts/perf_report.py and strata bench --plot
   iperf3               # link probe of scripts/bench_multihost.sh
+  linux-perf           # scripts/profile_hotspots.sh
 )
 
 check_only=0

@@ -370,6 +370,9 @@ def main():
         L.append("| %s | %s | %s | %s |" % (name, want, text, v))
     misses = sum(1 for r in trows if "MISS" in r[3])
     L += ["", "%d of %d targets met." % (len(trows) - misses, len(trows)), ""]
+    if misses:
+        L += ["Where the time goes in the missed cases (perf over every CPU): [PROFILE.md](PROFILE.md), "
+              "made by `scripts/profile_hotspots.sh`.", ""]
     zc = zero_copy_gain(runs)
     if zc:
         L += ["Zero-copy gain (busbw of heap buffers ÷ busbw of external buffers, sizes ≥ 1 MiB):", "",
