@@ -28,7 +28,7 @@ export BUILD_DIR ASAN_DIR TSAN_DIR JOBS CTEST_JOBS CTEST_ARGS SANITIZER_CTEST_AR
 FORMAT_DIRS := src include tests bench examples
 NINJA_JOBS := $(if $(JOBS),-j $(JOBS),)
 
-.PHONY: all deps configure build test test-fast demo bench bench-moe bench-recovery install format lint clean
+.PHONY: all deps configure build test test-fast demo bench bench-multihost bench-moe bench-recovery profile install format lint clean
 
 all: build
 
@@ -80,6 +80,18 @@ bench: deps
 	fi
 	cmake --build $(BUILD_DIR) $(NINJA_JOBS)
 	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) QUICK=$(QUICK) scripts/bench_all.sh
+
+# Between hosts (network namespaces, root): strata vs Open MPI, all_reduce + all_to_all, with a
+# TCP link probe; rewrites docs/PERFORMANCE_MULTIHOST.md + its plot (~2 min)
+bench-multihost: build
+	@scripts/install_bench_deps.sh
+	cmake -S . -B $(BUILD_DIR) >/dev/null
+	BUILD_DIR=$(BUILD_DIR) QUICK=$(QUICK) scripts/bench_multihost.sh
+
+# perf profiles of the cases that miss a performance target; rewrites docs/PROFILE.md (~1 min)
+profile: build
+	@scripts/install_bench_deps.sh
+	BUILD_DIR=$(BUILD_DIR) scripts/profile_hotspots.sh
 
 # Recovery figures (detection, RTO and its breakdown at 4-64 ranks vs restart-all + checkpoint);
 # rewrites docs/RECOVERY.md + docs/recovery_rto.png (~6 min)
