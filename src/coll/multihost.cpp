@@ -64,8 +64,8 @@ struct NetExec {
   char* in = nullptr;
   char* out = nullptr;
   size_t esz = 0;
-  std::vector<OpDesc> descs;          // every member's descriptor
-  std::vector<const char*> eager_in;  // eager operations: the data rank r sent, in our scratch
+  std::vector<OpDesc> descs;    // every member's descriptor
+  std::vector<char*> eager_in;  // eager operations: where the data rank r sent arrived
   std::vector<transport::TransferPtr> xs;
   bool out_is_landing = true;  // peers' data lands in `out` (not in a temporary)
 
@@ -630,6 +630,8 @@ constexpr size_t kEagerBytes = size_t{16} << 10;
 struct Eager {
   std::vector<const char*> to;  // payload for rank r (nullptr: none)
   std::vector<size_t> to_bytes, from_bytes;
+  std::vector<char*> into;  // where rank r's data lands: its place in the output, or nullptr
+                            // for the receive area (data to combine; in-place all_to_all)
 };
 
 /// The eager form of `x.op`, or nothing when its messages are too big or its kind has none.
@@ -644,6 +646,7 @@ std::optional<Eager> eager_plan(const NetExec& x) {
   p.to.assign(n, nullptr);
   p.to_bytes.assign(n, 0);
   p.from_bytes.assign(n, 0);
+  p.into.assign(n, nullptr);
   auto to = [&](int r, const char* src) {
     p.to[r] = src;
     p.to_bytes[r] = b;
@@ -653,24 +656,37 @@ std::optional<Eager> eager_plan(const NetExec& x) {
     switch (op.kind) {
       case OpKind::AllReduce:
         if (op.opts.algorithm == Algorithm::TwoShot) return std::nullopt;
-        [[fallthrough]];
+        to(r, x.in);
+        p.from_bytes[r] = b;
+        break;
       case OpKind::AllGather:
         to(r, x.in);
         p.from_bytes[r] = b;
+        p.into[r] = x.out + r * b;
         break;
       case OpKind::AllToAll:
         to(r, x.in + r * b);
         p.from_bytes[r] = b;
+        // In place, block r of the output is what we send to r: it cannot land there yet.
+        p.into[r] = x.in == x.out ? nullptr : x.out + r * b;
         break;
       case OpKind::Broadcast:
       case OpKind::Scatter:
-        if (me == root) to(r, op.kind == OpKind::Scatter ? x.in + r * b : x.in);
-        else if (r == root) p.from_bytes[r] = b;
+        if (me == root) {
+          to(r, op.kind == OpKind::Scatter ? x.in + r * b : x.in);
+        } else if (r == root) {
+          p.from_bytes[r] = b;
+          p.into[r] = x.out;
+        }
         break;
       case OpKind::Reduce:
       case OpKind::Gather:
-        if (me == root) p.from_bytes[r] = b;
-        else if (r == root) to(r, x.in);
+        if (me == root) {
+          p.from_bytes[r] = b;
+          if (op.kind == OpKind::Gather) p.into[r] = x.out + r * b;
+        } else if (r == root) {
+          to(r, x.in);
+        }
         break;
       default: return std::nullopt;
     }
@@ -693,17 +709,31 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
   std::memcpy(out_head.data(), &mine, sizeof mine);
   if (has_vec)
     for (int j = 0; j < n; ++j) out_head[sizeof(OpDesc) / sizeof(uint64_t) + j] = x.op.counts[j];
-  // Room for the largest first message of any operation, so that a peer that called
-  // something else is read and named rather than cut off.
-  size_t cap = sizeof(OpDesc) + kEagerBytes;
-  for (int r = 0; r < n; ++r) cap = std::max(cap, head + (eager ? eager->from_bytes[r] : 0));
-  cap = (cap + 63) & ~size_t{63};
-  STRATA_ASSIGN_OR_RETURN(void* rv, c.scratch_block(2, cap * n));
-  char* rbuf = static_cast<char*>(rv);
+  // Each message is received in three parts: the record; the data, straight into its place
+  // in the output (or into this receive area when it is to be combined first); and a spill
+  // area with room for the largest first message of any operation, so that a peer that
+  // called something else is read and named rather than cut off (only a mismatch reaches it).
+  auto align = [](size_t v) { return (v + 63) & ~size_t{63}; };
+  const size_t head_al = align(head),
+               spill = align(std::max(sizeof(OpDesc) + kEagerBytes, head + n * sizeof(uint64_t)));
+  size_t body_al = 0;
+  if (eager)
+    for (int r = 0; r < n; ++r)
+      if (!eager->into[r]) body_al = std::max(body_al, align(eager->from_bytes[r]));
+  STRATA_ASSIGN_OR_RETURN(void* rv, c.scratch_block(2, n * (head_al + body_al) + spill));
+  char* heads = static_cast<char*>(rv);
+  char* spill_at = heads + n * head_al;
+  char* bodies = spill_at + spill;
   std::vector<transport::TransferPtr> rx(n);
+  x.eager_in.assign(n, nullptr);
   for (int k = 1; k < n; ++k) {
     int r = (me + k) % n;
-    STRATA_ASSIGN_OR_RETURN(rx[r], x.net().recv_upto(x.g(r), make_tag(c, kDesc, x.seq, r), rbuf + r * cap, cap));
+    transport::Part parts[3] = {{heads + r * head_al, head}, {}, {spill_at, spill}};
+    if (eager && eager->from_bytes[r]) {
+      x.eager_in[r] = eager->into[r] ? eager->into[r] : bodies + r * body_al;
+      parts[1] = {x.eager_in[r], eager->from_bytes[r]};
+    }
+    STRATA_ASSIGN_OR_RETURN(rx[r], x.net().recv_parts(x.g(r), make_tag(c, kDesc, x.seq, r), parts));
     x.xs.push_back(rx[r]);
   }
   for (int k = 1; k < n; ++k) {
@@ -726,11 +756,10 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
   }
   x.descs.assign(n, OpDesc{});
   x.descs[me] = mine;
-  x.eager_in.assign(n, nullptr);
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
     const size_t len = rx[r]->received;
-    const char* m = rbuf + r * cap;
+    const char* m = heads + r * head_al;
     if (len < sizeof(OpDesc))
       return Status(Code::InvalidArgument,
                     "rank " + std::to_string(r) + " sent " + std::to_string(len) +
@@ -748,7 +777,6 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
                     "rank " + std::to_string(r) + " sent " + std::to_string(len) + " bytes for " + coll::describe(d) +
                         " where rank " + std::to_string(me) + " expected " + std::to_string(want),
                     r);
-    if (eager && eager->from_bytes[r]) x.eager_in[r] = m + head;
   }
   return Status::ok();
 }
@@ -761,6 +789,7 @@ Status finish_eager(NetExec& x) {
   const size_t b = op.count * x.esz;
   if (!b) return Status::ok();
   auto land = [&](char* dst, int r) {
+    if (x.eager_in[r] == dst) return;  // it arrived in place
     kernels::copy(dst, x.eager_in[r], b);
     c.temp_bytes.fetch_add(b, std::memory_order_relaxed);
   };
@@ -962,32 +991,31 @@ Status recv_net(CommImpl& c, const Op& op) {
     if (st.code() != Code::Timeout && st.code() != Code::InvalidArgument) c.set_broken(full);
     return full;
   };
-  // The header, and with it the data of a small message (see post_send_net).
-  constexpr size_t kFirst = sizeof(P2pHeader) + kEagerBytes;
-  auto first = std::make_unique_for_overwrite<char[]>(kFirst);
-  STRATA_ASSIGN_OR_RETURN(auto hx, c.net->recv_upto(g, make_tag(c, kP2pHeader, s, peer), first.get(), kFirst));
+  // The header, then the data of a small message (see post_send_net) straight into the
+  // receive buffer; a spill area takes what a mismatching sender sent beyond that.
+  const size_t want = op.count * dtype_size(op.dtype);
+  P2pHeader h;
+  auto spill = std::make_unique_for_overwrite<char[]>(kEagerBytes);
+  const bool small = want <= kEagerBytes;
+  const transport::Part parts[3] = {
+      {&h, sizeof h}, {small ? op.out : nullptr, small ? want : 0}, {spill.get(), kEagerBytes}};
+  STRATA_ASSIGN_OR_RETURN(auto hx, c.net->recv_parts(g, make_tag(c, kP2pHeader, s, peer), parts));
   Status st = c.net->wait({hx}, c.policy(d), "recv");
   if (!st.is_ok()) return fail(st);
   if (hx->received < sizeof(P2pHeader))
     return fail(Status(
         Code::InvalidArgument,
         "rank " + std::to_string(peer) + " sent a " + std::to_string(hx->received) + "-byte message header", peer));
-  P2pHeader h;
-  std::memcpy(&h, first.get(), sizeof h);
-  const size_t want = op.count * dtype_size(op.dtype);
   const bool match = h.tag == op.tag && h.dtype == static_cast<uint32_t>(op.dtype) && h.count == op.count;
   const size_t got =
       h.dtype <= static_cast<uint32_t>(DataType::Float64) ? h.count * dtype_size(static_cast<DataType>(h.dtype)) : 0;
   if (got <= kEagerBytes) {
+    // The data came with the header: in place when it matches this receive.
     if (hx->received != sizeof h + got)
       return fail(Status(Code::InvalidArgument,
                          "rank " + std::to_string(peer) + " sent " + std::to_string(hx->received - sizeof h) +
                              " data bytes for " + p2p_str("send", h),
                          peer));
-    if (match && want) {
-      kernels::copy(op.out, first.get() + sizeof h, want);
-      c.temp_bytes.fetch_add(want, std::memory_order_relaxed);
-    }
   } else {
     // On a mismatch the data is still taken (into a discard buffer), so the sender completes
     // and both sides stay in step for the next message.

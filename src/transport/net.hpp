@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,12 @@ struct Transfer {
 };
 using TransferPtr = std::shared_ptr<Transfer>;
 
+/// A piece of a message: a buffer and its size.
+struct Part {
+  void* p = nullptr;
+  size_t bytes = 0;
+};
+
 /// Where data goes when it is put one-sided: a peer's heap (segment id, offset).
 struct RemoteRef {
   uint32_t seg = 0;
@@ -63,8 +70,10 @@ class Net {
                                     size_t body_bytes) = 0;
   /// Receives a message with `tag` from `peer` straight into `buf` (at most `bytes`).
   virtual Result<TransferPtr> recv(int peer, uint64_t tag, void* buf, size_t bytes) = 0;
-  /// As recv, but a shorter message is not an error: Transfer::received tells its length.
-  virtual Result<TransferPtr> recv_upto(int peer, uint64_t tag, void* buf, size_t capacity) = 0;
+  /// Receives one message with `tag` from `peer` scattered over `parts` in order (at most
+  /// 3), e.g. a record, then the user buffer its data belongs in, then a spill area. A
+  /// shorter message is not an error: Transfer::received tells its length.
+  virtual Result<TransferPtr> recv_parts(int peer, uint64_t tag, std::span<const Part> parts) = 0;
   /// Writes `bytes` from `buf` (in our heap) into `peer`'s heap at `dst`, then sends a
   /// zero-byte message with `tag` once the data is visible there: the receiver waits for
   /// that message (recv with bytes = 0), so puts and tag messages complete alike.

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -117,9 +118,7 @@ class Ucx final : public Net {
   Result<TransferPtr> recv(int peer, uint64_t tag, void* buf, size_t bytes) override {
     return post_recv(peer, tag, buf, bytes, true);
   }
-  Result<TransferPtr> recv_upto(int peer, uint64_t tag, void* buf, size_t capacity) override {
-    return post_recv(peer, tag, buf, capacity, false);
-  }
+  Result<TransferPtr> recv_parts(int peer, uint64_t tag, std::span<const Part> parts) override;
   Result<TransferPtr> put(int peer, uint64_t tag, const void* buf, size_t bytes, RemoteRef dst) override;
   Status wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, const char* what) override;
   bool test(const Transfer& x) override;
@@ -390,9 +389,9 @@ Result<TransferPtr> Ucx::send(int peer, uint64_t tag, const void* buf, size_t by
   return x;
 }
 
-/// A two-part send: UCX reads the parts list until the send completes, so it lives here.
+/// A send or receive in parts: UCX reads the parts list until it completes, so it lives here.
 struct IovTransfer : Transfer {
-  ucp_dt_iov_t parts[2];
+  ucp_dt_iov_t parts[3];
 };
 
 Result<TransferPtr> Ucx::send2(int peer, uint64_t tag, const void* head, size_t head_bytes, const void* body,
@@ -406,6 +405,32 @@ Result<TransferPtr> Ucx::send2(int peer, uint64_t tag, const void* head, size_t 
   STRATA_ASSIGN_OR_RETURN(ucp_ep_h ep, endpoint(peer));
   TransferPtr t = x;
   STRATA_RETURN_IF_ERROR(post_tag_send(ep, tag, x->parts, body_bytes ? 2 : 1, t, true));
+  return t;
+}
+
+Result<TransferPtr> Ucx::recv_parts(int peer, uint64_t tag, std::span<const Part> parts) {
+  auto x = std::make_shared<IovTransfer>();
+  size_t n = 0;
+  for (const Part& p : parts) {
+    if (!p.bytes) continue;
+    if (n == std::size(x->parts)) return internal_error("ucx: a receive in more than 3 parts");
+    x->parts[n++] = {p.p, p.bytes};
+    x->bytes += p.bytes;
+  }
+  if (n == 0) return post_recv(peer, tag, nullptr, 0, false);
+  x->peer = peer;
+  x->is_recv = true;
+  x->exact = false;
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL |
+                    UCP_OP_ATTR_FIELD_DATATYPE;
+  rp.datatype = ucp_dt_make_iov();
+  rp.cb.recv = &Ucx::on_recv;
+  rp.user_data = x.get();
+  std::lock_guard<std::mutex> g(mu_);
+  TransferPtr t = x;
+  x->self = t;
+  track(t, ucp_tag_recv_nbx(worker_, x->parts, n, tag, ~uint64_t{0}, &rp));
   return t;
 }
 
