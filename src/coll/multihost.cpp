@@ -626,6 +626,16 @@ Status scatter(NetExec& x) {
 /// beyond which the hierarchical pattern's smaller cross-host messages win.
 constexpr size_t kEagerBytes = size_t{16} << 10;
 
+/// The pattern an operation runs, published in OpDesc::algo (for all_reduce, 1 reads as
+/// one_shot in coll::describe).
+constexpr uint8_t kEagerPattern = 1, kDirectPattern = 2, kHostsPattern = 3;
+const char* pattern_name(uint8_t a) {
+  return a == kEagerPattern ? "eager" : a == kDirectPattern ? "direct" : a == kHostsPattern ? "through-hosts" : "?";
+}
+bool is_blocks(OpKind k) {
+  return k == OpKind::AllGather || k == OpKind::AllGatherV || k == OpKind::ReduceScatter || k == OpKind::ReduceScatterV;
+}
+
 /// What an eager operation sends each member after its descriptor, and expects back.
 struct Eager {
   std::vector<const char*> to;  // payload for rank r (nullptr: none)
@@ -770,6 +780,13 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
     std::memcpy(&d, m, sizeof d);
     x.descs[r] = d;
     const auto* vec = len >= head && has_vec ? reinterpret_cast<const uint64_t*>(m + sizeof(OpDesc)) : nullptr;
+    if (d.kind == mine.kind && d.seq == mine.seq && d.algo != mine.algo)
+      return Status(Code::InvalidArgument,
+                    "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(me) +
+                        " runs " + coll::describe(mine) + " with the " + pattern_name(mine.algo) +
+                        " pattern but rank " + std::to_string(r) + " with the " + pattern_name(d.algo) +
+                        " pattern (CollOptions::algorithm or the size differs between them)",
+                    r);
     STRATA_RETURN_IF_ERROR(compare_descriptor(x.op, mine, me, d, vec, r, n));
     const size_t want = head + (eager ? eager->from_bytes[r] : 0);
     if (len != want)
@@ -871,7 +888,11 @@ Status run_collective_net(CommImpl& c, Op& op) {
   const char* name = coll::to_string(op.kind);
   const std::optional<Eager> eager = eager_plan(x);
   // all_reduce publishes its pattern: eager (one-shot) or not, as the shm path does.
-  if (op.kind == OpKind::AllReduce) d.algo = eager ? 1 : 2;
+  // The pattern, which depends on CollOptions::algorithm too: ranks that would run different
+  // patterns fail as a mismatch instead of waiting for messages that never come.
+  const bool through_hosts = (op.kind == OpKind::AllReduce && hier) || (is_blocks(op.kind) && hier_blocks) ||
+                             ((op.kind == OpKind::Broadcast || op.kind == OpKind::Reduce) && hosts);
+  d.algo = eager ? kEagerPattern : through_hosts ? kHostsPattern : kDirectPattern;
   Status st = first_round(x, d, eager ? &*eager : nullptr);
   if (st.is_ok() && eager) {
     st = finish_eager(x);

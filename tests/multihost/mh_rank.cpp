@@ -305,6 +305,25 @@ struct Runner {
       }
       p2p_ring(7);
     }
+    // CollOptions::algorithm picks the pattern where the hosts allow a choice (all_reduce:
+    // the same number of ranks on every host; broadcast: a host with several ranks): ranks
+    // that disagree fail instead of waiting for messages that never come.
+    int most = c.local_size(), least = c.local_size();
+    c.all_reduce(&most, &most, 1, DataType::Int32, ReduceOp::Max);
+    c.all_reduce(&least, &least, 1, DataType::Int32, ReduceOp::Min);
+    const bool hosts_shared = most > 1 && n > most;
+    if (hosts_shared && most == least)
+      expect_mismatch("an all_reduce algorithm mismatch", [&] {
+        CollOptions o;
+        o.algorithm = me == 0 ? Algorithm::TwoShot : Algorithm::Auto;
+        c.all_reduce(b.p, b.p, big, DataType::Float32, ReduceOp::Sum, o);
+      });
+    if (hosts_shared)
+      expect_mismatch("a broadcast algorithm mismatch", [&] {
+        CollOptions o;
+        o.algorithm = me == n - 1 ? Algorithm::OneShot : Algorithm::Auto;
+        c.broadcast(b.p, b.p, big, DataType::Float32, 0, o);
+      });
     expect_mismatch("an all_gather against an all_to_all", [&] {
       if (me == 0) c.all_gather(b.p, o.p, 16, DataType::Float32);
       else c.all_to_all(o.p, b.p, 4, DataType::Float32);
