@@ -67,7 +67,6 @@ struct NetExec {
   std::vector<OpDesc> descs;    // every member's descriptor
   std::vector<char*> eager_in;  // eager operations: where the data rank r sent arrived
   std::vector<transport::TransferPtr> xs;
-  bool out_is_landing = true;  // peers' data lands in `out` (not in a temporary)
 
   transport::Net& net() { return *c.net; }
   int g(int r) const { return c.members[r]; }
