@@ -5,7 +5,7 @@
 #   make test-fast    main tree only
 #   make demo         build, then run examples/demo on 4 ranks and examples/moe_layer on 2
 #   make install PREFIX=/opt/strata
-#   make format | lint | clean
+#   make format | format-check | lint | clean
 #
 # Variables (make VAR=value): BUILD_DIR ASAN_DIR TSAN_DIR PREFIX JOBS CTEST_JOBS CTEST_ARGS
 # SANITIZER_CTEST_ARGS CMAKE_ARGS. JOBS is the compile parallelism (empty: ninja's default);
@@ -25,10 +25,11 @@ CLANG_TIDY ?= clang-tidy
 
 export BUILD_DIR ASAN_DIR TSAN_DIR JOBS CTEST_JOBS CTEST_ARGS SANITIZER_CTEST_ARGS CMAKE_ARGS
 
-FORMAT_DIRS := src include tests bench examples
+FORMAT_DIRS := src include tests bench examples python
+FORMAT_FILES = find $(FORMAT_DIRS) -type f \( -name '*.cpp' -o -name '*.hpp' -o -name '*.h' -o -name '*.cc' \) -print0
 NINJA_JOBS := $(if $(JOBS),-j $(JOBS),)
 
-.PHONY: all deps configure build test test-fast demo bench bench-multihost bench-moe bench-recovery profile install format lint clean
+.PHONY: all deps configure build test test-fast demo bench bench-multihost bench-moe bench-recovery profile install format format-check lint clean
 
 all: build
 
@@ -112,8 +113,14 @@ install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
 
 format:
-	find $(FORMAT_DIRS) -type f \( -name '*.cpp' -o -name '*.hpp' -o -name '*.h' -o -name '*.cc' \) \
-	  -print0 | xargs -0 -r $(CLANG_FORMAT) -i
+	$(FORMAT_FILES) | xargs -0 -r $(CLANG_FORMAT) -i
+
+# Fails, naming each file, when a source file differs from .clang-format (.ci/run runs it).
+format-check:
+	@command -v $(CLANG_FORMAT) >/dev/null || { echo "format-check: $(CLANG_FORMAT) not found (scripts/install_deps.sh installs clang-format)"; exit 1; }
+	@bad=$$($(FORMAT_FILES) | xargs -0 -r -n 1 sh -c '$(CLANG_FORMAT) --dry-run -Werror "$$0" >/dev/null 2>&1 || echo "$$0"'); \
+	if [ -n "$$bad" ]; then echo "format-check: these files differ from .clang-format (run make format):"; echo "$$bad" | sed 's/^/  /'; exit 1; fi; \
+	echo "format-check: every source file matches .clang-format"
 
 # clang-tidy over the library sources, with the flags of the main build.
 lint: configure

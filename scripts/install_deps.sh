@@ -17,6 +17,9 @@ PACKAGES=(
   cmake
   ninja-build
   pkg-config
+  # make format / format-check (.ci/run fails on an unformatted file), make lint
+  clang-format
+  clang-tidy
   # tests and benchmarks
   libgtest-dev
   googletest
