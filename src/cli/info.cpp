@@ -17,6 +17,7 @@
 #include "bootstrap/job_info.hpp"
 #include "cli/commands.hpp"
 #include "common/env.hpp"
+#include "common/parse.hpp"
 #include "memory/heap.hpp"
 #include "transport/net.hpp"
 
@@ -75,7 +76,7 @@ std::string numa_nodes() {
   for (const auto& e : fs::directory_iterator("/sys/devices/system/node", ec)) {
     std::string name = e.path().filename().string();
     if (!name.starts_with("node")) continue;
-    auto id = parse_long(std::string_view(name).substr(4));
+    auto id = parse_int(std::string_view(name).substr(4));
     if (!id) continue;
     nodes.emplace_back(static_cast<int>(*id), read_line(e.path().string() + "/cpulist"));
   }
