@@ -38,7 +38,8 @@ std::string usage_text(Tool tool) {
                   "COLLECTIVE: all_reduce reduce broadcast all_gather reduce_scatter all_to_all gather\n"
                   "            scatter barrier sendrecv\n"
                   "\n"
-                  "Sizes (as nccl-tests): -b/-e are message sizes in bytes, K/M/G suffixes (binary).\n"
+                  "Sizes (as nccl-tests): -b/-e are message sizes in bytes; sizes: 8, 4K, 16M, 1G - K/M/G\n"
+                  "  (also KiB/MiB/GiB and KB/MB/GB) are powers of 1024.\n"
                   "  all_reduce, reduce, broadcast, sendrecv: the buffer each rank passes.\n"
                   "  all_gather, reduce_scatter, all_to_all, gather, scatter: the total buffer, i.e.\n"
                   "  N ranks x the per-rank block (the all_gather output, the reduce_scatter input).\n"
@@ -51,8 +52,8 @@ std::string usage_text(Tool tool) {
          "                      prints the table\n";
   }
   u +=
-      "  -b, --minbytes S    smallest size (default 8)\n"
-      "  -e, --maxbytes S    largest size (default 64M)\n"
+      "  -b, --minbytes S    smallest size, e.g. 8, 4K, 16M (default 8; K/M/G = powers of 1024)\n"
+      "  -e, --maxbytes S    largest size, e.g. 1M, 1G (default 64M; K/M/G = powers of 1024)\n"
       "  -f, --stepfactor F  multiply the size by F per step (default 2)\n"
       "  -d, --dtype T       int8 uint8 int32 uint32 int64 uint64 float16 bfloat16 float32 float64\n"
       "                      (default float32)\n"
@@ -69,7 +70,8 @@ std::string usage_text(Tool tool) {
       "                      1..--max-iters)\n"
       "  -w, --warmup W      untimed calls per size before timing (default 5)\n"
       "  --repeats R         timed repeats per size; the median is reported (default 7)\n"
-      "  --target-ms T       length of one repeat when --iters is not given (default 20)\n"
+      "  --target-ms T       length of one repeat in milliseconds when --iters is not given\n"
+      "                      (a plain number, default 20)\n"
       "  --max-iters K       cap on the automatic iteration count (default 10000)\n"
       "  --no-check          skip the correctness check\n"
       "  --json FILE         write the results as one JSON document\n"
