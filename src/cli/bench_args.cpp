@@ -51,44 +51,40 @@ std::string usage_text(Tool tool) {
          "                      on every host, mpirun, ...) instead of starting -n ranks; rank 0\n"
          "                      prints the table\n";
   }
-  u +=
-      "  -b, --minbytes S    smallest size, e.g. 8, 4K, 16M (default 8; K/M/G = powers of 1024)\n"
-      "  -e, --maxbytes S    largest size, e.g. 1M, 1G (default 64M; K/M/G = powers of 1024)\n"
-      "  -f, --stepfactor F  multiply the size by F per step (default 2)\n"
-      "  -d, --dtype T       int8 uint8 int32 uint32 int64 uint64 float16 bfloat16 float32 float64\n"
-      "                      (default float32)\n"
-      "  -o, --op OP         sum prod min max avg (default sum)\n"
-      "  -r, --root R        root of reduce, broadcast, gather, scatter (default 0)\n"
-      "  --inplace           in-place layout (MPI's; see docs/SEMANTICS.md)\n";
+  u += "  -b, --minbytes S    smallest size, e.g. 8, 4K, 16M (default 8; K/M/G = powers of 1024)\n"
+       "  -e, --maxbytes S    largest size, e.g. 1M, 1G (default 64M; K/M/G = powers of 1024)\n"
+       "  -f, --stepfactor F  multiply the size by F per step (default 2)\n"
+       "  -d, --dtype T       int8 uint8 int32 uint32 int64 uint64 float16 bfloat16 float32 float64\n"
+       "                      (default float32)\n"
+       "  -o, --op OP         sum prod min max avg (default sum)\n"
+       "  -r, --root R        root of reduce, broadcast, gather, scatter (default 0)\n"
+       "  --inplace           in-place layout (MPI's; see docs/SEMANTICS.md)\n";
   if (tool == Tool::Strata)
-    u +=
-        "  --buffers B         heap (registered on allocation), external (malloc'd, staged) or\n"
-        "                      registered (malloc'd + register_buffer, single-copy CMA); default heap\n"
-        "  --algorithm A       auto, one_shot, two_shot (all_reduce; default auto)\n";
-  u +=
-      "  --iters K           timed calls per repeat (default: as many as fit in --target-ms,\n"
-      "                      1..--max-iters)\n"
-      "  -w, --warmup W      untimed calls per size before timing (default 5)\n"
-      "  --repeats R         timed repeats per size; the median is reported (default 7)\n"
-      "  --target-ms T       length of one repeat in milliseconds when --iters is not given\n"
-      "                      (a plain number, default 20)\n"
-      "  --max-iters K       cap on the automatic iteration count (default 10000)\n"
-      "  --no-check          skip the correctness check\n"
-      "  --json FILE         write the results as one JSON document\n"
-      "  --csv FILE          write the results as CSV\n";
+    u += "  --buffers B         heap (registered on allocation), external (malloc'd, staged) or\n"
+         "                      registered (malloc'd + register_buffer, single-copy CMA); default heap\n"
+         "  --algorithm A       auto, one_shot, two_shot (all_reduce; default auto)\n";
+  u += "  --iters K           timed calls per repeat (default: as many as fit in --target-ms,\n"
+       "                      1..--max-iters)\n"
+       "  -w, --warmup W      untimed calls per size before timing (default 5)\n"
+       "  --repeats R         timed repeats per size; the median is reported (default 7)\n"
+       "  --target-ms T       length of one repeat in milliseconds when --iters is not given\n"
+       "                      (a plain number, default 20)\n"
+       "  --max-iters K       cap on the automatic iteration count (default 10000)\n"
+       "  --no-check          skip the correctness check\n"
+       "  --json FILE         write the results as one JSON document\n"
+       "  --csv FILE          write the results as CSV\n";
   if (tool == Tool::Strata) u += "  --plot FILE.png     plot busbw and time vs size (needs python3 with matplotlib)\n";
-  u +=
-      "  --label NAME        system name in the JSON/CSV (default " +
-      std::string(tool == Tool::Strata ? "strata-<buffers>" : "openmpi") +
-      ")\n"
-      "  -q, --quiet         no progress on stderr\n"
-      "  -h, --help          this help\n"
-      "\n"
-      "Time per size: after the warm-up, R repeats each time a loop of K back-to-back calls and\n"
-      "divide by K (as nccl-tests); a repeat's time is the slowest rank's; the median of the R\n"
-      "repeats is reported. algbw = size / time; busbw = algbw x 2(n-1)/n for all_reduce,\n"
-      "(n-1)/n for all_gather, reduce_scatter, all_to_all, gather, scatter, 1 otherwise.\n"
-      "The result of every size is checked once (ok/FAIL); any FAIL makes the exit status 1.\n";
+  u += "  --label NAME        system name in the JSON/CSV (default " +
+       std::string(tool == Tool::Strata ? "strata-<buffers>" : "openmpi") +
+       ")\n"
+       "  -q, --quiet         no progress on stderr\n"
+       "  -h, --help          this help\n"
+       "\n"
+       "Time per size: after the warm-up, R repeats each time a loop of K back-to-back calls and\n"
+       "divide by K (as nccl-tests); a repeat's time is the slowest rank's; the median of the R\n"
+       "repeats is reported. algbw = size / time; busbw = algbw x 2(n-1)/n for all_reduce,\n"
+       "(n-1)/n for all_gather, reduce_scatter, all_to_all, gather, scatter, 1 otherwise.\n"
+       "The result of every size is checked once (ok/FAIL); any FAIL makes the exit status 1.\n";
   if (tool == Tool::Strata) u += "\nExample: strata bench all_reduce -n 2 -b 8 -e 256M -f 2 --json ar.json\n";
   return u;
 }

@@ -74,11 +74,11 @@ size_t out_count(Coll coll, int n, int r, int root, size_t c) {
 }
 
 const TypeInfo kTypes[10] = {
-    {DataType::Int8, "int8", 1, false},       {DataType::UInt8, "uint8", 1, false},
-    {DataType::Int32, "int32", 4, false},     {DataType::UInt32, "uint32", 4, false},
-    {DataType::Int64, "int64", 8, false},     {DataType::UInt64, "uint64", 8, false},
-    {DataType::Float16, "float16", 2, true},  {DataType::BFloat16, "bfloat16", 2, true},
-    {DataType::Float32, "float32", 4, true},  {DataType::Float64, "float64", 8, true},
+    {DataType::Int8, "int8", 1, false},      {DataType::UInt8, "uint8", 1, false},
+    {DataType::Int32, "int32", 4, false},    {DataType::UInt32, "uint32", 4, false},
+    {DataType::Int64, "int64", 8, false},    {DataType::UInt64, "uint64", 8, false},
+    {DataType::Float16, "float16", 2, true}, {DataType::BFloat16, "bfloat16", 2, true},
+    {DataType::Float32, "float32", 4, true}, {DataType::Float64, "float64", 8, true},
 };
 const TypeInfo& info(DataType d) {
   for (const auto& t : kTypes)

@@ -20,7 +20,18 @@ namespace strata::bench {
 // ---- collectives ------------------------------------------------------------------------------
 
 /// The collectives the bench sweeps.
-enum class Coll { AllReduce, Reduce, Broadcast, AllGather, ReduceScatter, AllToAll, Gather, Scatter, Barrier, SendRecv };
+enum class Coll {
+  AllReduce,
+  Reduce,
+  Broadcast,
+  AllGather,
+  ReduceScatter,
+  AllToAll,
+  Gather,
+  Scatter,
+  Barrier,
+  SendRecv
+};
 
 /// A collective's name and the conventions its rows follow.
 struct CollInfo {

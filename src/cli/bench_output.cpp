@@ -53,7 +53,10 @@ std::string table_row(const RunInfo& ri, const Row& r) {
   std::string root = ci.rooted ? std::to_string(ri.opts.root) : "-";
   std::snprintf(buf, sizeof buf, "  %12zu %12zu %9s %6s %5s %7d %11.2f %11.2f %11.3f %11.3f %6s\n", r.bytes, r.count,
                 info(ri.opts.dtype).name, ci.reduces ? op_name(ri.opts.op) : "-", root.c_str(), r.iters, r.time_us,
-                r.time_min_us, r.algbw, r.busbw, !r.checked ? "-" : r.wrong ? "FAIL" : "ok");
+                r.time_min_us, r.algbw, r.busbw,
+                !r.checked ? "-"
+                : r.wrong  ? "FAIL"
+                           : "ok");
   return buf;
 }
 
@@ -108,8 +111,10 @@ std::string to_json(const RunInfo& ri, const std::vector<Row>& rows, const std::
     j += "{\"size\": " + std::to_string(r.bytes) + ", \"count\": " + std::to_string(r.count) +
          ", \"iters\": " + std::to_string(r.iters) + ", \"time_us\": " + json_number(r.time_us) +
          ", \"time_min_us\": " + json_number(r.time_min_us) + ", \"time_max_us\": " + json_number(r.time_max_us) +
-         ", \"algbw_gbs\": " + json_number(r.algbw) + ", \"busbw_gbs\": " + json_number(r.busbw) +
-         ", \"check\": \"" + (!r.checked ? "skipped" : r.wrong ? "FAIL" : "ok") +
+         ", \"algbw_gbs\": " + json_number(r.algbw) + ", \"busbw_gbs\": " + json_number(r.busbw) + ", \"check\": \"" +
+         (!r.checked ? "skipped"
+          : r.wrong  ? "FAIL"
+                     : "ok") +
          "\", \"wrong\": " + std::to_string(r.wrong) + "}";
   }
   j += "\n  ]\n}\n";
@@ -130,7 +135,10 @@ std::string to_csv(const RunInfo& ri, const std::vector<Row>& rows) {
                   ri.system.c_str(), ri.label.c_str(), ci.name, ri.nranks, info(o.dtype).name,
                   ci.reduces ? op_name(o.op) : "none", o.inplace ? 1 : 0,
                   ri.system == "strata" ? buffers_name(o.buffers) : "malloc", r.bytes, r.count, r.iters, r.time_us,
-                  r.time_min_us, r.time_max_us, r.algbw, r.busbw, !r.checked ? "skipped" : r.wrong ? "FAIL" : "ok");
+                  r.time_min_us, r.time_max_us, r.algbw, r.busbw,
+                  !r.checked ? "skipped"
+                  : r.wrong  ? "FAIL"
+                             : "ok");
     s += buf;
   }
   return s;

@@ -32,7 +32,7 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
   if (!ft_->on_failure(idx, why)) {
     exit_code_ = exit_code;
     print_error(kRunWho, why + "; " + std::to_string(ft_->failures()) + " failure(s) exceed --max-failures " +
-                          std::to_string(ft_->options().max_failures) + ", stopping the job");
+                             std::to_string(ft_->options().max_failures) + ", stopping the job");
     stop(SIGTERM, true);
     return;
   }
@@ -64,8 +64,8 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
     env.push_back("STRATA_EPOCH=" + std::to_string(ft_->epoch()));
   }
   print_error(kRunWho, why + "; " + (ft_->options().restart_all ? "restarting every rank" : "replacing it") +
-                        " (epoch " + std::to_string(ft_->epoch()) + ", failure " + std::to_string(ft_->failures()) +
-                        " of at most " + std::to_string(ft_->options().max_failures) + ")");
+                           " (epoch " + std::to_string(ft_->epoch()) + ", failure " + std::to_string(ft_->failures()) +
+                           " of at most " + std::to_string(ft_->options().max_failures) + ")");
   for (int i : respawn) {
     Rank& nr = ranks_.emplace_back();
     nr.index = i;

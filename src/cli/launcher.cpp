@@ -190,12 +190,10 @@ int Launcher::run() {
 
   // Our own variables replace any inherited ones (a launcher started from inside a job).
   static constexpr const char* kOwned[] = {
-      "STRATA_RANK=",  "STRATA_WORLD_SIZE=", "STRATA_LOCAL_RANK=", "STRATA_LOCAL_SIZE=",
-      "STRATA_STORE=", "STRATA_JOB_TOKEN=",  "STRATA_JOB_ID=",     "STRATA_NODE_RANK=",
-      "STRATA_NNODES=", "STRATA_FT=", "STRATA_EPOCH=",
+      "STRATA_RANK=", "STRATA_WORLD_SIZE=", "STRATA_LOCAL_RANK=", "STRATA_LOCAL_SIZE=", "STRATA_STORE=",
+      "STRATA_JOB_TOKEN=", "STRATA_JOB_ID=", "STRATA_NODE_RANK=", "STRATA_NNODES=", "STRATA_FT=", "STRATA_EPOCH=",
       // torchrun's, for torch.distributed's env:// rendezvous (any backend)
-      "RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
-      "GROUP_RANK="};
+      "RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "GROUP_RANK="};
   std::vector<std::string>& shared_env = shared_env_;
   for (char** e = environ; *e; ++e) {
     bool owned = std::any_of(std::begin(kOwned), std::end(kOwned),
@@ -307,7 +305,7 @@ void Launcher::loop() {
       for (const auto& r : ranks_)
         if (r.running)
           print_error(kRunWho, rank_name(r) + " (pid " + std::to_string(r.pid) +
-                                ") did not exit after SIGTERM; sending SIGKILL");
+                                   ") did not exit after SIGTERM; sending SIGKILL");
       signal_ranks(SIGKILL);
     }
     if (job_deadline_ && now >= *job_deadline_) {
@@ -367,8 +365,8 @@ void Launcher::on_signals() {
     int sig = static_cast<int>(info.ssi_signo);
     if (sig == SIGCHLD) continue;  // reaped below, once for any number of SIGCHLDs
     if (!stopping_) {
-      print_error(
-          kRunWho, "received " + signal_name(sig) + "; forwarding it to " + std::to_string(running_count()) + " rank(s)");
+      print_error(kRunWho, "received " + signal_name(sig) + "; forwarding it to " + std::to_string(running_count()) +
+                               " rank(s)");
       exit_code_ = 128 + sig;
       report_failure(exit_code_, "the agent on " + node_name_ + " received " + signal_name(sig));
       // A Ctrl-C may be meant to let ranks clean up at leisure; a TERM or HUP comes from

@@ -148,7 +148,7 @@ class Launcher {
   World world_;
   std::string node_name_;
   int link_fd_ = -1;
-  bool job_over_ = false;   // the job's fate is known job-wide (or the store was lost)
+  bool job_over_ = false;  // the job's fate is known job-wide (or the store was lost)
   bool done_sent_ = false;
   int exit_code_ = 0;
   bool stopping_ = false;

@@ -68,27 +68,25 @@ void Launcher::report_failure(int exit_code, const std::string& report) {
 
 void Launcher::on_job_event(const JobEvent& e) {
   switch (e.kind) {
-    case JobEvent::Kind::Finished:
-      job_over_ = true;
-      return;
+    case JobEvent::Kind::Finished: job_over_ = true; return;
     case JobEvent::Kind::Failed:
       job_over_ = true;
       if (e.node == *opts_.node_rank || stopping_) return;  // our own report, or already stopping
       exit_code_ = e.exit_code;
-      print_error(kRunWho, "the job failed on node " + std::to_string(e.node) + " (" +
-                            (e.node >= 0 && e.node < static_cast<int>(world_.nodes.size())
-                                 ? world_.nodes[e.node].name
-                                 : std::string("?")) +
-                            "): " + e.report + "; stopping the " + std::to_string(running_count()) +
-                            " rank(s) on " + node_name_);
+      print_error(kRunWho,
+                  "the job failed on node " + std::to_string(e.node) + " (" +
+                      (e.node >= 0 && e.node < static_cast<int>(world_.nodes.size()) ? world_.nodes[e.node].name
+                                                                                     : std::string("?")) +
+                      "): " + e.report + "; stopping the " + std::to_string(running_count()) + " rank(s) on " +
+                      node_name_);
       stop(SIGTERM, true);
       return;
     case JobEvent::Kind::LostStore:
       job_over_ = true;
       if (!stopping_ || exit_code_ == 0) exit_code_ = e.exit_code;
       print_error(kRunWho, e.report + (running_count() ? "; stopping the " + std::to_string(running_count()) +
-                                                          " rank(s) on " + node_name_
-                                                    : std::string()));
+                                                             " rank(s) on " + node_name_
+                                                       : std::string()));
       if (!stopping_) stop(SIGTERM, true);
       return;
   }

@@ -30,8 +30,7 @@ enum class BareDuration { Milliseconds, Seconds };
 
 /// Parses a duration: "500ms", "2s", "1.5s", "1m" or "2min" (minutes); a plain number is in
 /// `bare` units. Negative, non-finite and absurdly long (over ~30,000 years) values are errors.
-Result<std::chrono::milliseconds> parse_duration(std::string_view text,
-                                                 BareDuration bare = BareDuration::Milliseconds);
+Result<std::chrono::milliseconds> parse_duration(std::string_view text, BareDuration bare = BareDuration::Milliseconds);
 
 /// Parses a whole-string decimal integer with an optional leading '-' ("42", "-1").
 Result<int64_t> parse_int(std::string_view text);

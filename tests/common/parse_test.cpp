@@ -50,7 +50,7 @@ TEST(ParseSize, RejectsMalformed) {
 TEST(ParseSize, RejectsNegativeAndOverflow) {
   EXPECT_FALSE(parse_size("-1").is_ok());
   EXPECT_FALSE(parse_size("99999999999999G").is_ok());
-  EXPECT_FALSE(parse_size("99999999999999999999").is_ok());  // over 64 bits before any unit
+  EXPECT_FALSE(parse_size("99999999999999999999").is_ok());              // over 64 bits before any unit
   EXPECT_EQ(ok(parse_size("17179869183G")), size_t{17179869183} << 30);  // the largest that fits
   EXPECT_FALSE(parse_size("17179869184G").is_ok());
 }
