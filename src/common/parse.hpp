@@ -17,9 +17,6 @@
 
 namespace strata {
 
-/// What a size accepts, for help texts and errors.
-inline constexpr const char* kSizeUnitsHelp = "sizes: 8, 4K, 16M, 1G - K/M/G are powers of 1024";
-
 /// Parses a byte count: "4096", "512B", "64K", "16MiB", "1GB" (binary units, see above).
 /// No sign, no blanks, no fractions; a value that overflows 64 bits is an error.
 Result<size_t> parse_size(std::string_view text);
