@@ -6,8 +6,9 @@
 // option: A and B are duplicates of our stdout and stderr that the ranks inherit, so rank 0
 // prints the table and the progress straight to the user's terminal, without the "[0] "
 // prefix the launcher puts on the ranks' own output (which still carries their errors).
-// The method, the sizes and the formats live in bench_common.hpp, shared with the Open MPI
-// peer in bench/peers/, so that both sides of every ratio are measured the same way.
+// The method, the sizes and the formats live in bench_colls/args/sweep/output (bench_common.hpp),
+// shared with the Open MPI peer in bench/peers/, so that both sides of every ratio are measured
+// the same way; they know nothing of this file.
 
 #include <fcntl.h>
 #include <spawn.h>
@@ -27,7 +28,10 @@
 #include <string>
 #include <vector>
 
-#include "cli/bench_common.hpp"
+#include "cli/bench_args.hpp"
+#include "cli/bench_colls.hpp"
+#include "cli/bench_output.hpp"
+#include "cli/bench_sweep.hpp"
 #include "cli/commands.hpp"
 
 extern char** environ;

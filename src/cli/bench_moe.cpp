@@ -23,6 +23,7 @@
 
 #include "cli/bench_moe.hpp"
 #include "cli/commands.hpp"
+#include "common/parse.hpp"
 
 namespace strata::cli {
 namespace {
@@ -123,7 +124,7 @@ int bench_moe_main(int argc, char** argv) {
       pass.push_back(a);
       ++i;
     } else if (take_option(argc, argv, i, {"-n", "--np"}, v, err)) {
-      auto n = parse_long(v);
+      auto n = parse_int(v);
       if (!n || *n < 1 || *n > 4096) {
         print_error(kWho, "-n needs a rank count, got '" + v + "'");
         return kUsageError;

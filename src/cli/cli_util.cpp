@@ -2,11 +2,9 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <charconv>
 #include <cstring>
 
 #include "cli/commands.hpp"
-#include "common/env.hpp"
 
 namespace strata::cli {
 
@@ -35,18 +33,6 @@ bool take_option(int argc, char** argv, int& i, std::initializer_list<std::strin
     }
   }
   return false;
-}
-
-std::optional<long> parse_long(std::string_view s) {
-  long v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || p != s.data() + s.size()) return std::nullopt;
-  return v;
-}
-
-std::optional<std::chrono::milliseconds> parse_cli_duration(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("0123456789.") == std::string::npos) return env_detail::parse_duration(s + "s");
-  return env_detail::parse_duration(s);
 }
 
 Result<std::string> random_hex(size_t bytes) {

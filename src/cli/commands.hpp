@@ -26,11 +26,6 @@ int bench_moe_main(int argc, char** argv);
 /// consumed and returns true; a missing value sets `error`.
 bool take_option(int argc, char** argv, int& i, std::initializer_list<std::string_view> names, std::string& value,
                  std::string& error);
-/// A whole-string decimal integer.
-std::optional<long> parse_long(std::string_view s);
-/// Durations as STRATA_TIMEOUT takes them: "90s", "500ms", "5m", plain numbers are seconds
-/// here (a command line is read by people).
-std::optional<std::chrono::milliseconds> parse_cli_duration(const std::string& s);
 /// `bytes` random bytes from /dev/urandom, hex encoded.
 Result<std::string> random_hex(size_t bytes);
 /// "SIGKILL" for 9; "signal 99" for numbers the C library does not name.

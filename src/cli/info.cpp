@@ -17,6 +17,7 @@
 #include "bootstrap/job_info.hpp"
 #include "cli/commands.hpp"
 #include "common/env.hpp"
+#include "common/parse.hpp"
 #include "memory/heap.hpp"
 #include "transport/net.hpp"
 
@@ -29,7 +30,11 @@ const char kUsage[] =
     "usage: strata info\n"
     "\n"
     "Prints the host identity, CPUs and NUMA nodes, the transports this host supports, the\n"
-    "heap settings (STRATA_HEAP_*), the timeout and, inside a job, this process's placement.\n";
+    "heap settings (STRATA_HEAP_*), the timeout and, inside a job, this process's placement.\n"
+    "\n"
+    "The STRATA_* variables take sizes: 8, 4K, 16M, 1G - K/M/G (also KiB, KB, ...) are powers\n"
+    "of 1024; and durations: 500ms, 2s, 1.5s, 1m (units ms, s, m = minutes; a plain number is\n"
+    "milliseconds).\n";
 
 void row(const std::string& label, const std::string& value) {
   std::printf("%-18s %s\n", label.c_str(), value.c_str());
@@ -75,7 +80,7 @@ std::string numa_nodes() {
   for (const auto& e : fs::directory_iterator("/sys/devices/system/node", ec)) {
     std::string name = e.path().filename().string();
     if (!name.starts_with("node")) continue;
-    auto id = parse_long(std::string_view(name).substr(4));
+    auto id = parse_int(std::string_view(name).substr(4));
     if (!id) continue;
     nodes.emplace_back(static_cast<int>(*id), read_line(e.path().string() + "/cpulist"));
   }

@@ -10,6 +10,7 @@
 #include "bootstrap/store.hpp"
 #include "cli/commands.hpp"
 #include "common/env.hpp"
+#include "common/parse.hpp"
 
 namespace strata::cli {
 namespace {
@@ -50,7 +51,7 @@ int store_main(int argc, char** argv) {
       host = value;
     } else if (take_option(argc, argv, i, {"--port"}, value, error)) {
       if (!error.empty()) return usage_error(error);
-      auto p = parse_long(value);
+      auto p = parse_int(value);
       if (!p || *p < 0 || *p > 65535) return usage_error("--port must be 0-65535, got '" + value + "'");
       port = *p;
     } else if (take_option(argc, argv, i, {"--token"}, value, error)) {

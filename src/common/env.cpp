@@ -1,55 +1,36 @@
 #include "common/env.hpp"
 
-#include <cctype>
-#include <cerrno>
-#include <cmath>
 #include <cstdlib>
 #include <limits>
-#include <stdexcept>
+
+#include "common/parse.hpp"
 
 namespace strata {
 namespace env_detail {
 
-std::optional<size_t> parse_size(const std::string& s) {
-  if (s.empty() || !std::isdigit(static_cast<unsigned char>(s[0]))) return std::nullopt;  // no sign
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (end == s.c_str() || errno == ERANGE) return std::nullopt;
-  std::string suf(end);
-  size_t mul = 1;
-  if (suf.empty() || suf == "B") mul = 1;
-  else if (suf == "K" || suf == "k" || suf == "KiB") mul = size_t{1} << 10;
-  else if (suf == "M" || suf == "m" || suf == "MiB") mul = size_t{1} << 20;
-  else if (suf == "G" || suf == "g" || suf == "GiB") mul = size_t{1} << 30;
-  else return std::nullopt;
-  if (v > std::numeric_limits<size_t>::max() / mul) return std::nullopt;
-  return static_cast<size_t>(v) * mul;
-}
-
-std::optional<std::chrono::milliseconds> parse_duration(const std::string& s) {
-  if (s.empty()) return std::nullopt;
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  if (end == s.c_str() || !std::isfinite(v) || v < 0) return std::nullopt;
-  std::string suf(end);
-  double ms = v;
-  if (suf.empty() || suf == "ms") ms = v;
-  else if (suf == "s") ms = v * 1000;
-  else if (suf == "m" || suf == "min") ms = v * 60000;
-  else return std::nullopt;
-  if (ms > 1e15) return std::nullopt;  // ~30,000 years: a typo, not a timeout
-  return std::chrono::milliseconds(static_cast<int64_t>(ms));
-}
-
 namespace {
 
+// A malformed or out-of-range value leaves the setting unset (the default stays).
 std::optional<int> to_int(const std::optional<std::string>& s) {
-  if (!s || s->empty()) return std::nullopt;
-  char* end = nullptr;
-  long v = std::strtol(s->c_str(), &end, 10);
-  if (*end != '\0') return std::nullopt;
-  return static_cast<int>(v);
+  if (!s) return std::nullopt;
+  auto v = parse_int(*s, std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
+  if (!v.is_ok()) return std::nullopt;
+  return static_cast<int>(*v);
+}
+
+std::optional<size_t> to_size(const std::optional<std::string>& s) {
+  if (!s) return std::nullopt;
+  auto v = parse_size(*s);
+  if (!v.is_ok()) return std::nullopt;
+  return *v;
+}
+
+// Durations count milliseconds when no unit is given (STRATA_TIMEOUT=1500).
+std::optional<std::chrono::milliseconds> to_duration(const std::optional<std::string>& s) {
+  if (!s) return std::nullopt;
+  auto v = parse_duration(*s, BareDuration::Milliseconds);
+  if (!v.is_ok()) return std::nullopt;
+  return *v;
 }
 
 bool to_bool(const std::optional<std::string>& s, bool dflt) {
@@ -109,36 +90,26 @@ Env parse(Lookup lookup, void* ctx) {
   if (!e.node_rank && e.launcher == "torchrun") e.node_rank = to_int(get("GROUP_RANK"));
   e.nnodes = to_int(get("STRATA_NNODES"));
 
-  if (auto s = get("STRATA_TIMEOUT"))
-    if (auto d = parse_duration(*s)) e.timeout = *d;
-  if (auto s = get("STRATA_STORE_TIMEOUT"))
-    if (auto d = parse_duration(*s)) e.store_connect_timeout = *d;
-  if (auto s = get("STRATA_AGENT_TIMEOUT"))
-    if (auto d = parse_duration(*s); d && d->count() > 0) e.agent_timeout = *d;
+  if (auto d = to_duration(get("STRATA_TIMEOUT"))) e.timeout = *d;
+  if (auto d = to_duration(get("STRATA_STORE_TIMEOUT"))) e.store_connect_timeout = *d;
+  if (auto d = to_duration(get("STRATA_AGENT_TIMEOUT")); d && d->count() > 0) e.agent_timeout = *d;
   if (auto v = to_int(get("STRATA_SPIN_US")); v && *v >= 0) e.spin_us = static_cast<uint32_t>(*v);
   if (auto s = get("STRATA_OVERSUBSCRIBED"); s && *s != "auto" && !s->empty())
     e.oversubscribed = to_bool(s, false) ? 1 : 0;
-  if (auto s = get("STRATA_ONESHOT_MAX_BYTES"))
-    if (auto v = parse_size(*s)) e.oneshot_max_bytes = *v;
-  if (auto s = get("STRATA_CMA_MIN_BYTES"))
-    if (auto v = parse_size(*s)) e.cma_min_bytes = *v;
+  if (auto v = to_size(get("STRATA_ONESHOT_MAX_BYTES"))) e.oneshot_max_bytes = *v;
+  if (auto v = to_size(get("STRATA_CMA_MIN_BYTES"))) e.cma_min_bytes = *v;
   if (auto s = get("STRATA_LOG")) e.log_level = *s;
   if (auto s = get("STRATA_KERNELS")) e.kernels = *s;
-  if (auto s = get("STRATA_HEAP_SEGMENT_SIZE"))
-    if (auto v = parse_size(*s)) e.heap_segment_size = *v;
-  if (auto s = get("STRATA_HEAP_MAX_SIZE"))
-    if (auto v = parse_size(*s)) e.heap_max_size = *v;
-  if (auto s = get("STRATA_HEAP_SYMMETRIC_SIZE"))
-    if (auto v = parse_size(*s)) e.heap_symmetric_size = *v;
+  if (auto v = to_size(get("STRATA_HEAP_SEGMENT_SIZE"))) e.heap_segment_size = *v;
+  if (auto v = to_size(get("STRATA_HEAP_MAX_SIZE"))) e.heap_max_size = *v;
+  if (auto v = to_size(get("STRATA_HEAP_SYMMETRIC_SIZE"))) e.heap_symmetric_size = *v;
   e.heap_huge_pages = to_bool(get("STRATA_HEAP_HUGE_PAGES"), false);
   e.heap_prefault = to_bool(get("STRATA_HEAP_PREFAULT"), false);
   e.cma = to_bool(get("STRATA_CMA"), true);
   e.ft = to_bool(get("STRATA_FT"), false);
   if (auto v = to_int(get("STRATA_EPOCH")); v && *v >= 0) e.epoch = static_cast<uint64_t>(*v);
-  if (auto s = get("STRATA_HEARTBEAT_INTERVAL"))
-    if (auto d = parse_duration(*s); d && d->count() > 0) e.heartbeat_interval = *d;
-  if (auto s = get("STRATA_HEARTBEAT_TIMEOUT"))
-    if (auto d = parse_duration(*s); d && d->count() > 0) e.heartbeat_timeout = *d;
+  if (auto d = to_duration(get("STRATA_HEARTBEAT_INTERVAL")); d && d->count() > 0) e.heartbeat_interval = *d;
+  if (auto d = to_duration(get("STRATA_HEARTBEAT_TIMEOUT")); d && d->count() > 0) e.heartbeat_timeout = *d;
   if (auto s = get("STRATA_UCX_TLS")) e.ucx_tls = *s;
   if (auto s = get("STRATA_UCX_NET_DEVICES")) e.ucx_net_devices = *s;
   if (auto s = get("STRATA_UCX_RNDV_THRESH")) e.ucx_rndv_thresh = *s;

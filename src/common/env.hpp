@@ -71,11 +71,8 @@ struct Env {
 
 namespace env_detail {
 using Lookup = std::optional<std::string> (*)(const char*, void*);
+/// Builds an Env from `lookup`; sizes and durations are read by common/parse.hpp.
 Env parse(Lookup lookup, void* ctx);
-/// Parses sizes such as "64M", "1G", "4096".
-std::optional<size_t> parse_size(const std::string& s);
-/// Parses durations such as "500ms", "2s", "1m", "1500" (ms).
-std::optional<std::chrono::milliseconds> parse_duration(const std::string& s);
 }  // namespace env_detail
 
 template <class F>

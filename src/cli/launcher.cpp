@@ -1,0 +1,501 @@
+// `strata run` on one host: starts the ranks, relays their output line by line with a
+// "[rank] " prefix, and stops the whole job when one rank fails or the launcher is signalled.
+//
+// One thread, one poll() loop over: a signalfd (SIGCHLD and the forwarded signals, blocked
+// before the store thread starts so that only the signalfd sees them), and two pipes per
+// rank. Each rank runs in its own process group, so a signal reaches everything the rank
+// started (a shell's children included), and a Ctrl-C at the terminal reaches only the
+// launcher, which decides what the ranks get.
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+
+#include "cli/commands.hpp"
+#include "cli/launcher.hpp"
+#include "common/env.hpp"
+
+extern char** environ;
+
+namespace strata::cli::launch {
+
+// The lookup is done before fork: execvp in the child could allocate, which is not safe in
+// a child forked from a process that has threads (the store).
+std::optional<std::string> find_program(const std::string& name) {
+  auto runnable = [](const std::string& p) {
+    struct stat st {};
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+  };
+  if (name.find('/') != std::string::npos) return runnable(name) ? std::optional(name) : std::nullopt;
+  std::string path = "/usr/local/bin:/usr/bin:/bin";
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "PATH=", 5) == 0) path = *e + 5;
+  size_t start = 0;
+  for (;;) {
+    size_t end = path.find(':', start);
+    std::string dir = path.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (runnable(candidate)) return candidate;
+    if (end == std::string::npos) return std::nullopt;
+    start = end + 1;
+  }
+}
+
+Status Launcher::prepare() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, s);
+  if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) return errno_status("sigprocmask", errno);
+  sigfd_ = ::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (sigfd_ < 0) return errno_status("signalfd", errno);
+  // A reader that went away (`strata run ... | head`) must not kill the launcher and
+  // orphan the ranks; writes then fail with EPIPE and are dropped.
+  ::signal(SIGPIPE, SIG_IGN);
+  devnull_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull_ < 0) return errno_status("open /dev/null", errno);
+
+  STRATA_ASSIGN_OR_RETURN(std::string id, random_hex(6));
+  job_id_ = "run-" + id;
+  if (opts_.multi_node()) return join_nodes();
+  STRATA_ASSIGN_OR_RETURN(token_, random_hex(16));
+  // Signals are blocked above, so the store thread inherits the mask and never takes them.
+  STRATA_ASSIGN_OR_RETURN(store_, bootstrap::StoreServer::start("127.0.0.1", opts_.port, token_));
+  return Status::ok();
+}
+
+std::string Launcher::rank_name(const Rank& r) const {
+  if (!link_) return "rank " + std::to_string(r.index);
+  return "rank " + std::to_string(r.global) + " on " + node_name_;
+}
+
+Status Launcher::spawn(Rank& r, const std::string& path, std::vector<char*>& argv,
+                       const std::vector<std::string>& shared_env) {
+  std::vector<std::string> env_strings = shared_env;
+  env_strings.push_back("STRATA_RANK=" + std::to_string(r.global));
+  env_strings.push_back("STRATA_LOCAL_RANK=" + std::to_string(r.index));
+  env_strings.push_back("RANK=" + std::to_string(r.global));
+  env_strings.push_back("LOCAL_RANK=" + std::to_string(r.index));
+  std::vector<char*> envp;
+  envp.reserve(env_strings.size() + 1);
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  int out[2], err[2], exec_status[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return errno_status("pipe2", errno);
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    int e = errno;
+    ::close(out[0]), ::close(out[1]);
+    return errno_status("pipe2", e);
+  }
+  if (::pipe2(exec_status, O_CLOEXEC) != 0) {
+    int e = errno;
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    return errno_status("pipe2", e);
+  }
+  // Rank 0 keeps a non-terminal stdin (`strata run -n 2 prog < input`); a terminal would
+  // stop a background process group that reads it, so ranks never get one.
+  int in = (r.global == 0 && !::isatty(STDIN_FILENO)) ? STDIN_FILENO : devnull_;
+  pid_t parent = ::getpid();
+
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int e = errno;
+    for (int fd : {out[0], out[1], err[0], err[1], exec_status[0], exec_status[1]}) ::close(fd);
+    return errno_status("fork", e);
+  }
+  if (pid == 0) {
+    // Child: only async-signal-safe calls until execve.
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl took effect
+    if (in != STDIN_FILENO) ::dup2(in, STDIN_FILENO);
+    ::dup2(out[1], STDOUT_FILENO);
+    ::dup2(err[1], STDERR_FILENO);
+    // Ignored signals and the blocked mask survive execve; the rank must start clean.
+    ::signal(SIGPIPE, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execve(path.c_str(), argv.data(), envp.data());
+    int e = errno;
+    (void)!::write(exec_status[1], &e, sizeof e);
+    ::_exit(kNotFoundExit);
+  }
+  // Also in the parent, so the group exists before we might signal it.
+  ::setpgid(pid, pid);
+  ::close(out[1]);
+  ::close(err[1]);
+  ::close(exec_status[1]);
+  r.pid = pid;
+  r.running = true;
+  r.out = Stream{out[0], STDOUT_FILENO, {}};
+  r.err = Stream{err[0], STDERR_FILENO, {}};
+  ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+  ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+
+  // EOF means execve succeeded (the pipe is close-on-exec); an int is its errno.
+  int child_errno = 0;
+  ssize_t n;
+  do n = ::read(exec_status[0], &child_errno, sizeof child_errno);
+  while (n < 0 && errno == EINTR);
+  ::close(exec_status[0]);
+  if (n == sizeof child_errno)
+    return Status(Code::InvalidArgument, "cannot execute " + path + ": " + std::strerror(child_errno));
+  return Status::ok();
+}
+
+int free_port(const std::string& host) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 29500;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof a;
+  int port = 29500;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+int Launcher::run() {
+  Status ok = prepare();
+  if (!ok.is_ok()) {
+    print_error(kRunWho, ok.message());
+    if (store_) store_->stop();
+    return exit_code_ ? exit_code_ : 1;
+  }
+  auto path = find_program(opts_.argv[0]);
+  if (!path) {
+    bool is_path = opts_.argv[0].find('/') != std::string::npos;
+    print_error(kRunWho, opts_.argv[0] + (is_path ? ": no such executable file" : ": command not found in PATH"));
+    return kNotFoundExit;
+  }
+  path_ = *path;
+  for (auto& a : opts_.argv) argv_.push_back(a.data());
+  argv_.push_back(nullptr);
+
+  // Our own variables replace any inherited ones (a launcher started from inside a job).
+  static constexpr const char* kOwned[] = {
+      "STRATA_RANK=", "STRATA_WORLD_SIZE=", "STRATA_LOCAL_RANK=", "STRATA_LOCAL_SIZE=", "STRATA_STORE=",
+      "STRATA_JOB_TOKEN=", "STRATA_JOB_ID=", "STRATA_NODE_RANK=", "STRATA_NNODES=", "STRATA_FT=", "STRATA_EPOCH=",
+      // torchrun's, for torch.distributed's env:// rendezvous (any backend)
+      "RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "GROUP_RANK="};
+  std::vector<std::string>& shared_env = shared_env_;
+  for (char** e = environ; *e; ++e) {
+    bool owned = std::any_of(std::begin(kOwned), std::end(kOwned),
+                             [&](const char* p) { return std::strncmp(*e, p, std::strlen(p)) == 0; });
+    if (!owned) shared_env.emplace_back(*e);
+  }
+  const int world = link_ ? world_.world_size : opts_.nranks;
+  std::string store_addr = "127.0.0.1:" + std::to_string(store_ ? store_->port() : 0);
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  if (link_) {
+    store_addr = opts_.store;
+    master_addr = link_->spec().store.host;
+    master_port = world_.master_port;
+    shared_env.push_back("STRATA_NODE_RANK=" + std::to_string(*opts_.node_rank));
+    shared_env.push_back("STRATA_NNODES=" + std::to_string(*opts_.nnodes));
+    shared_env.push_back("GROUP_RANK=" + std::to_string(*opts_.node_rank));
+  } else {
+    master_port = free_port();
+  }
+  shared_env.push_back("STRATA_WORLD_SIZE=" + std::to_string(world));
+  shared_env.push_back("STRATA_LOCAL_SIZE=" + std::to_string(opts_.nranks));
+  shared_env.push_back("STRATA_STORE=" + store_addr);
+  shared_env.push_back("STRATA_JOB_TOKEN=" + token_);
+  shared_env.push_back("STRATA_JOB_ID=" + job_id_);
+  shared_env.push_back("WORLD_SIZE=" + std::to_string(world));
+  shared_env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(opts_.nranks));
+  shared_env.push_back("MASTER_ADDR=" + master_addr);
+  shared_env.push_back("MASTER_PORT=" + std::to_string(master_port));
+  if (opts_.ft) {
+    shared_env.push_back("STRATA_FT=1");
+    const Env& env = Env::get();
+    opts_.ft_opts.heartbeat_interval = env.heartbeat_interval;
+    opts_.ft_opts.heartbeat_timeout = env.heartbeat_timeout;
+    ft_ = std::make_unique<FtController>(opts_.ft_opts, job_id_, opts_.nranks);
+    Status c = ft_->start({"127.0.0.1", store_->port()}, token_);
+    if (!c.is_ok()) {
+      print_error(kRunWho, "--ft: cannot reach the job's store: " + c.message());
+      store_->stop();
+      return 1;
+    }
+  }
+
+  if (link_) {
+    auto fd = link_->start_monitor();
+    if (!fd.is_ok()) {
+      print_error(kRunWho, fd.status().message());
+      return 1;
+    }
+    link_fd_ = *fd;
+  }
+  ranks_.resize(opts_.nranks);
+  for (int i = 0; i < opts_.nranks; ++i) {
+    ranks_[i].index = i;
+    ranks_[i].global = (link_ ? world_.rank_base : 0) + i;
+    Status s = spawn(ranks_[i], path_, argv_, shared_env);
+    if (!s.is_ok()) {
+      print_error(kRunWho, rank_name(ranks_[i]) + ": " + s.message());
+      exit_code_ = s.code() == Code::InvalidArgument ? kNotFoundExit : 1;
+      report_failure(exit_code_, rank_name(ranks_[i]) + ": " + s.message());
+      stop(SIGTERM, true);
+      break;
+    }
+  }
+  if (opts_.timeout) job_deadline_ = Clock::now() + *opts_.timeout;
+  loop();
+  // Every rank is gone, but descendants that ignored the SIGTERM may not be: do not leave
+  // them behind just because the ranks exited before the grace time ran out.
+  if (kill_at_) signal_ranks(SIGKILL);
+  if (ft_) ft_->stop();
+  if (link_) link_->finish();
+  if (store_) store_->stop();
+  return exit_code_;
+}
+
+void Launcher::loop() {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<Rank*, Stream*>> streams;
+  for (;;) {
+    auto now = Clock::now();
+    if (running_count() == 0) {
+      if (any_pipe_open()) {
+        if (!drain_until_) drain_until_ = now + kDrain;
+        if (now >= *drain_until_) {
+          // Descendants still hold the pipes; relay what is buffered and leave them.
+          for (auto& r : ranks_) {
+            for (Stream* s : {&r.out, &r.err}) {
+              if (s->fd < 0) continue;
+              emit(r, *s, true);
+              ::close(s->fd);
+              s->fd = -1;
+            }
+          }
+        }
+      }
+      if (!any_pipe_open()) {
+        drain_until_.reset();
+        // One node's ranks finishing is not the job finishing: the agent stays until the
+        // job's fate is known, so that its exit status says how the whole job went.
+        if (!link_ || job_over_) return;
+        if (!done_sent_ && !stopping_) {
+          link_->report_done();
+          done_sent_ = true;
+        }
+      }
+    }
+    if (kill_at_ && now >= *kill_at_) {
+      kill_at_.reset();
+      for (const auto& r : ranks_)
+        if (r.running)
+          print_error(kRunWho, rank_name(r) + " (pid " + std::to_string(r.pid) +
+                                   ") did not exit after SIGTERM; sending SIGKILL");
+      signal_ranks(SIGKILL);
+    }
+    if (job_deadline_ && now >= *job_deadline_) {
+      job_deadline_.reset();
+      if (!stopping_) {
+        std::string msg = "the job did not finish within --timeout " + opts_.timeout_text;
+        print_error(kRunWho, msg + "; stopping " + std::to_string(running_count()) + " rank(s)");
+        exit_code_ = kTimeoutExit;
+        report_failure(exit_code_, msg + (link_ ? " (timer of node " + node_name_ + ")" : ""));
+        stop(SIGTERM, true);
+      }
+    }
+
+    std::optional<Clock::time_point> wake;
+    for (const auto& t : {kill_at_, job_deadline_, drain_until_})
+      if (t && (!wake || *t < *wake)) wake = t;
+    int timeout = -1;
+    if (wake) {
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(*wake - now).count() + 1;
+      timeout = static_cast<int>(std::clamp<int64_t>(ms, 0, 60'000));
+    }
+
+    fds.clear();
+    streams.clear();
+    fds.push_back({sigfd_, POLLIN, 0});
+    fds.push_back({ft_ ? ft_->event_fd() : -1, POLLIN, 0});  // hung ranks found (--ft)
+    fds.push_back({link_fd_, POLLIN, 0});                    // job events from other nodes
+    const size_t first_stream = 3;
+    for (auto& r : ranks_)
+      for (Stream* s : {&r.out, &r.err})
+        if (s->fd >= 0) {
+          fds.push_back({s->fd, POLLIN, 0});
+          streams.emplace_back(&r, s);
+        }
+    int n = ::poll(fds.data(), fds.size(), timeout);
+    if (n < 0 && errno != EINTR) {
+      print_error(kRunWho, std::string("poll: ") + std::strerror(errno));
+      stop(SIGKILL, false);
+      exit_code_ = exit_code_ ? exit_code_ : 1;
+      return;
+    }
+    if (n <= 0) continue;
+    // Output first, so lines a rank printed before it died come before the report of
+    // its death.
+    for (size_t i = 0; i < streams.size(); ++i)
+      if (fds[i + first_stream].revents) relay(*streams[i].first, *streams[i].second);
+    if (fds[0].revents & POLLIN) on_signals();
+    if ((fds[1].revents & POLLIN) && !stopping_) check_heartbeats();
+    if (link_fd_ >= 0 && (fds[2].revents & POLLIN))
+      while (auto e = link_->take_event()) on_job_event(*e);
+  }
+}
+
+void Launcher::on_signals() {
+  signalfd_siginfo info;
+  while (::read(sigfd_, &info, sizeof info) == sizeof info) {
+    int sig = static_cast<int>(info.ssi_signo);
+    if (sig == SIGCHLD) continue;  // reaped below, once for any number of SIGCHLDs
+    if (!stopping_) {
+      print_error(kRunWho, "received " + signal_name(sig) + "; forwarding it to " + std::to_string(running_count()) +
+                               " rank(s)");
+      exit_code_ = 128 + sig;
+      report_failure(exit_code_, "the agent on " + node_name_ + " received " + signal_name(sig));
+      // A Ctrl-C may be meant to let ranks clean up at leisure; a TERM or HUP comes from
+      // something that wants the job gone, so that one is enforced after the grace time.
+      stop(sig, sig != SIGINT);
+    } else {
+      print_error(kRunWho, "received " + signal_name(sig) + " again; killing the ranks");
+      signal_ranks(SIGKILL);
+    }
+  }
+  reap();
+}
+
+void Launcher::reap() {
+  // By index: a replacement appended meanwhile invalidates deque iterators (not references).
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    Rank& r = ranks_[i];
+    if (!r.running) continue;
+    int status = 0;
+    pid_t p = ::waitpid(r.pid, &status, WNOHANG);
+    if (p == r.pid) on_exit(r, status);
+  }
+  if (!exited_.empty()) {
+    auto failed = std::move(exited_);
+    auto why = std::move(exited_why_);
+    exited_.clear();
+    exited_why_.clear();
+    replace(failed, why, exited_code_);
+  }
+}
+
+void Launcher::on_exit(Rank& r, int status) {
+  r.running = false;
+  // Relay what it wrote before dying ahead of the report.
+  relay(r, r.out);
+  relay(r, r.err);
+  bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  if (!failed || stopping_ || !r.current) return;  // casualties of our own stop are not news
+  std::string what;
+  int code;
+  if (WIFEXITED(status)) {
+    what = "exited with code " + std::to_string(WEXITSTATUS(status));
+    code = WEXITSTATUS(status);
+  } else {
+    int sig = WTERMSIG(status);
+    what = "was killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")";
+    if (WCOREDUMP(status)) what += ", core dumped";
+    code = 128 + sig;
+  }
+  std::string msg = rank_name(r) + " (pid " + std::to_string(r.pid) + ") " + what;
+  if (ft_) {
+    // Replaced after the whole reap pass, so ranks that died together share one epoch.
+    exited_.push_back(&r);
+    exited_why_ += (exited_why_.empty() ? "" : "; ") + msg;
+    exited_code_ = code;
+    return;
+  }
+  exit_code_ = code;
+  int others = running_count();
+  report_failure(exit_code_, msg);
+  bool other_nodes = link_ && link_->spec().nnodes > 1;
+  if (others > 0) msg += "; stopping the other " + std::to_string(others) + " rank(s)";
+  if (other_nodes) msg += (others > 0 ? " and" : "; stopping") + std::string(" the ranks on every other node");
+  print_error(kRunWho, msg);
+  stop(SIGTERM, true);
+}
+
+void Launcher::relay(Rank& r, Stream& s) {
+  if (s.fd < 0) return;
+  char buf[64 * 1024];
+  for (int round = 0; round < 16; ++round) {
+    ssize_t n = ::read(s.fd, buf, sizeof buf);
+    if (n > 0) {
+      s.pending.append(buf, static_cast<size_t>(n));
+      emit(r, s, false);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    emit(r, s, true);  // EOF (or error): flush a last line without newline
+    ::close(s.fd);
+    s.fd = -1;
+    return;
+  }
+}
+
+void Launcher::emit(const Rank& r, Stream& s, bool at_eof) {
+  const std::string prefix =
+      link_ ? "[" + node_name_ + ":" + std::to_string(r.global) + "] " : "[" + std::to_string(r.index) + "] ";
+  std::string out;
+  size_t start = 0;
+  for (;;) {
+    size_t nl = s.pending.find('\n', start);
+    size_t len;
+    if (nl != std::string::npos) {
+      len = nl - start;
+    } else if (s.pending.size() - start >= kMaxLine || (at_eof && start < s.pending.size())) {
+      len = std::min(s.pending.size() - start, kMaxLine);
+    } else {
+      break;
+    }
+    out.append(prefix).append(s.pending, start, len).push_back('\n');
+    start += len + (nl != std::string::npos ? 1 : 0);
+  }
+  s.pending.erase(0, start);
+  // One write per batch: lines of different ranks never interleave mid-line.
+  if (!out.empty()) write_all(s.to, out);
+}
+
+void Launcher::stop(int sig, bool escalate) {
+  stopping_ = true;
+  signal_ranks(sig);
+  if (escalate && !kill_at_) kill_at_ = Clock::now() + kGrace;
+}
+
+void Launcher::signal_ranks(int sig) {
+  // Exited ranks too: what they started (still in their group) must go with the job. A
+  // group id stays reserved while the group has a member; an emptied one could only be
+  // taken by a new process that makes itself a group leader within these few seconds.
+  for (const auto& r : ranks_)
+    if (r.pid > 0) ::kill(-r.pid, sig);
+}
+
+int Launcher::running_count() const {
+  return static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; }));
+}
+
+bool Launcher::any_pipe_open() const {
+  return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.out.fd >= 0 || r.err.fd >= 0; });
+}
+
+}  // namespace strata::cli::launch

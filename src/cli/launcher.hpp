@@ -1,0 +1,158 @@
+#pragma once
+// What the parts of `strata run` share (internal to src/cli): the parsed command line and the
+// Launcher, whose members live in launcher.cpp (one host: spawn, relay, signals), node_agent.cpp
+// (one agent of a multi-node job) and ft_run.cpp (replacement of failed ranks, --ft); run.cpp
+// parses the command line and starts it.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bootstrap/store.hpp"
+#include "cli/ft_controller.hpp"
+#include "cli/node_link.hpp"
+#include "common/status.hpp"
+
+namespace strata::cli::launch {
+
+using Clock = std::chrono::steady_clock;
+
+/// Prefix of the launcher's own messages.
+inline constexpr const char* kRunWho = "strata run";
+/// Time between SIGTERM and SIGKILL when the launcher stops the ranks on its own.
+inline constexpr std::chrono::seconds kGrace{2};
+/// How long output is still relayed after the last rank exited, for descendants that hold
+/// the pipes open; they must not keep the launcher alive.
+inline constexpr std::chrono::seconds kDrain{1};
+/// A line longer than this is relayed in pieces, each with its own prefix.
+inline constexpr size_t kMaxLine = 64 * 1024;
+/// Exit status when --timeout ends the job, as timeout(1).
+inline constexpr int kTimeoutExit = 124;
+/// Exit status when the program cannot be started, as a shell.
+inline constexpr int kNotFoundExit = 127;
+
+/// The command line of `strata run`.
+struct RunOptions {
+  int nranks = 0;
+  std::optional<std::chrono::milliseconds> timeout;
+  std::string timeout_text;  // as the user wrote it, for the message
+  uint16_t port = 0;
+  bool ft = false;
+  FtOptions ft_opts;
+  std::vector<std::string> argv;
+  // Multi-node.
+  std::optional<int> nnodes, node_rank;
+  std::string store;
+  std::optional<std::string> token;
+  std::optional<std::chrono::milliseconds> rdzv_timeout;
+  bool multi_node() const { return nnodes.has_value(); }
+};
+
+/// The path PROGRAM runs from (PATH lookup for a bare name), or nullopt.
+std::optional<std::string> find_program(const std::string& name);
+
+/// A port free on `host` right now, for torch's store (rank 0 binds it a moment later;
+/// torchrun's --master_port=0 makes the same choice). 29500, torch's default, if none is found.
+int free_port(const std::string& host = "127.0.0.1");
+
+/// One `strata run`: the ranks of this host, their output, their signals and their fate. Its
+/// members are defined by concern: launcher.cpp (single host, output), node_agent.cpp
+/// (multi-node agent), ft_run.cpp (replacing failed ranks, --ft).
+class Launcher {
+ public:
+  /// Takes the parsed command line; nothing starts before run().
+  explicit Launcher(RunOptions o) : opts_(std::move(o)) {}
+  /// Starts the store (or joins the other nodes), the ranks, and relays until the job is over;
+  /// returns the exit status of `strata run`.
+  int run();
+
+ private:
+  struct Stream {
+    int fd = -1;  // read end of the rank's pipe; -1 once closed
+    int to = -1;  // where its lines go (our stdout or stderr)
+    std::string pending;
+  };
+  struct Rank {
+    int index = 0;   // on this node
+    int global = 0;  // in the job
+    pid_t pid = -1;
+    bool running = false;
+    bool current = true;  // the newest process of this rank (--ft keeps replaced ones for their output)
+    Stream out, err;
+  };
+
+  // Single host (launcher.cpp).
+  /// Blocks the signals onto a signalfd and starts the store (or joins the nodes).
+  Status prepare();
+  // Multi-node agent (node_agent.cpp).
+  /// Serves the store on node 0, registers this node and waits for the others.
+  Status join_nodes();
+  /// Reacts to the job's fate as another node or the store reported it.
+  void on_job_event(const JobEvent& e);
+  /// Tells the other nodes that this one failed (no-op on a single host).
+  void report_failure(int exit_code, const std::string& report);
+  /// "rank 3", or "rank 3 on host" in a multi-node job, for messages.
+  std::string rank_name(const Rank& r) const;
+  /// Forks and execs one rank with its environment and output pipes.
+  Status spawn(Rank& r, const std::string& path, std::vector<char*>& argv, const std::vector<std::string>& shared_env);
+  /// The poll() loop: output, signals, heartbeats, job events, deadlines.
+  void loop();
+  /// Drains the signalfd: forwards SIGINT/SIGTERM/SIGHUP, reaps on SIGCHLD.
+  void on_signals();
+  /// Collects exited ranks (and, with --ft, replaces the failed ones together).
+  void reap();
+  /// One rank exited: report it and stop the job, or queue it for replacement (--ft).
+  void on_exit(Rank& r, int status);
+  // Fault tolerance, --ft (ft_run.cpp).
+  /// Kills what is left of `failed` and starts replacements (or every rank, --restart-all).
+  void replace(const std::vector<Rank*>& failed, const std::string& why, int exit_code);
+  /// Replaces the ranks the controller found silent (hung or stopped).
+  void check_heartbeats();
+  // Output (launcher.cpp).
+  /// Reads what a rank wrote on one stream and passes whole lines on.
+  void relay(Rank& r, Stream& s);
+  /// Writes the complete lines of `s` with the rank prefix (all of it at EOF).
+  void emit(const Rank& r, Stream& s, bool at_eof);
+  /// Sends `sig` to every rank; `escalate`: SIGKILL after the grace time.
+  void stop(int sig, bool escalate);
+  /// Signals the process groups of all ranks, exited ones included.
+  void signal_ranks(int sig);
+  /// Ranks not yet reaped.
+  int running_count() const;
+  /// Whether some rank's output pipe is still open.
+  bool any_pipe_open() const;
+
+  RunOptions opts_;
+  std::deque<Rank> ranks_;  // a deque: replacements are appended while others are referenced
+  std::string path_;
+  std::vector<char*> argv_;
+  std::vector<std::string> shared_env_;
+  std::unique_ptr<FtController> ft_;
+  int restarts_ = 0;
+  std::vector<Rank*> exited_;  // failed in the current reap pass (--ft)
+  std::string exited_why_;
+  int exited_code_ = 0;
+  int sigfd_ = -1;
+  int devnull_ = -1;
+  std::string token_, job_id_;
+  std::unique_ptr<bootstrap::StoreServer> store_;
+  // Multi-node only.
+  std::unique_ptr<NodeLink> link_;
+  World world_;
+  std::string node_name_;
+  int link_fd_ = -1;
+  bool job_over_ = false;  // the job's fate is known job-wide (or the store was lost)
+  bool done_sent_ = false;
+  int exit_code_ = 0;
+  bool stopping_ = false;
+  std::optional<Clock::time_point> kill_at_, job_deadline_, drain_until_;
+};
+
+}  // namespace strata::cli::launch
