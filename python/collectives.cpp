@@ -3,9 +3,9 @@
 // function per call. Each one inspects the arrays (with the GIL), checks sizes, then dispatches
 // a lambda that calls the blocking or the _async form of the C++ API.
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <optional>
 
 #include "bindings.hpp"
 #include "coll/counts.hpp"  // v-collective counts (shared with the collectives)
