@@ -1,0 +1,74 @@
+// Prefill schedule: a count exchange through the control blocks first, then every rank writes
+// its rows into compact windows (experts' rows contiguous, aligned to expert_alignment), grown
+// collectively when a batch needs more. Combine is the window one (windows.cpp).
+
+#include <cstring>
+
+#include "moe/schedule.hpp"
+
+namespace strata::moe::detail {
+
+Status BufferImpl::grow_prefill(size_t rows, Deadline d) {
+  // Every rank sees the same count matrix, so every rank takes this branch together.
+  if (pwin) (void)c->ctx->heap->free_symmetric(pwin);
+  pwin = nullptr;
+  pwin_rows = 0;
+  size_t want = rows + rows / 4;
+  STRATA_ASSIGN_OR_RETURN(pwin, sym_alloc(want * row_bytes));
+  pwin_rows = want;
+  STRATA_ASSIGN_OR_RETURN(peer_pwin, peers_of(pwin, want * row_bytes, d));
+  return Status::ok();
+}
+
+void BufferImpl::compact_layout(int d, const uint64_t* mat, std::vector<uint64_t>& offsets, size_t& total) const {
+  offsets.assign(static_cast<size_t>(L) * R, 0);
+  size_t row = 0;
+  for (int l = 0; l < L; ++l) {
+    row = round_up(row, align);
+    int e = d * L + l;
+    for (int s = 0; s < R; ++s) {
+      offsets[static_cast<size_t>(l) * R + s] = row;
+      row += mat[static_cast<size_t>(s) * E + e];
+    }
+  }
+  total = row;
+}
+
+Result<Dispatch> BufferImpl::prefill(const void* x, size_t T, const int64_t* idx, const float* w) {
+  Deadline d = deadline();
+  STRATA_RETURN_IF_ERROR(begin(d, true));
+  plan(T, idx);
+  uint64_t* mine = count_row(me);
+  for (int e = 0; e < E; ++e) mine[e] = cnt[e];
+  transport::publish(head(me)->counts_ready, seq);
+  matrix.resize(static_cast<size_t>(R) * E);
+  for (int k = 0; k < R; ++k) {
+    int r = (me + k) % R;
+    STRATA_RETURN_IF_ERROR(wait_sig(head(r)->counts_ready, seq, d, r, "dispatch (count exchange)"));
+    std::memcpy(&matrix[static_cast<size_t>(r) * E], count_row(r), sizeof(uint64_t) * E);
+  }
+  // Where our rows for each expert start, and how large the largest window must be.
+  std::vector<uint64_t> first_row(E), offs;
+  size_t need = 0;
+  auto h = new_handle(Schedule::Prefill, T, w);
+  for (int dst = 0; dst < R; ++dst) {
+    size_t total = 0;
+    compact_layout(dst, matrix.data(), offs, total);
+    need = std::max(need, total);
+    for (int l = 0; l < L; ++l) first_row[dst * L + l] = offs[static_cast<size_t>(l) * R + me];
+    if (dst == me) {
+      h->total_rows = total;
+      h->offsets = offs;
+    }
+  }
+  if (need > pwin_rows) STRATA_RETURN_IF_ERROR(grow_prefill(need, d));
+  STRATA_RETURN_IF_ERROR(send_rows_to(T, static_cast<const std::byte*>(x), idx, peer_pwin, first_row, *h));
+  STRATA_RETURN_IF_ERROR(finish_sends(d));
+  h->counts.resize(static_cast<size_t>(L) * R);
+  for (int l = 0; l < L; ++l)
+    for (int s = 0; s < R; ++s)
+      h->counts[static_cast<size_t>(l) * R + s] = matrix[static_cast<size_t>(s) * E + me * L + l];
+  return result(Schedule::Prefill, std::move(h), static_cast<std::byte*>(pwin));
+}
+
+}  // namespace strata::moe::detail

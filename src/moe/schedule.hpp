@@ -1,0 +1,209 @@
+#pragma once
+// What the files of the MoE engine share (DESIGN §5): the per-call handle, the control block
+// every rank keeps in its symmetric arena, and BufferImpl, whose member functions are defined
+// where their schedule lives:
+//   buffer.cpp   construction, argument checks, planning, the entry points (dispatch, combine)
+//   windows.cpp  direct writes into peers' windows and the in-place combine (Prefill, Decode)
+//   prefill.cpp  count exchange, compact layout, growing the window
+//   decode.cpp   the fixed [L][R][M] layout
+//   relay.cpp    the all_to_all(v) baseline, dispatch and combine
+//
+// Every rank owns, in its symmetric arena (same offset on every rank, so a peer's copy is
+// found without a handshake):
+//   - a control block: `released`, `counts_ready`, `y` (signal + where the expert outputs
+//     are), one `sent_to[d]` signal per destination, and its count row [E];
+//   - the Prefill window (compact rows, grown collectively when a batch needs more) and the
+//     Decode window ([L][R][M][H], made on the first Decode call).
+// All signals carry the call's sequence number, so nothing is ever reset between calls.
+
+#include <strata/moe.hpp>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coll/comm_impl.hpp"
+#include "moe/kernels.hpp"
+
+namespace strata::moe::detail {
+
+using strata::detail::CommImpl;
+using transport::Signal;
+
+/// What combine needs to know about one dispatch (behind moe::Handle).
+struct HandleState {
+  const BufferImpl* owner = nullptr;
+  uint32_t seq = 0;
+  Schedule schedule = Schedule::Prefill;
+  size_t num_tokens = 0;
+  size_t total_rows = 0;                  // rows of this rank's layout (what y must hold)
+  std::vector<int32_t> dest;              // [T*K]: rank holding row (t, k), -1 = no expert
+  std::vector<uint64_t> row;              // [T*K]: its row in dest's layout (Relay: in the returned rows)
+  std::vector<float> w;                   // [T*K]
+  std::vector<uint64_t> counts, offsets;  // [L][R] of this rank's layout
+  // Relay only: rows per rank sent in dispatch and received back in combine, and back.
+  std::vector<size_t> send_rows, send_displ, recv_rows, recv_displ;
+};
+
+/// The control block's `y` line: the expert outputs are ready, and where they lie (bytes 0:
+/// in the owner's window of the schedule).
+struct alignas(64) YLine {
+  Signal ready;
+  uint32_t seg = 0;
+  uint64_t off = 0;
+  uint64_t bytes = 0;
+};
+
+/// Start of the control block; `sent_to[R]` and the count row follow it.
+struct CtrlHead {
+  alignas(64) Signal released;
+  alignas(64) Signal counts_ready;
+  alignas(64) YLine y;
+};
+
+/// One cache line per signal, so that writers of different signals never share a line.
+inline constexpr size_t kLine = 64;
+
+/// `v` rounded up to a multiple of `a`.
+inline size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+/// The Status of a caught Error (the engine works in Status; the public API throws).
+inline Status from_error(const Error& e) { return Status(e.code(), e.what(), e.peer()); }
+
+/// A block of this rank's heap that grows (geometrically) and is otherwise kept: the first
+/// touch of a page is what costs here (MEASURED.md).
+struct Local {
+  void* p = nullptr;
+  size_t bytes = 0;
+  /// At least `want` bytes in `p` (contents not kept when it grows).
+  Status ensure(Communicator& comm, size_t want);
+  /// Frees the block (errors ignored: called on teardown).
+  void release(Communicator& comm);
+  /// `p` as bytes.
+  std::byte* b() const { return static_cast<std::byte*>(p); }
+};
+
+/// The state of one moe::Buffer on this rank.
+struct BufferImpl {
+  Communicator comm;
+  CommImpl* c = nullptr;
+  Config cfg;
+  int R = 1, me = 0, E = 0, L = 0, K = 0;
+  size_t H = 0, M = 0, esz = 0, row_bytes = 0, align = 1;
+  uint32_t seq = 0;
+  uint32_t released_pub = 0;
+
+  void* ctrl = nullptr;
+  size_t ctrl_bytes = 0;
+  std::vector<char*> peer_ctrl;
+  void* pwin = nullptr;
+  size_t pwin_rows = 0;
+  std::vector<std::byte*> peer_pwin;
+  void* dwin = nullptr;
+  std::vector<std::byte*> peer_dwin;
+
+  Local send_stage, recv_stage, relay_win, relay_cnt;
+  std::vector<float> acc;
+  std::vector<uint32_t> cnt;             // [E] this call's rows per expert
+  std::vector<uint32_t> rank_in_expert;  // [T*K]
+  std::vector<uint64_t> matrix;          // [R][E] (Prefill)
+
+  /// Rank r's control block head.
+  CtrlHead* head(int r) const { return reinterpret_cast<CtrlHead*>(peer_ctrl[r]); }
+  /// Rank r's "my rows for d are written" signal.
+  Signal& sent_to(int r, int d) const {
+    return *reinterpret_cast<Signal*>(peer_ctrl[r] + sizeof(CtrlHead) + kLine * static_cast<size_t>(d));
+  }
+  /// Rank r's count row [E].
+  uint64_t* count_row(int r) const {
+    return reinterpret_cast<uint64_t*>(peer_ctrl[r] + sizeof(CtrlHead) + kLine * static_cast<size_t>(R));
+  }
+  /// The deadline of a wait starting now.
+  Deadline deadline() const { return Deadline::after(c->timeout); }
+  /// " on rank r (moe call #n)", for error messages.
+  std::string where() const { return " on rank " + std::to_string(me) + " (moe call #" + std::to_string(seq) + ")"; }
+
+  // ---- buffer.cpp ----------------------------------------------------------------------------
+
+  /// Waits until `s` reaches `target`; a failure breaks the communicator (peers are out of step).
+  Status wait_sig(const Signal& s, uint32_t target, Deadline d, int peer, const char* what);
+  /// Every rank's address of the symmetric block `local`.
+  Result<std::vector<std::byte*>> peers_of(void* local, size_t bytes, Deadline d);
+  /// A symmetric block (collective).
+  Result<void*> sym_alloc(size_t bytes);
+  /// Makes the control block and the Relay count block (collective).
+  Status init();
+  ~BufferImpl();
+  /// Publishes `released = s` unless already done.
+  void publish_released(uint32_t s);
+  /// Argument checks of dispatch.
+  Status validate(const void* x, size_t T, const int64_t* idx, const float* w) const;
+  /// cnt[e] = rows for expert e; rank_in_expert[t*K+k] = rank of token t among those rows.
+  void plan(size_t T, const int64_t* idx);
+  /// Starts a call: nothing of call seq-1 is read by this rank anymore; with `wait_readers`,
+  /// waits until that holds on every rank (our next writes land in windows they read).
+  Status begin(Deadline d, bool wait_readers);
+  /// A handle for this call with the weights copied and no rows placed yet.
+  std::shared_ptr<HandleState> new_handle(Schedule s, size_t T, const float* w);
+  /// The Dispatch returned to the caller: `h`'s layout over `window`.
+  Dispatch result(Schedule s, std::shared_ptr<HandleState> h, std::byte* window) const;
+  /// Checks the arguments and runs schedule `s`.
+  Result<Dispatch> dispatch(const void* x, size_t T, const int64_t* idx, const float* w, Schedule s);
+  /// Checks the handle and runs the combine of its schedule.
+  Status combine(const void* y, const HandleState& h, void* out);
+
+  // ---- windows.cpp -----------------------------------------------------------------------------
+
+  /// Writes each row (t, k) into its destination's window at first_row[e] + rank_in_expert.
+  Status send_rows_to(size_t T, const std::byte* xb, const int64_t* idx, const std::vector<std::byte*>& win,
+                      const std::vector<uint64_t>& first_row, HandleState& h);
+  /// Publishes sent_to[d] = seq to every d and waits for every source's sent_to[me].
+  Status finish_sends(Deadline d);
+  /// Combine of Prefill and Decode: read each row from the expert rank's y in place.
+  Status combine_windows(const void* y, const HandleState& h, void* out);
+
+  // ---- prefill.cpp -----------------------------------------------------------------------------
+
+  /// Replaces the Prefill window by one of at least `rows` rows (collective: every rank sees
+  /// the same count matrix).
+  Status grow_prefill(size_t rows, Deadline d);
+  /// Compact layout of rank d given the count matrix [R][E]: first row of (expert l, source s),
+  /// each expert's rows aligned to `align`. Relay gives experts the same layout.
+  void compact_layout(int d, const uint64_t* mat, std::vector<uint64_t>& offsets, size_t& total) const;
+  /// Dispatch into compact windows sized by a count exchange.
+  Result<Dispatch> prefill(const void* x, size_t T, const int64_t* idx, const float* w);
+
+  // ---- decode.cpp ------------------------------------------------------------------------------
+
+  /// Dispatch into the fixed [L][R][M] window: no count exchange before the writes.
+  Result<Dispatch> decode(const void* x, size_t T, const int64_t* idx, const float* w);
+
+  // ---- relay.cpp -------------------------------------------------------------------------------
+
+  /// all_to_all_v of rows counted in rows of H elements.
+  Status a2av(const void* in, const std::vector<size_t>& sc, const std::vector<size_t>& sd, void* out,
+              const std::vector<size_t>& rc, const std::vector<size_t>& rd);
+  /// Dispatch through the communicator's all_to_all(v) (the buffer-centric baseline).
+  Result<Dispatch> relay(const void* x, size_t T, const int64_t* idx, const float* w);
+  /// Combine of Relay: rows go back by all_to_all_v, then reduce.
+  Status combine_relay(const HandleState& h, const void* y, void* out);
+
+  /// out[t] = sum_k w * row(t, k), rows found by `row_of`; float32 accumulation in the order
+  /// k = 0..K-1 whatever the schedule, so every schedule gives the same bits.
+  template <class RowOf>
+  void reduce_tokens(const HandleState& h, void* out, RowOf&& row_of) {
+    auto* ob = static_cast<std::byte*>(out);
+    for (size_t t = 0; t < h.num_tokens; ++t) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int k = 0; k < K; ++k) {
+        size_t i = t * K + k;
+        if (h.dest[i] < 0) continue;
+        kernels::accumulate(cfg.dtype, acc.data(), row_of(i), h.w[i], H);
+      }
+      kernels::store(cfg.dtype, ob + t * row_bytes, acc.data(), H);
+    }
+  }
+};
+
+}  // namespace strata::moe::detail
