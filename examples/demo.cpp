@@ -62,11 +62,17 @@ int main() {
   const float sum = static_cast<float>(n * (n + 1) / 2);
 
   {  // all_reduce: sum of 1..n everywhere
-    double us = time_it(comm, iters, [&] { fill(); comm.all_reduce(x, strata::ReduceOp::Sum); });
+    double us = time_it(comm, iters, [&] {
+      fill();
+      comm.all_reduce(x, strata::ReduceOp::Sum);
+    });
     rows.push_back({"all_reduce", count * 4, us, all_ok(comm, x[0] == sum && x[count - 1] == sum)});
   }
   {
-    double us = time_it(comm, iters, [&] { fill(); comm.reduce(x, y.view(0, count), strata::ReduceOp::Max, 0); });
+    double us = time_it(comm, iters, [&] {
+      fill();
+      comm.reduce(x, y.view(0, count), strata::ReduceOp::Max, 0);
+    });
     rows.push_back({"reduce", count * 4, us, all_ok(comm, me != 0 || y[count / 2] == static_cast<float>(n))});
   }
   {
@@ -77,7 +83,10 @@ int main() {
     rows.push_back({"broadcast", count * 4, us, all_ok(comm, x[7] == 42.0f)});
   }
   {
-    double us = time_it(comm, iters, [&] { fill(); comm.all_gather(x, y); });
+    double us = time_it(comm, iters, [&] {
+      fill();
+      comm.all_gather(x, y);
+    });
     bool ok = true;
     for (int r = 0; r < n; ++r) ok &= y[r * count + 5] == static_cast<float>(r + 1);
     rows.push_back({"all_gather", count * 4 * n, us, all_ok(comm, ok)});
@@ -108,7 +117,8 @@ int main() {
   }
   {
     double us = time_it(comm, iters, [&] {
-      for (int j = 0; j < n; ++j) std::fill(y.data() + j * count, y.data() + (j + 1) * count, static_cast<float>(me * 100 + j));
+      for (int j = 0; j < n; ++j)
+        std::fill(y.data() + j * count, y.data() + (j + 1) * count, static_cast<float>(me * 100 + j));
       comm.all_to_all(y, z);
     });
     bool ok = true;
@@ -119,7 +129,8 @@ int main() {
     std::vector<size_t> sc(n, count / 2), sd(n), rc(n, count / 2), rd(n);
     for (int j = 0; j < n; ++j) sd[j] = rd[j] = j * count;
     double us = time_it(comm, iters, [&] {
-      for (int j = 0; j < n; ++j) std::fill(y.data() + j * count, y.data() + (j + 1) * count, static_cast<float>(me * 100 + j));
+      for (int j = 0; j < n; ++j)
+        std::fill(y.data() + j * count, y.data() + (j + 1) * count, static_cast<float>(me * 100 + j));
       comm.all_to_all_v(y.data(), sc.data(), sd.data(), z.data(), rc.data(), rd.data(), strata::DataType::Float32);
     });
     bool ok = true;
@@ -127,7 +138,10 @@ int main() {
     rows.push_back({"all_to_all_v", count * 2 * n, us, all_ok(comm, ok)});
   }
   {
-    double us = time_it(comm, iters, [&] { fill(); comm.gather(x, y, 0); });
+    double us = time_it(comm, iters, [&] {
+      fill();
+      comm.gather(x, y, 0);
+    });
     rows.push_back({"gather", count * 4 * n, us, all_ok(comm, me != 0 || y[(n - 1) * count] == static_cast<float>(n))});
   }
   {

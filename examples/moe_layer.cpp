@@ -36,8 +36,8 @@ using Clock = std::chrono::steady_clock;
 /// C[m][n] = A[m][k] · B[k][n], row-major float32.
 void gemm(const float* A, const float* B, float* C, size_t m, size_t k, size_t n) {
 #ifdef STRATA_HAVE_CBLAS
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), 1.0f, A, static_cast<int>(k), B, static_cast<int>(n), 0.0f, C, static_cast<int>(n));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+              1.0f, A, static_cast<int>(k), B, static_cast<int>(n), 0.0f, C, static_cast<int>(n));
 #else
   // Blocks of B (kb x nb) stay in cache while every row of A streams past them.
   constexpr size_t kb = 128, nb = 512;
@@ -86,7 +86,7 @@ Args parse(int argc, char** argv) {
 struct Weights {
   size_t H, F;
   int E;
-  std::vector<float> router;              // [H][E]
+  std::vector<float> router;                   // [H][E]
   std::vector<std::vector<float>> w1, w3, w2;  // per expert [H][F], [H][F], [F][H]
   Weights(size_t h, size_t f, int e) : H(h), F(f), E(e), w1(e), w3(e), w2(e) {
     std::mt19937 rng(1234);
@@ -105,7 +105,8 @@ struct Weights {
 };
 
 /// y[n][H] = (silu(a·W1) * (a·W3)) · W2 for a[n][H].
-void swiglu(const Weights& W, int e, const float* a, float* y, size_t n, std::vector<float>& h1, std::vector<float>& h3) {
+void swiglu(const Weights& W, int e, const float* a, float* y, size_t n, std::vector<float>& h1,
+            std::vector<float>& h3) {
   h1.resize(n * W.F);
   h3.resize(n * W.F);
   gemm(a, W.w1[e].data(), h1.data(), n, W.H, W.F);
@@ -213,8 +214,8 @@ int main(int argc, char** argv) {
   const int E = args.experts_per_rank * R, K = args.topk;
   const size_t H = args.hidden, M = std::max<size_t>(args.tokens, 128);
   Weights W(H, args.ffn, E);
-  strata::moe::Buffer buf(comm, {.num_experts = E, .hidden = H, .max_tokens = M, .topk = K,
-                                 .dtype = strata::DataType::BFloat16});
+  strata::moe::Buffer buf(
+      comm, {.num_experts = E, .hidden = H, .max_tokens = M, .topk = K, .dtype = strata::DataType::BFloat16});
   if (rank == 0)
     std::printf("moe_layer: %d ranks, %d experts (%d per rank), top-%d, hidden %zu, ffn %zu, bfloat16 tokens, %s\n", R,
                 E, args.experts_per_rank, K, H, args.ffn,
@@ -271,7 +272,8 @@ int main(int argc, char** argv) {
       }
     }
   }
-  if (rank == 0) std::printf("moe_layer: %s\n", all_ok ? "every output matches the single-process reference" : "MISMATCH");
+  if (rank == 0)
+    std::printf("moe_layer: %s\n", all_ok ? "every output matches the single-process reference" : "MISMATCH");
   comm.barrier();
   return all_ok ? 0 : 1;
 }

@@ -233,7 +233,8 @@ int run_checkpointed(strata::Communicator& comm, const Options& o, Model& m) {
         out.write(reinterpret_cast<const char*>(&step), sizeof step);
         out.write(reinterpret_cast<const char*>(&cursor), sizeof cursor);
         out.write(reinterpret_cast<const char*>(&rng), sizeof rng);
-        out.write(reinterpret_cast<const char*>(m.params.data()), static_cast<std::streamsize>(m.size() * sizeof(float)));
+        out.write(reinterpret_cast<const char*>(m.params.data()),
+                  static_cast<std::streamsize>(m.size() * sizeof(float)));
         out.write(reinterpret_cast<const char*>(m.momentum.data()),
                   static_cast<std::streamsize>(m.size() * sizeof(float)));
         out.close();
@@ -307,20 +308,21 @@ int train(int argc, char** argv) {
       report_pending = false;
       const auto& r = last;
       std::printf("RECOVERY rank=%d epoch=%" PRIu64 " replacement=%d injected=%" PRId64 " detected=%" PRId64
-                  " spawned=%" PRId64 " seen=%" PRId64 " rebuild_start=%" PRId64 " joined=%" PRId64
-                  " rebuilt=%" PRId64 " restored=%" PRId64 " step_done=%" PRId64 " bytes=%" PRIu64 "\n",
+                  " spawned=%" PRId64 " seen=%" PRId64 " rebuild_start=%" PRId64 " joined=%" PRId64 " rebuilt=%" PRId64
+                  " restored=%" PRId64 " step_done=%" PRId64 " bytes=%" PRIu64 "\n",
                   rank, r.epoch, r.replacement ? 1 : 0, r.injected_ns, r.detected_ns, r.spawned_ns, r.seen_ns,
                   r.rebuild_start_ns, r.joined_ns, r.rebuilt_ns, r.restored_ns, t, r.restored_bytes);
       if (rank == 0) {
         std::string failed;
         for (int f : r.failed) failed += (failed.empty() ? "" : ",") + std::to_string(f);
-        std::printf(
-            "recovered epoch %" PRIu64 " (replaced rank %s): detection %.1f ms, RTO %.1f ms = detect %.1f + revoke %.1f"
-            " + join %.1f (replacement spawned after %.1f) + rebuild %.1f + state transfer %.1f + redone step %.1f ms\n",
-            r.epoch, failed.c_str(), ms(r.injected_ns, r.seen_ns), ms(r.injected_ns, t), ms(r.injected_ns, r.detected_ns),
-            ms(r.detected_ns, r.seen_ns), ms(r.rebuild_start_ns, r.joined_ns), ms(r.detected_ns, r.spawned_ns),
-            ms(r.joined_ns, r.rebuilt_ns),
-            ms(r.rebuilt_ns, r.restored_ns), ms(r.restored_ns, t));
+        std::printf("recovered epoch %" PRIu64
+                    " (replaced rank %s): detection %.1f ms, RTO %.1f ms = detect %.1f + revoke %.1f"
+                    " + join %.1f (replacement spawned after %.1f) + rebuild %.1f + state transfer %.1f + redone step "
+                    "%.1f ms\n",
+                    r.epoch, failed.c_str(), ms(r.injected_ns, r.seen_ns), ms(r.injected_ns, t),
+                    ms(r.injected_ns, r.detected_ns), ms(r.detected_ns, r.seen_ns), ms(r.rebuild_start_ns, r.joined_ns),
+                    ms(r.detected_ns, r.spawned_ns), ms(r.joined_ns, r.rebuilt_ns), ms(r.rebuilt_ns, r.restored_ns),
+                    ms(r.restored_ns, t));
       }
       std::fflush(stdout);
     }
@@ -342,8 +344,8 @@ int train(int argc, char** argv) {
     std::fprintf(stderr, "rank %d: training failed: %s\n", rank, e.what());
     return 1;
   }
-  std::printf("DONE rank=%d pid=%d steps=%" PRIu64 " startup_ms=%.1f\n", rank, static_cast<int>(getpid()),
-              state.step(), ms(started, now_ns()));
+  std::printf("DONE rank=%d pid=%d steps=%" PRIu64 " startup_ms=%.1f\n", rank, static_cast<int>(getpid()), state.step(),
+              ms(started, now_ns()));
   if (rank == 0) std::printf("final params hash %016" PRIx64 " after %" PRIu64 " steps\n", m.hash(), state.step());
   return 0;
 }

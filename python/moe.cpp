@@ -53,8 +53,7 @@ struct PyDispatch {
 
 ArrayView checked(py::handle a, const std::string& what, DataType want, size_t elems, bool writable) {
   ArrayView v = view_of(a, what, writable);
-  if (v.dtype != want)
-    invalid(what + " has dtype " + to_string(v.dtype) + ", expected " + to_string(want));
+  if (v.dtype != want) invalid(what + " has dtype " + to_string(v.dtype) + ", expected " + to_string(want));
   if (v.count != elems)
     invalid(what + " has " + std::to_string(v.count) + " elements, expected " + std::to_string(elems));
   return v;
@@ -67,38 +66,55 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
                          "Rows received for this rank's experts: views of the moe.Buffer's window, valid until its "
                          "next dispatch.")
       .def_property_readonly("schedule", [](const PyDispatch& s) { return std::string(moe::to_string(s.d.schedule)); })
-      .def_property_readonly("masked", [](const PyDispatch& s) { return s.d.masked(); },
-                             "True for the Decode layout [L][R][M][H]")
+      .def_property_readonly(
+          "masked", [](const PyDispatch& s) { return s.d.masked(); }, "True for the Decode layout [L][R][M][H]")
       .def_property_readonly("local_experts", [](const PyDispatch& s) { return s.d.local_experts; })
-      .def_property_readonly("total_rows", [](const PyDispatch& s) { return s.d.total_rows; },
-                             "Rows of the whole layout (what y must hold)")
-      .def("count", [](const PyDispatch& s, int l, std::optional<int> src) {
-             if (l < 0 || l >= s.d.local_experts) invalid("moe: local expert " + std::to_string(l) + " out of range");
-             if (src && (*src < 0 || *src >= s.d.ranks)) invalid("moe: source rank " + std::to_string(*src) + " out of range");
-             return src ? s.d.count(l, *src) : s.d.count(l);
-           }, py::arg("l"), py::arg("src") = py::none(), "Rows for local expert l (from rank src, or all)")
-      .def("offset", [](const PyDispatch& s, int l, int src) {
-             if (l < 0 || l >= s.d.local_experts || src < 0 || src >= s.d.ranks) invalid("moe: (l, src) out of range");
-             return s.d.offset(l, src);
-           }, py::arg("l"), py::arg("src") = 0, "First row of expert l's rows from rank src")
-      .def_property_readonly("window", [](const PyDispatch& s) {
-             return s.rows(0, {static_cast<py::ssize_t>(s.d.total_rows), static_cast<py::ssize_t>(s.d.hidden)});
-           }, "The whole layout [total_rows, hidden]; expert outputs may be written here in place")
-      .def("expert_x", [](const PyDispatch& s, int l) {
-             if (l < 0 || l >= s.d.local_experts) invalid("moe: local expert " + std::to_string(l) + " out of range");
-             auto H = static_cast<py::ssize_t>(s.d.hidden);
-             if (s.d.masked())
-               return s.rows(s.d.offset(l), {s.d.ranks, static_cast<py::ssize_t>(s.d.max_tokens), H});
-             return s.rows(s.d.offset(l), {static_cast<py::ssize_t>(s.d.count(l)), H});
-           }, py::arg("l"), "Expert l's rows: [count(l), hidden] (compact) or [R, max_tokens, hidden] (masked)");
+      .def_property_readonly(
+          "total_rows", [](const PyDispatch& s) { return s.d.total_rows; },
+          "Rows of the whole layout (what y must hold)")
+      .def(
+          "count",
+          [](const PyDispatch& s, int l, std::optional<int> src) {
+            if (l < 0 || l >= s.d.local_experts) invalid("moe: local expert " + std::to_string(l) + " out of range");
+            if (src && (*src < 0 || *src >= s.d.ranks))
+              invalid("moe: source rank " + std::to_string(*src) + " out of range");
+            return src ? s.d.count(l, *src) : s.d.count(l);
+          },
+          py::arg("l"), py::arg("src") = py::none(), "Rows for local expert l (from rank src, or all)")
+      .def(
+          "offset",
+          [](const PyDispatch& s, int l, int src) {
+            if (l < 0 || l >= s.d.local_experts || src < 0 || src >= s.d.ranks) invalid("moe: (l, src) out of range");
+            return s.d.offset(l, src);
+          },
+          py::arg("l"), py::arg("src") = 0, "First row of expert l's rows from rank src")
+      .def_property_readonly(
+          "window",
+          [](const PyDispatch& s) {
+            return s.rows(0, {static_cast<py::ssize_t>(s.d.total_rows), static_cast<py::ssize_t>(s.d.hidden)});
+          },
+          "The whole layout [total_rows, hidden]; expert outputs may be written here in place")
+      .def(
+          "expert_x",
+          [](const PyDispatch& s, int l) {
+            if (l < 0 || l >= s.d.local_experts) invalid("moe: local expert " + std::to_string(l) + " out of range");
+            auto H = static_cast<py::ssize_t>(s.d.hidden);
+            if (s.d.masked()) return s.rows(s.d.offset(l), {s.d.ranks, static_cast<py::ssize_t>(s.d.max_tokens), H});
+            return s.rows(s.d.offset(l), {static_cast<py::ssize_t>(s.d.count(l)), H});
+          },
+          py::arg("l"), "Expert l's rows: [count(l), hidden] (compact) or [R, max_tokens, hidden] (masked)");
 
   py::class_<PyMoeBuffer>(m, "MoeBuffer",
                           "Expert-parallel dispatch/combine of one MoE layer (strata::moe::Buffer). Collective.")
       .def(py::init([comm_of](py::handle comm, int num_experts, size_t hidden, size_t max_tokens, int topk,
                               py::handle dtype, size_t expert_alignment) {
              auto b = std::make_unique<PyMoeBuffer>();
-             b->cfg = {.num_experts = num_experts, .hidden = hidden, .max_tokens = max_tokens, .topk = topk,
-                       .dtype = parse_dtype(dtype), .expert_alignment = expert_alignment};
+             b->cfg = {.num_experts = num_experts,
+                       .hidden = hidden,
+                       .max_tokens = max_tokens,
+                       .topk = topk,
+                       .dtype = parse_dtype(dtype),
+                       .expert_alignment = expert_alignment};
              Communicator c = comm_of(comm);
              py::gil_scoped_release nogil;
              b->buf = std::make_unique<moe::Buffer>(c, b->cfg);
@@ -106,66 +122,71 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
            }),
            py::arg("comm"), py::kw_only(), py::arg("num_experts"), py::arg("hidden"), py::arg("max_tokens"),
            py::arg("topk"), py::arg("dtype") = "bfloat16", py::arg("expert_alignment") = 1)
-      .def("dispatch",
-           [](py::object self, py::handle x, py::handle topk_idx, py::handle topk_w, const std::string& schedule) {
-             auto& b = self.cast<PyMoeBuffer&>();
-             const auto& cfg = b.cfg;
-             ArrayView xv = view_of(x, "moe.dispatch: x", false);
-             if (xv.dtype != cfg.dtype)
-               invalid("moe.dispatch: x has dtype " + std::string(to_string(xv.dtype)) + ", the buffer was made for " +
-                       to_string(cfg.dtype));
-             if (xv.count % cfg.hidden != 0)
-               invalid("moe.dispatch: x has " + std::to_string(xv.count) + " elements, not a multiple of hidden = " +
-                       std::to_string(cfg.hidden));
-             const size_t T = xv.count / cfg.hidden;
-             ArrayView iv = checked(topk_idx, "moe.dispatch: topk_idx", DataType::Int64, T * cfg.topk, false);
-             ArrayView wv = checked(topk_w, "moe.dispatch: topk_w", DataType::Float32, T * cfg.topk, false);
-             moe::Schedule s = parse_schedule(schedule);
-             PyDispatch out;
-             {
-               py::gil_scoped_release nogil;
-               out.d = b.get().dispatch(xv.data, T, reinterpret_cast<const int64_t*>(iv.data),
-                                        reinterpret_cast<const float*>(wv.data), s);
-             }
-             out.owner = self;
-             out.torch = xv.is_torch;
-             out.dtype = cfg.dtype;
-             return out;
-           },
-           py::arg("x"), py::arg("topk_idx"), py::arg("topk_w"), py::arg("schedule") = "prefill",
-           "x [T, hidden], topk_idx [T, topk] int64 (-1: none), topk_w [T, topk] float32. Returns a MoeDispatch.")
-      .def("combine",
-           [](PyMoeBuffer& b, const PyDispatch& d, py::object y, py::object out) {
-             const auto& cfg = b.cfg;
-             const auto H = static_cast<py::ssize_t>(cfg.hidden);
-             if (y.is_none()) y = d.rows(0, {static_cast<py::ssize_t>(d.d.total_rows), H});  // in place
-             ArrayView yv = checked(y, "moe.combine: y", cfg.dtype, view_of(y, "moe.combine: y", false).count, false);
-             if (yv.count < d.d.total_rows * cfg.hidden)
-               invalid("moe.combine: y has " + std::to_string(yv.count) + " elements, needs total_rows * hidden = " +
-                       std::to_string(d.d.total_rows * cfg.hidden));
-             if (out.is_none()) {
-               std::vector<py::ssize_t> shape = {static_cast<py::ssize_t>(d.d.num_tokens), H};
-               if (d.torch || cfg.dtype == DataType::BFloat16) {
-                 py::module_ torch = py::module_::import("torch");
-                 out = torch.attr("empty")(py::tuple(py::cast(shape)), py::arg("dtype") = torch_dtype(cfg.dtype));
-               } else {
-                 out = py::array(numpy_dtype(cfg.dtype), shape);
-               }
-             }
-             ArrayView ov = checked(out, "moe.combine: out", cfg.dtype, d.d.num_tokens * cfg.hidden, true);
-             {
-               py::gil_scoped_release nogil;
-               b.get().combine(yv.data, d.d.handle, ov.data);
-             }
-             return out;
-           },
-           py::arg("d"), py::arg("y") = py::none(), py::kw_only(), py::arg("out") = py::none(),
-           "out[t] = sum_k w[t,k] * y[slot(t,k)] (float32, rounded once). y: expert outputs in d's layout "
-           "(default: d.window, written in place). Returns out [T, hidden].")
-      .def("close", [](PyMoeBuffer& b) {
-             py::gil_scoped_release nogil;
-             b.buf.reset();
-           }, "Frees the windows (collective: every rank closes together).");
+      .def(
+          "dispatch",
+          [](py::object self, py::handle x, py::handle topk_idx, py::handle topk_w, const std::string& schedule) {
+            auto& b = self.cast<PyMoeBuffer&>();
+            const auto& cfg = b.cfg;
+            ArrayView xv = view_of(x, "moe.dispatch: x", false);
+            if (xv.dtype != cfg.dtype)
+              invalid("moe.dispatch: x has dtype " + std::string(to_string(xv.dtype)) + ", the buffer was made for " +
+                      to_string(cfg.dtype));
+            if (xv.count % cfg.hidden != 0)
+              invalid("moe.dispatch: x has " + std::to_string(xv.count) +
+                      " elements, not a multiple of hidden = " + std::to_string(cfg.hidden));
+            const size_t T = xv.count / cfg.hidden;
+            ArrayView iv = checked(topk_idx, "moe.dispatch: topk_idx", DataType::Int64, T * cfg.topk, false);
+            ArrayView wv = checked(topk_w, "moe.dispatch: topk_w", DataType::Float32, T * cfg.topk, false);
+            moe::Schedule s = parse_schedule(schedule);
+            PyDispatch out;
+            {
+              py::gil_scoped_release nogil;
+              out.d = b.get().dispatch(xv.data, T, reinterpret_cast<const int64_t*>(iv.data),
+                                       reinterpret_cast<const float*>(wv.data), s);
+            }
+            out.owner = self;
+            out.torch = xv.is_torch;
+            out.dtype = cfg.dtype;
+            return out;
+          },
+          py::arg("x"), py::arg("topk_idx"), py::arg("topk_w"), py::arg("schedule") = "prefill",
+          "x [T, hidden], topk_idx [T, topk] int64 (-1: none), topk_w [T, topk] float32. Returns a MoeDispatch.")
+      .def(
+          "combine",
+          [](PyMoeBuffer& b, const PyDispatch& d, py::object y, py::object out) {
+            const auto& cfg = b.cfg;
+            const auto H = static_cast<py::ssize_t>(cfg.hidden);
+            if (y.is_none()) y = d.rows(0, {static_cast<py::ssize_t>(d.d.total_rows), H});  // in place
+            ArrayView yv = checked(y, "moe.combine: y", cfg.dtype, view_of(y, "moe.combine: y", false).count, false);
+            if (yv.count < d.d.total_rows * cfg.hidden)
+              invalid("moe.combine: y has " + std::to_string(yv.count) +
+                      " elements, needs total_rows * hidden = " + std::to_string(d.d.total_rows * cfg.hidden));
+            if (out.is_none()) {
+              std::vector<py::ssize_t> shape = {static_cast<py::ssize_t>(d.d.num_tokens), H};
+              if (d.torch || cfg.dtype == DataType::BFloat16) {
+                py::module_ torch = py::module_::import("torch");
+                out = torch.attr("empty")(py::tuple(py::cast(shape)), py::arg("dtype") = torch_dtype(cfg.dtype));
+              } else {
+                out = py::array(numpy_dtype(cfg.dtype), shape);
+              }
+            }
+            ArrayView ov = checked(out, "moe.combine: out", cfg.dtype, d.d.num_tokens * cfg.hidden, true);
+            {
+              py::gil_scoped_release nogil;
+              b.get().combine(yv.data, d.d.handle, ov.data);
+            }
+            return out;
+          },
+          py::arg("d"), py::arg("y") = py::none(), py::kw_only(), py::arg("out") = py::none(),
+          "out[t] = sum_k w[t,k] * y[slot(t,k)] (float32, rounded once). y: expert outputs in d's layout "
+          "(default: d.window, written in place). Returns out [T, hidden].")
+      .def(
+          "close",
+          [](PyMoeBuffer& b) {
+            py::gil_scoped_release nogil;
+            b.buf.reset();
+          },
+          "Frees the windows (collective: every rank closes together).");
 }
 
 }  // namespace strata::python

@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
   std::vector<double> per_thread, totals(static_cast<size_t>(repeats), 0.0);
   for (int t = 0; t < threads; ++t) {
     per_thread.push_back(median_of(many[static_cast<size_t>(t)]));
-    for (int r = 0; r < repeats; ++r) totals[static_cast<size_t>(r)] += many[static_cast<size_t>(t)][static_cast<size_t>(r)];
+    for (int r = 0; r < repeats; ++r)
+      totals[static_cast<size_t>(r)] += many[static_cast<size_t>(t)][static_cast<size_t>(r)];
   }
   double total = median_of(totals);
   double mean_per_thread = total / threads;

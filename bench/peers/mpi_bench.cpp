@@ -168,8 +168,10 @@ size_t MpiBench::check_size(const SizePoint& sp, const Call& c) {
     return expected(o_.coll, o_.op, n_, r_, root, sp.c, k).value_or(kSentinel);
   });
   if (res.wrong)
-    std::fprintf(stderr, "mpi_bench: rank %d: %s %zu B: %zu of %zu output elements wrong; first at index %zu: got %g, "
-                 "expected %g\n", r_, info(o_.coll).name, sp.bytes, res.wrong, oc, res.first, res.got, res.want);
+    std::fprintf(stderr,
+                 "mpi_bench: rank %d: %s %zu B: %zu of %zu output elements wrong; first at index %zu: got %g, "
+                 "expected %g\n",
+                 r_, info(o_.coll).name, sp.bytes, res.wrong, oc, res.first, res.got, res.want);
   return res.wrong;
 }
 
@@ -210,7 +212,8 @@ int MpiBench::run() {
     Call c = make_call(sp);
     double wrong = o_.check ? static_cast<double>(check_size(sp, c)) : 0;
     auto max_all = [](double* v, int m) { MPI_Allreduce(MPI_IN_PLACE, v, m, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD); };
-    Timing t = measure(o_, [&] { call(c); }, [] { MPI_Barrier(MPI_COMM_WORLD); }, max_all);
+    Timing t = measure(
+        o_, [&] { call(c); }, [] { MPI_Barrier(MPI_COMM_WORLD); }, max_all);
     if (o_.check) max_all(&wrong, 1);
     Row row = make_row(ri_, sp, t, o_.check && o_.coll != Coll::Barrier, static_cast<size_t>(wrong));
     if (row.wrong) ++failed;
@@ -221,7 +224,8 @@ int MpiBench::run() {
   if (r_ == 0) {
     std::string foot = "#\n";
     if (!o_.check || o_.coll == Coll::Barrier) foot += "# check: not done\n";
-    else if (failed) foot += "# check: FAIL at " + std::to_string(failed) + " of " + std::to_string(rows.size()) + " sizes\n";
+    else if (failed)
+      foot += "# check: FAIL at " + std::to_string(failed) + " of " + std::to_string(rows.size()) + " sizes\n";
     else foot += "# check: all " + std::to_string(rows.size()) + " sizes ok\n";
     write_all(STDOUT_FILENO, foot);
     char lib[MPI_MAX_LIBRARY_VERSION_STRING];

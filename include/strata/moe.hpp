@@ -18,12 +18,12 @@ namespace strata::moe {
 
 /// Shape of one MoE layer on an expert-parallel communicator.
 struct Config {
-  int num_experts = 0;         ///< E, a multiple of the communicator size R; expert e lives on rank e / (E/R)
-  size_t hidden = 0;           ///< H, elements per token row
-  size_t max_tokens = 0;       ///< M, most tokens one rank dispatches in one call
-  int topk = 1;                ///< K, experts per token (1 <= K <= E)
+  int num_experts = 0;                  ///< E, a multiple of the communicator size R; expert e lives on rank e / (E/R)
+  size_t hidden = 0;                    ///< H, elements per token row
+  size_t max_tokens = 0;                ///< M, most tokens one rank dispatches in one call
+  int topk = 1;                         ///< K, experts per token (1 <= K <= E)
   DataType dtype = DataType::BFloat16;  ///< payload type: BFloat16, Float16 or Float32
-  size_t expert_alignment = 1;  ///< Prefill/Relay: each expert's range starts at a multiple of this many rows
+  size_t expert_alignment = 1;          ///< Prefill/Relay: each expert's range starts at a multiple of this many rows
 };
 
 /// How dispatch moves the rows.
@@ -54,17 +54,17 @@ struct Handle {
 /// R blocks of max_tokens rows; block s holds count(l, s) rows from rank s, in token order.
 struct Dispatch {
   Schedule schedule = Schedule::Prefill;
-  Handle handle;                 ///< pass to combine()
-  int local_experts = 0;         ///< L = E / R
-  int ranks = 0;                 ///< R
-  size_t hidden = 0;             ///< H
-  size_t max_tokens = 0;         ///< M
-  size_t elem_size = 0;          ///< bytes per element
-  size_t num_tokens = 0;         ///< tokens this rank dispatched (rows of combine's out)
-  size_t total_rows = 0;         ///< rows of the whole layout (what y must hold), padding included
-  std::byte* window = nullptr;   ///< row 0 of the layout
-  std::vector<uint64_t> counts;  ///< [L][R]: rows of expert l from rank s
-  std::vector<uint64_t> offsets; ///< [L][R]: first row of expert l's rows from rank s
+  Handle handle;                  ///< pass to combine()
+  int local_experts = 0;          ///< L = E / R
+  int ranks = 0;                  ///< R
+  size_t hidden = 0;              ///< H
+  size_t max_tokens = 0;          ///< M
+  size_t elem_size = 0;           ///< bytes per element
+  size_t num_tokens = 0;          ///< tokens this rank dispatched (rows of combine's out)
+  size_t total_rows = 0;          ///< rows of the whole layout (what y must hold), padding included
+  std::byte* window = nullptr;    ///< row 0 of the layout
+  std::vector<uint64_t> counts;   ///< [L][R]: rows of expert l from rank s
+  std::vector<uint64_t> offsets;  ///< [L][R]: first row of expert l's rows from rank s
 
   /// True for the Decode (masked [L][R][M][H]) layout.
   bool masked() const { return schedule == Schedule::Decode; }
@@ -80,8 +80,9 @@ struct Dispatch {
   template <class T>
   T* expert_x_as(int l) const {
     if (dtype_of_v<T> != dtype_)
-      strata::detail::throw_invalid("Dispatch::expert_x_as: element type " + std::string(strata::to_string(dtype_of_v<T>)) +
-                                    " does not match the buffer's " + strata::to_string(dtype_));
+      strata::detail::throw_invalid("Dispatch::expert_x_as: element type " +
+                                    std::string(strata::to_string(dtype_of_v<T>)) + " does not match the buffer's " +
+                                    strata::to_string(dtype_));
     return reinterpret_cast<T*>(expert_x(l));
   }
   DataType dtype_ = DataType::BFloat16;

@@ -22,18 +22,18 @@ namespace strata::recovery {
 /// Timings of the last recovery this process took part in. Times are CLOCK_REALTIME in
 /// nanoseconds (comparable across processes on a host); 0 means unknown.
 struct Report {
-  uint64_t epoch = 0;           ///< the epoch the job moved to
-  std::vector<int> failed;      ///< world ranks replaced in this epoch
-  bool replacement = false;     ///< this process is one of the replacements
-  int64_t injected_ns = 0;      ///< when a deliberate failure was injected (mark_failure), if any
-  int64_t detected_ns = 0;      ///< when the controller noticed the failure
-  int64_t spawned_ns = 0;       ///< when the controller started the (first) replacement
-  int64_t seen_ns = 0;          ///< when this rank saw the revoke (survivors) or started (replacements)
-  int64_t rebuild_start_ns = 0; ///< when this rank began to rebuild
-  int64_t joined_ns = 0;        ///< when every rank had arrived in the epoch
-  int64_t rebuilt_ns = 0;       ///< when the world communicator was usable again
-  int64_t restored_ns = 0;      ///< when State::restore() finished on this rank
-  uint64_t restored_bytes = 0;  ///< state bytes this rank sent or received in restore()
+  uint64_t epoch = 0;            ///< the epoch the job moved to
+  std::vector<int> failed;       ///< world ranks replaced in this epoch
+  bool replacement = false;      ///< this process is one of the replacements
+  int64_t injected_ns = 0;       ///< when a deliberate failure was injected (mark_failure), if any
+  int64_t detected_ns = 0;       ///< when the controller noticed the failure
+  int64_t spawned_ns = 0;        ///< when the controller started the (first) replacement
+  int64_t seen_ns = 0;           ///< when this rank saw the revoke (survivors) or started (replacements)
+  int64_t rebuild_start_ns = 0;  ///< when this rank began to rebuild
+  int64_t joined_ns = 0;         ///< when every rank had arrived in the epoch
+  int64_t rebuilt_ns = 0;        ///< when the world communicator was usable again
+  int64_t restored_ns = 0;       ///< when State::restore() finished on this rank
+  uint64_t restored_bytes = 0;   ///< state bytes this rank sent or received in restore()
 };
 
 /// The report of the last recovery of `comm`'s job as seen by this process.
@@ -97,16 +97,15 @@ struct StepFunctions {
 
 /// Options of run().
 struct RunOptions {
-  int max_recoveries = 16;                             ///< give up (rethrow) after this many
-  std::function<void()> on_failure;                    ///< a step failed; recovery starts
-  std::function<void(const Report&)> on_recovered;     ///< state restored; training resumes
+  int max_recoveries = 16;                          ///< give up (rethrow) after this many
+  std::function<void()> on_failure;                 ///< a step failed; recovery starts
+  std::function<void(const Report&)> on_recovered;  ///< state restored; training resumes
 };
 
 /// Runs steps state.step() .. total_steps-1 under the recovery protocol: compute, a commit
 /// barrier, then apply. A failure revokes the step on every survivor; they recover(), the
 /// replacement joins, restore() brings everyone to the same step, and training goes on.
 /// A replacement calls this too (it starts with restore()).
-void run(Communicator& comm, State& state, uint64_t total_steps, const StepFunctions& fns,
-         const RunOptions& opts = {});
+void run(Communicator& comm, State& state, uint64_t total_steps, const StepFunctions& fns, const RunOptions& opts = {});
 
 }  // namespace strata::recovery

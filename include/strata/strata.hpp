@@ -27,9 +27,10 @@ void heap_free(const std::shared_ptr<ContextImpl>& ctx, void* p, bool symmetric)
 /// A contiguous range of elements: Buffer<T>, std::vector<T>, std::span<T>, std::array.
 template <class R>
 concept Contiguous = requires(R& r) {
-  { r.data() };
+  {r.data()};
   { r.size() } -> std::convertible_to<size_t>;
-} && std::is_pointer_v<decltype(std::declval<R&>().data())>;
+}
+&&std::is_pointer_v<decltype(std::declval<R&>().data())>;
 template <class R>
 using elem_t = std::remove_pointer_t<decltype(std::declval<R&>().data())>;
 }  // namespace detail
@@ -48,10 +49,10 @@ struct CollOptions {
 struct InitOptions {
   std::optional<int> rank;
   std::optional<int> size;
-  std::string store;      ///< "host:port" of the rendezvous store
-  std::string token;      ///< job token the store requires
-  std::string job_id;     ///< unique per job
-  std::string host_id;    ///< ranks with equal host ids share memory
+  std::string store;                     ///< "host:port" of the rendezvous store
+  std::string token;                     ///< job token the store requires
+  std::string job_id;                    ///< unique per job
+  std::string host_id;                   ///< ranks with equal host ids share memory
   std::chrono::milliseconds timeout{0};  ///< default deadline of every wait; 0 = STRATA_TIMEOUT
 };
 
@@ -208,7 +209,8 @@ class Communicator {
   Work all_reduce_async(const void* in, void* out, size_t count, DataType dt, ReduceOp op, const CollOptions& o = {});
   /// Result only at `root` (out may be null elsewhere).
   void reduce(const void* in, void* out, size_t count, DataType dt, ReduceOp op, int root, const CollOptions& o = {});
-  Work reduce_async(const void* in, void* out, size_t count, DataType dt, ReduceOp op, int root, const CollOptions& o = {});
+  Work reduce_async(const void* in, void* out, size_t count, DataType dt, ReduceOp op, int root,
+                    const CollOptions& o = {});
   /// Root's `in` is copied to every rank's `out` (in is ignored elsewhere; in == out is usual).
   void broadcast(const void* in, void* out, size_t count, DataType dt, int root, const CollOptions& o = {});
   Work broadcast_async(const void* in, void* out, size_t count, DataType dt, int root, const CollOptions& o = {});
@@ -220,10 +222,13 @@ class Communicator {
   Work all_gather_v_async(const void* in, void* out, const size_t* counts, DataType dt, const CollOptions& o = {});
   /// in holds size() * count elements; rank r gets the reduction of block r.
   void reduce_scatter(const void* in, void* out, size_t count, DataType dt, ReduceOp op, const CollOptions& o = {});
-  Work reduce_scatter_async(const void* in, void* out, size_t count, DataType dt, ReduceOp op, const CollOptions& o = {});
+  Work reduce_scatter_async(const void* in, void* out, size_t count, DataType dt, ReduceOp op,
+                            const CollOptions& o = {});
   /// Block r has counts[r] elements (blocks contiguous in `in`).
-  void reduce_scatter_v(const void* in, void* out, const size_t* counts, DataType dt, ReduceOp op, const CollOptions& o = {});
-  Work reduce_scatter_v_async(const void* in, void* out, const size_t* counts, DataType dt, ReduceOp op, const CollOptions& o = {});
+  void reduce_scatter_v(const void* in, void* out, const size_t* counts, DataType dt, ReduceOp op,
+                        const CollOptions& o = {});
+  Work reduce_scatter_v_async(const void* in, void* out, const size_t* counts, DataType dt, ReduceOp op,
+                              const CollOptions& o = {});
   /// Block j of `in` (count elements) goes to rank j, landing in block `rank()` of its out.
   void all_to_all(const void* in, void* out, size_t count, DataType dt, const CollOptions& o = {});
   Work all_to_all_async(const void* in, void* out, size_t count, DataType dt, const CollOptions& o = {});

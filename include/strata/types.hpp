@@ -49,18 +49,50 @@ float16_t to_float16(float f);
 bfloat16_t to_bfloat16(float f);
 
 /// The DataType matching a C++ element type.
-template <class T> struct dtype_of;
-template <> struct dtype_of<int8_t> { static constexpr DataType value = DataType::Int8; };
-template <> struct dtype_of<uint8_t> { static constexpr DataType value = DataType::UInt8; };
-template <> struct dtype_of<int32_t> { static constexpr DataType value = DataType::Int32; };
-template <> struct dtype_of<uint32_t> { static constexpr DataType value = DataType::UInt32; };
-template <> struct dtype_of<int64_t> { static constexpr DataType value = DataType::Int64; };
-template <> struct dtype_of<uint64_t> { static constexpr DataType value = DataType::UInt64; };
-template <> struct dtype_of<float16_t> { static constexpr DataType value = DataType::Float16; };
-template <> struct dtype_of<bfloat16_t> { static constexpr DataType value = DataType::BFloat16; };
-template <> struct dtype_of<float> { static constexpr DataType value = DataType::Float32; };
-template <> struct dtype_of<double> { static constexpr DataType value = DataType::Float64; };
-template <class T> inline constexpr DataType dtype_of_v = dtype_of<std::remove_cv_t<T>>::value;
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<int8_t> {
+  static constexpr DataType value = DataType::Int8;
+};
+template <>
+struct dtype_of<uint8_t> {
+  static constexpr DataType value = DataType::UInt8;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DataType value = DataType::Int32;
+};
+template <>
+struct dtype_of<uint32_t> {
+  static constexpr DataType value = DataType::UInt32;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DataType value = DataType::Int64;
+};
+template <>
+struct dtype_of<uint64_t> {
+  static constexpr DataType value = DataType::UInt64;
+};
+template <>
+struct dtype_of<float16_t> {
+  static constexpr DataType value = DataType::Float16;
+};
+template <>
+struct dtype_of<bfloat16_t> {
+  static constexpr DataType value = DataType::BFloat16;
+};
+template <>
+struct dtype_of<float> {
+  static constexpr DataType value = DataType::Float32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DataType value = DataType::Float64;
+};
+template <class T>
+inline constexpr DataType dtype_of_v = dtype_of<std::remove_cv_t<T>>::value;
 
 /// What the public API throws. `rank` is the rank that raised it, `peer` the other rank
 /// involved (-1 when none).

@@ -13,10 +13,10 @@ namespace strata::bootstrap {
 struct JobInfo {
   int rank = 0;
   int world_size = 1;
-  std::string store;      // "host:port"; empty when world_size == 1 and no store was given
-  std::string token;      // job token presented to the store
-  std::string job_id;     // unique per job; names abstract sockets, store keys
-  std::string host_id;    // ranks with equal host_id share memory
+  std::string store;    // "host:port"; empty when world_size == 1 and no store was given
+  std::string token;    // job token presented to the store
+  std::string job_id;   // unique per job; names abstract sockets, store keys
+  std::string host_id;  // ranks with equal host_id share memory
 };
 
 struct JobOverrides {

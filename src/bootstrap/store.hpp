@@ -27,8 +27,7 @@ struct StoreAddress {
 class StoreServer {
  public:
   /// Binds host:port (port 0 = any free port) and starts serving.
-  static Result<std::unique_ptr<StoreServer>> start(const std::string& bind_host, uint16_t port,
-                                                    std::string token);
+  static Result<std::unique_ptr<StoreServer>> start(const std::string& bind_host, uint16_t port, std::string token);
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
@@ -51,8 +50,7 @@ class StoreClient {
  public:
   /// Connects, retrying with backoff until `deadline`. Fails with Unavailable when the
   /// server is not reachable in time and InvalidArgument when the token is refused.
-  static Result<std::unique_ptr<StoreClient>> connect(const StoreAddress& addr, std::string token,
-                                                      Deadline deadline);
+  static Result<std::unique_ptr<StoreClient>> connect(const StoreAddress& addr, std::string token, Deadline deadline);
   ~StoreClient();
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;
@@ -68,8 +66,7 @@ class StoreClient {
   Result<int64_t> add(const std::string& key, int64_t delta);
   /// Sets key to `desired` if its current value equals `expected` (a missing key matches an
   /// empty `expected`). Returns the value after the operation.
-  Result<std::string> compare_set(const std::string& key, const std::string& expected,
-                                  const std::string& desired);
+  Result<std::string> compare_set(const std::string& key, const std::string& expected, const std::string& desired);
   /// Deletes a key; returns whether it existed.
   Result<bool> del(const std::string& key);
   /// Keys that start with `prefix`, sorted.

@@ -246,7 +246,8 @@ size_t Worker::check_size(const SizePoint& sp, const Call& c) {
   });
   if (res.wrong) {
     char buf[512];
-    std::snprintf(buf, sizeof buf, "%s %zu B: %zu of %zu output elements wrong; first at index %zu: got %g, expected %g",
+    std::snprintf(buf, sizeof buf,
+                  "%s %zu B: %zu of %zu output elements wrong; first at index %zu: got %g, expected %g",
                   info(o_.coll).name, sp.bytes, res.wrong, oc, res.first, res.got, res.want);
     print_error(std::string(kWho) + ": rank " + std::to_string(r_), buf);
   }
@@ -268,8 +269,8 @@ void Worker::progress(size_t k, size_t total, const SizePoint& sp, bool done) {
 
 int Worker::run() {
   if (o_.nranks > 0 && o_.nranks != n_) {
-    print_error(kWho, "started with -n " + std::to_string(o_.nranks) + " but the job has " + std::to_string(n_) +
-                          " ranks");
+    print_error(kWho,
+                "started with -n " + std::to_string(o_.nranks) + " but the job has " + std::to_string(n_) + " ranks");
     return 1;
   }
   if (info(o_.coll).rooted && o_.root >= n_) {
@@ -317,14 +318,13 @@ int Worker::run() {
                     rows.empty() ? 0.0 : busbw_sum / static_cast<double>(rows.size()), rows.size());
       foot += buf;
     }
-    std::snprintf(buf, sizeof buf,
-                  "# rank 0 counters: %llu ops, %llu B moved directly, %llu B staged, %llu B by CMA\n",
+    std::snprintf(buf, sizeof buf, "# rank 0 counters: %llu ops, %llu B moved directly, %llu B staged, %llu B by CMA\n",
                   static_cast<unsigned long long>(st.ops), static_cast<unsigned long long>(st.direct_bytes),
                   static_cast<unsigned long long>(st.staged_bytes), static_cast<unsigned long long>(st.cma_bytes));
     foot += buf;
     if (!o_.check || o_.coll == Coll::Barrier) foot += "# check: not done\n";
-    else if (failed_sizes) foot += "# check: FAIL at " + std::to_string(failed_sizes) + " of " +
-                                   std::to_string(rows.size()) + " sizes\n";
+    else if (failed_sizes)
+      foot += "# check: FAIL at " + std::to_string(failed_sizes) + " of " + std::to_string(rows.size()) + " sizes\n";
     else foot += "# check: all " + std::to_string(rows.size()) + " sizes ok\n";
     write_all(out_fd_, foot);
 
@@ -439,8 +439,12 @@ int launch(const Options& o, int argc, char** argv) {
   // the progress there, unprefixed.
   int out_fd = ::fcntl(STDOUT_FILENO, F_DUPFD, 10);
   int err_fd = ::fcntl(STDERR_FILENO, F_DUPFD, 10);
-  std::vector<std::string> args = {"run",  "-n",    std::to_string(o.nranks),
-                                   "--",   exe,     "bench",
+  std::vector<std::string> args = {"run",
+                                   "-n",
+                                   std::to_string(o.nranks),
+                                   "--",
+                                   exe,
+                                   "bench",
                                    "--worker-fds=" + std::to_string(out_fd) + "," + std::to_string(err_fd)};
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
   if (temp_json) args.push_back("--json=" + json);

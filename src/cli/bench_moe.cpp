@@ -59,8 +59,11 @@ int worker(const MoeOptions& o) {
   for (const Case& c : cases(o.quick)) {
     if (!o.only.empty() && o.only != c.phase) continue;
     Inputs in = make_inputs(c, me);
-    moe::Buffer buf(comm, {.num_experts = c.experts, .hidden = c.hidden, .max_tokens = c.max_tokens,
-                           .topk = c.topk, .dtype = DataType::BFloat16});
+    moe::Buffer buf(comm, {.num_experts = c.experts,
+                           .hidden = c.hidden,
+                           .max_tokens = c.max_tokens,
+                           .topk = c.topk,
+                           .dtype = DataType::BFloat16});
     std::vector<uint16_t> out(c.tokens * c.hidden);
     std::vector<moe::Schedule> scheds = {moe::Schedule::Prefill, moe::Schedule::Relay};
     if (c.phase == "decode") scheds.insert(scheds.begin(), moe::Schedule::Decode);
@@ -86,7 +89,8 @@ int worker(const MoeOptions& o) {
         std::string why;
         if (i + 1 == c.warmup + c.iters && !check_identity(c, in, out.data(), why)) {
           bad[k] = 1;
-          print_error(kWho, "rank " + std::to_string(me) + ": wrong result (" + moe::to_string(scheds[k]) + "): " + why);
+          print_error(kWho,
+                      "rank " + std::to_string(me) + ": wrong result (" + moe::to_string(scheds[k]) + "): " + why);
         }
       }
     }
@@ -177,7 +181,13 @@ int bench_moe_main(int argc, char** argv) {
   exe[len] = '\0';
   int out_fd = ::fcntl(STDOUT_FILENO, F_DUPFD, 10);
   int err_fd = ::fcntl(STDERR_FILENO, F_DUPFD, 10);
-  std::vector<std::string> args = {"run", "-n", std::to_string(o.nranks), "--", exe, "bench", "moe",
+  std::vector<std::string> args = {"run",
+                                   "-n",
+                                   std::to_string(o.nranks),
+                                   "--",
+                                   exe,
+                                   "bench",
+                                   "moe",
                                    "--worker-fds=" + std::to_string(out_fd) + "," + std::to_string(err_fd)};
   args.insert(args.end(), pass.begin(), pass.end());
   std::vector<char*> run_argv;

@@ -138,8 +138,8 @@ inline void format_row(const Case& c, int R, const std::string& method, double d
                 "{\"phase\": \"%s\", \"ranks\": %d, \"tokens\": %zu, \"hidden\": %zu, \"topk\": %d, \"experts\": %d, "
                 "\"dtype\": \"bfloat16\", \"method\": \"%s\", \"dispatch_us\": %.3f, \"combine_us\": %.3f, "
                 "\"dispatch_gbs\": %.4f, \"combine_gbs\": %.4f}\n",
-                c.phase.c_str(), R, c.tokens, c.hidden, c.topk, c.experts, method.c_str(), d_us, c_us,
-                gbs(bytes, d_us), gbs(bytes, c_us));
+                c.phase.c_str(), R, c.tokens, c.hidden, c.topk, c.experts, method.c_str(), d_us, c_us, gbs(bytes, d_us),
+                gbs(bytes, c_us));
   json = b;
 }
 

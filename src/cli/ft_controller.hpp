@@ -19,8 +19,8 @@
 namespace strata::cli {
 
 struct FtOptions {
-  int max_failures = 3;                           // failures (ranks) replaced before giving up
-  bool restart_all = false;                       // baseline: restart every rank (torchrun-like)
+  int max_failures = 3;      // failures (ranks) replaced before giving up
+  bool restart_all = false;  // baseline: restart every rank (torchrun-like)
   std::chrono::milliseconds heartbeat_interval{100};
   std::chrono::milliseconds heartbeat_timeout{1000};
 };

@@ -79,17 +79,19 @@ Result<std::unique_ptr<NodeLink>> NodeLink::connect(const NodeSpec& spec, const 
   std::unique_ptr<NodeLink> link(new NodeLink(spec));
   Deadline until = Deadline::after(spec.rdzv_timeout);
   for (;;) {
-    auto client = bootstrap::StoreClient::connect(spec.store, spec.token, Deadline::after(std::min(kSlice, until.remaining())));
+    auto client =
+        bootstrap::StoreClient::connect(spec.store, spec.token, Deadline::after(std::min(kSlice, until.remaining())));
     if (client.is_ok()) {
       link->client_ = std::move(*client);
       return link;
     }
     if (client.status().code() != Code::Unavailable && client.status().code() != Code::Timeout)
       return client.status().with_context("the store of node 0 at " + spec.store.to_string() + ": ");
-    if (auto why = interrupted()) return aborted(*why + " while connecting to the store of node 0 at " + spec.store.to_string());
+    if (auto why = interrupted())
+      return aborted(*why + " while connecting to the store of node 0 at " + spec.store.to_string());
     if (until.expired())
       return client.status().with_context("cannot reach the store of node 0 at " + spec.store.to_string() + " within " +
-                                           seconds_text(spec.rdzv_timeout) + ": ");
+                                          seconds_text(spec.rdzv_timeout) + ": ");
   }
 }
 
@@ -108,7 +110,8 @@ Result<World> NodeLink::rendezvous(int master_port, const std::string& job_id, c
   auto& store = *client_;
   if (s.node_rank == 0) STRATA_RETURN_IF_ERROR(store.set(kJobKey, job_id + "\n" + std::to_string(master_port)));
 
-  std::string mine = std::to_string(s.local_size) + "\n" + std::to_string(s.nnodes) + "\n" + s.node_name + "\n" + s.host_id;
+  std::string mine =
+      std::to_string(s.local_size) + "\n" + std::to_string(s.nnodes) + "\n" + s.node_name + "\n" + s.host_id;
   STRATA_ASSIGN_OR_RETURN(std::string got, store.compare_set(node_key(s.node_rank), "", mine));
   if (got != mine) {
     auto other = split_lines(got, 4);
@@ -134,8 +137,8 @@ Result<World> NodeLink::rendezvous(int master_port, const std::string& job_id, c
       if (v.is_ok() && !v->has_value()) missing.push_back(i);
     }
     return timeout_error("node(s) " + node_list(missing) + " of " + std::to_string(s.nnodes) + " did not join within " +
-                         seconds_text(s.rdzv_timeout) + " (is 'strata run --node-rank N' running there, with the same " +
-                         "--store and token?)");
+                         seconds_text(s.rdzv_timeout) +
+                         " (is 'strata run --node-rank N' running there, with the same " + "--store and token?)");
   }
 
   World w;
@@ -342,8 +345,9 @@ void NodeLink::monitor() {
       auto silent = std::chrono::duration_cast<milliseconds>(now - last_ok);
       if (silent >= spec_.agent_timeout) {
         JobEvent e{JobEvent::Kind::LostStore, 1, 0,
-                   "lost the store of node 0 at " + spec_.store.to_string() + " (no answer for " + seconds_text(silent) +
-                       ": " + last_error.message() + "); node 0 is down or this host is cut off"};
+                   "lost the store of node 0 at " + spec_.store.to_string() + " (no answer for " +
+                       seconds_text(silent) + ": " + last_error.message() +
+                       "); node 0 is down or this host is cut off"};
         {
           std::lock_guard lk(mu_);
           final_seen_ = true;
@@ -356,7 +360,8 @@ void NodeLink::monitor() {
       }
     }
     std::unique_lock lk(mu_);
-    cv_.wait_for(lk, interval, [&] { return quit_ || (failure_to_publish_ && !failure) || (done_to_publish_ && !done); });
+    cv_.wait_for(lk, interval,
+                 [&] { return quit_ || (failure_to_publish_ && !failure) || (done_to_publish_ && !done); });
   }
 }
 

@@ -113,9 +113,9 @@ class NodeLink {
   std::vector<JobEvent> events_;
   std::optional<std::pair<int, std::string>> failure_to_publish_;
   bool done_to_publish_ = false;
-  bool final_seen_ = false;     // the monitor read a final state (or lost the store)
+  bool final_seen_ = false;  // the monitor read a final state (or lost the store)
   bool quit_ = false;
-  bool published_ = false;      // the last report reached the store
+  bool published_ = false;         // the last report reached the store
   std::vector<int> silent_nodes_;  // node 0: agents it declared gone (they will not leave)
 };
 

@@ -98,12 +98,14 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
     } else if (take_option(argc, argv, i, {"--max-failures"}, value, error)) {
       if (!error.empty()) return usage_error(error);
       auto k = parse_int(value);
-      if (!k || *k < 0 || *k > 1'000'000) return usage_error("--max-failures must be a number >= 0, got '" + value + "'");
+      if (!k || *k < 0 || *k > 1'000'000)
+        return usage_error("--max-failures must be a number >= 0, got '" + value + "'");
       o.ft_opts.max_failures = static_cast<int>(*k);
     } else if (take_option(argc, argv, i, {"--nnodes"}, value, error)) {
       if (!error.empty()) return usage_error(error);
       auto n = parse_int(value);
-      if (!n || *n < 1 || *n > 65536) return usage_error("--nnodes must be a number of nodes >= 1, got '" + value + "'");
+      if (!n || *n < 1 || *n > 65536)
+        return usage_error("--nnodes must be a number of nodes >= 1, got '" + value + "'");
       o.nnodes = static_cast<int>(*n);
     } else if (take_option(argc, argv, i, {"--node-rank", "--node_rank"}, value, error)) {
       if (!error.empty()) return usage_error(error);
@@ -145,8 +147,9 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
     if (o.port != 0) return usage_error("--port is for single-node jobs; give the port in --store ADDR:PORT");
     if (!o.token) o.token = Env::get().job_token;
     if (o.token->empty() && *o.nnodes > 1)
-      return usage_error("a multi-node job needs a token shared by all nodes: pass --token T or set "
-                         "STRATA_JOB_TOKEN (e.g. to the output of 'openssl rand -hex 16') on every node");
+      return usage_error(
+          "a multi-node job needs a token shared by all nodes: pass --token T or set "
+          "STRATA_JOB_TOKEN (e.g. to the output of 'openssl rand -hex 16') on every node");
   }
   if (o.ft && o.nnodes && *o.nnodes > 1)
     return usage_error("--ft runs within one host so far; it cannot be combined with --nnodes > 1");

@@ -23,8 +23,6 @@ void heap_free(const std::shared_ptr<ContextImpl>& ctx, void* p, bool symmetric)
 
 void throw_invalid(const std::string& message) { throw Error(Code::InvalidArgument, message); }
 
-
-
 namespace {
 
 void engine_loop(CommImpl* c) {
@@ -123,8 +121,10 @@ Status send_done(CommImpl& c, int peer, uint32_t s, Deadline d, bool block) {
     STRATA_RETURN_IF_ERROR(c.broken());
     Status st = transport::wait_reached(done, s, c.policy(d), "send");
     if (!st.is_ok()) {
-      Status full(st.code(), st.message() + " on rank " + std::to_string(c.rank) + " waiting for rank " +
-                                 std::to_string(peer) + " to receive", peer);
+      Status full(st.code(),
+                  st.message() + " on rank " + std::to_string(c.rank) + " waiting for rank " + std::to_string(peer) +
+                      " to receive",
+                  peer);
       if (st.code() != Code::Timeout) c.set_broken(full);
       return full;
     }
@@ -206,8 +206,10 @@ Status do_recv(CommImpl& c, const Op& op) {
   const CtrlView& sv = c.peers[peer];
   Status st = transport::wait_reached(sv.send_posted(c.rank), r, c.policy(d), "recv");
   if (!st.is_ok()) {
-    Status full(st.code(), st.message() + " on rank " + std::to_string(c.rank) + " waiting for a send from rank " +
-                               std::to_string(peer), peer);
+    Status full(
+        st.code(),
+        st.message() + " on rank " + std::to_string(c.rank) + " waiting for a send from rank " + std::to_string(peer),
+        peer);
     if (st.code() != Code::Timeout) c.set_broken(full);
     return full;
   }
@@ -339,7 +341,8 @@ int Communicator::local_size() const {
 }
 int Communicator::global_rank(int r) const {
   auto& c = need_impl(impl_);
-  if (r < 0 || r >= c.size) throw Error(Code::InvalidArgument, "global_rank: rank " + std::to_string(r) + " out of range");
+  if (r < 0 || r >= c.size)
+    throw Error(Code::InvalidArgument, "global_rank: rank " + std::to_string(r) + " out of range");
   return c.members[r];
 }
 std::chrono::milliseconds Communicator::timeout() const { return need_impl(impl_).timeout; }
@@ -390,7 +393,8 @@ void run_blocking(const std::shared_ptr<detail::CommImpl>& impl, Op op) {
       Work(w).wait();
       return;
     }
-    throw_if_error(detail::execute(c, [&] { return c.net ? detail::recv_net(c, op) : detail::do_recv(c, op); }), c.rank);
+    throw_if_error(detail::execute(c, [&] { return c.net ? detail::recv_net(c, op) : detail::do_recv(c, op); }),
+                   c.rank);
     return;
   }
   throw_if_error(detail::validate(c, op), c.rank);
@@ -408,9 +412,8 @@ Work run_async(const std::shared_ptr<detail::CommImpl>& impl, Op op) {
   if (op.kind == OpKind::Recv) {
     throw_if_error(detail::check_p2p(c, op, "recv"), c.rank);
     auto keep = impl;
-    return Work(detail::submit(c, [keep, op]() mutable {
-      return keep->net ? detail::recv_net(*keep, op) : detail::do_recv(*keep, op);
-    }));
+    return Work(detail::submit(
+        c, [keep, op]() mutable { return keep->net ? detail::recv_net(*keep, op) : detail::do_recv(*keep, op); }));
   }
   throw_if_error(detail::validate(c, op), c.rank);
   auto keep = impl;
@@ -435,13 +438,9 @@ std::vector<size_t> vec_of(const size_t* p, int n) {
 
 }  // namespace
 
-#define STRATA_BOTH(name, ...)                                     \
-  void Communicator::name(STRATA_PARAMS_##name) {                  \
-    run_blocking(impl_, __VA_ARGS__);                              \
-  }                                                                \
-  Work Communicator::name##_async(STRATA_PARAMS_##name) {          \
-    return run_async(impl_, __VA_ARGS__);                          \
-  }
+#define STRATA_BOTH(name, ...)                                                        \
+  void Communicator::name(STRATA_PARAMS_##name) { run_blocking(impl_, __VA_ARGS__); } \
+  Work Communicator::name##_async(STRATA_PARAMS_##name) { return run_async(impl_, __VA_ARGS__); }
 
 #define STRATA_PARAMS_all_reduce const void *in, void *out, size_t count, DataType dt, ReduceOp op, const CollOptions &o
 STRATA_BOTH(all_reduce, [&] {
@@ -449,7 +448,8 @@ STRATA_BOTH(all_reduce, [&] {
   x.rop = op;
   return x;
 }())
-#define STRATA_PARAMS_reduce const void *in, void *out, size_t count, DataType dt, ReduceOp op, int root, const CollOptions &o
+#define STRATA_PARAMS_reduce \
+  const void *in, void *out, size_t count, DataType dt, ReduceOp op, int root, const CollOptions &o
 STRATA_BOTH(reduce, [&] {
   Op x = make(OpKind::Reduce, in, out, count, dt, o);
   x.rop = op;
@@ -470,7 +470,8 @@ STRATA_BOTH(all_gather_v, [&] {
   x.counts = vec_of(counts, size());
   return x;
 }())
-#define STRATA_PARAMS_reduce_scatter const void *in, void *out, size_t count, DataType dt, ReduceOp op, const CollOptions &o
+#define STRATA_PARAMS_reduce_scatter \
+  const void *in, void *out, size_t count, DataType dt, ReduceOp op, const CollOptions &o
 STRATA_BOTH(reduce_scatter, [&] {
   Op x = make(OpKind::ReduceScatter, in, out, count, dt, o);
   x.rop = op;
@@ -486,7 +487,7 @@ STRATA_BOTH(reduce_scatter_v, [&] {
 }())
 #define STRATA_PARAMS_all_to_all const void *in, void *out, size_t count, DataType dt, const CollOptions &o
 STRATA_BOTH(all_to_all, make(OpKind::AllToAll, in, out, count, dt, o))
-#define STRATA_PARAMS_all_to_all_v                                                                  \
+#define STRATA_PARAMS_all_to_all_v                                                                            \
   const void *in, const size_t *send_counts, const size_t *send_displs, void *out, const size_t *recv_counts, \
       const size_t *recv_displs, DataType dt, const CollOptions &o
 STRATA_BOTH(all_to_all_v, [&] {
@@ -509,7 +510,7 @@ STRATA_BOTH(scatter, [&] {
   x.root = root;
   return x;
 }())
-#define STRATA_PARAMS_barrier const CollOptions &o
+#define STRATA_PARAMS_barrier const CollOptions& o
 STRATA_BOTH(barrier, make(OpKind::Barrier, nullptr, nullptr, 0, DataType::UInt8, o))
 #define STRATA_PARAMS_send const void *buf, size_t count, DataType dt, int peer, int tag, const CollOptions &o
 STRATA_BOTH(send, [&] {
@@ -588,8 +589,9 @@ Communicator Communicator::split(int color, int key) const {
   void* ctrl = nullptr;
   memory::SegRef ref{};
   if (color >= 0) {
-    ctrl = spans ? value_or_throw(detail::new_ctrl_block(*c.ctx, local_rank, static_cast<int>(local_order.size())), c.rank)
-                 : value_or_throw(detail::new_ctrl_block(*c.ctx, new_rank, n), c.rank);
+    ctrl =
+        spans ? value_or_throw(detail::new_ctrl_block(*c.ctx, local_rank, static_cast<int>(local_order.size())), c.rank)
+              : value_or_throw(detail::new_ctrl_block(*c.ctx, new_rank, n), c.rank);
     ref = *c.ctx->heap->locate(ctrl, 1);
   }
   auto refs_all = gather_records(impl_, ref);
@@ -603,8 +605,8 @@ Communicator Communicator::split(int color, int key) const {
   if (spans) {
     std::vector<memory::SegRef> lrefs(local_order.size());
     for (size_t i = 0; i < local_order.size(); ++i) lrefs[i] = refs_all[local_order[i]];
-    return Communicator(value_or_throw(detail::make_net_comm(c.ctx, std::move(id), std::move(members), new_rank, ctrl, lrefs, d),
-                                       c.rank));
+    return Communicator(value_or_throw(
+        detail::make_net_comm(c.ctx, std::move(id), std::move(members), new_rank, ctrl, lrefs, d), c.rank));
   }
   std::vector<memory::SegRef> refs(n);
   for (int i = 0; i < n; ++i) refs[i] = refs_all[order[i]];
@@ -674,14 +676,18 @@ Communicator init(const InitOptions& opts) {
   ctx->timeout = opts.timeout.count() > 0 ? opts.timeout : ctx->env.timeout;
   if (!ctx->job.store.empty()) {
     auto addr = value_or_throw(bootstrap::StoreAddress::parse(ctx->job.store), rank);
-    auto client = bootstrap::StoreClient::connect(addr, ctx->job.token, Deadline::after(ctx->env.store_connect_timeout));
+    auto client =
+        bootstrap::StoreClient::connect(addr, ctx->job.token, Deadline::after(ctx->env.store_connect_timeout));
     ctx->store = std::shared_ptr<bootstrap::StoreClient>(value_or_throw(std::move(client), rank));
     ctx->store->set_reconnect_timeout(ctx->env.store_connect_timeout);
   } else if (ctx->job.world_size > 1) {
-    throw Error(Code::InvalidArgument, "init: a job of " + std::to_string(ctx->job.world_size) +
-                                           " ranks needs a store (STRATA_STORE or MASTER_ADDR/MASTER_PORT)", rank);
+    throw Error(Code::InvalidArgument,
+                "init: a job of " + std::to_string(ctx->job.world_size) +
+                    " ranks needs a store (STRATA_STORE or MASTER_ADDR/MASTER_PORT)",
+                rank);
   }
-  ctx->heap = value_or_throw(memory::Heap::create(memory::HeapOptions::from_env(ctx->env), ctx->job.job_id, rank), rank);
+  ctx->heap =
+      value_or_throw(memory::Heap::create(memory::HeapOptions::from_env(ctx->env), ctx->job.job_id, rank), rank);
   throw_if_error(detail::start_recovery_services(ctx), rank);
   return Communicator(value_or_throw(detail::make_world(ctx), rank));
 }

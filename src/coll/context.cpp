@@ -297,8 +297,9 @@ Status ensure_net(ContextImpl& ctx) {
                                                            *ctx.heap, ctx.timeout, ctx.env));
   return Status::ok();
 #else
-  return unavailable("ranks on different hosts need the UCX transport, which this build does not have "
-                     "(install libucx-dev and rebuild with -DSTRATA_WITH_UCX=ON)");
+  return unavailable(
+      "ranks on different hosts need the UCX transport, which this build does not have "
+      "(install libucx-dev and rebuild with -DSTRATA_WITH_UCX=ON)");
 #endif
 }
 
@@ -369,8 +370,7 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
     for (int r = 0; r < n; ++r) {
       if (r == me) continue;
       auto v = ctx->store->get(world_key(*ctx, r), ctx->timeout);
-      if (!v.is_ok())
-        return v.status().with_context("waiting for rank " + std::to_string(r) + " to join the job: ");
+      if (!v.is_ok()) return v.status().with_context("waiting for rank " + std::to_string(r) + " to join the job: ");
       STRATA_ASSIGN_OR_RETURN(WorldRecord w, parse_world_record(v.value()));
       refs[r] = w.ctrl;
       ctx->hosts[r] = w.host;

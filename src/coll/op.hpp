@@ -11,8 +11,21 @@
 namespace strata::coll {
 
 enum class OpKind : uint8_t {
-  AllReduce, Reduce, Broadcast, AllGather, AllGatherV, ReduceScatter, ReduceScatterV,
-  AllToAll, AllToAllV, Gather, Scatter, Barrier, Send, Recv, Internal
+  AllReduce,
+  Reduce,
+  Broadcast,
+  AllGather,
+  AllGatherV,
+  ReduceScatter,
+  ReduceScatterV,
+  AllToAll,
+  AllToAllV,
+  Gather,
+  Scatter,
+  Barrier,
+  Send,
+  Recv,
+  Internal
 };
 const char* to_string(OpKind k);
 inline bool reducing(OpKind k) {
@@ -36,11 +49,11 @@ struct Op {
   int tag = 0;
   const void* in = nullptr;
   void* out = nullptr;
-  size_t count = 0;                // elements (meaning depends on kind, see Communicator)
-  std::vector<size_t> counts;      // all_gather_v / reduce_scatter_v block counts; a2av send counts
-  std::vector<size_t> sdispls;     // a2av send displacements
-  std::vector<size_t> rcounts;     // a2av recv counts
-  std::vector<size_t> rdispls;     // a2av recv displacements
+  size_t count = 0;             // elements (meaning depends on kind, see Communicator)
+  std::vector<size_t> counts;   // all_gather_v / reduce_scatter_v block counts; a2av send counts
+  std::vector<size_t> sdispls;  // a2av send displacements
+  std::vector<size_t> rcounts;  // a2av recv counts
+  std::vector<size_t> rdispls;  // a2av recv displacements
   CollOptions opts;
 };
 

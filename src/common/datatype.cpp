@@ -60,8 +60,7 @@ const char* to_string(Code c) {
 }
 
 bool is_floating(DataType t) {
-  return t == DataType::Float16 || t == DataType::BFloat16 || t == DataType::Float32 ||
-         t == DataType::Float64;
+  return t == DataType::Float16 || t == DataType::BFloat16 || t == DataType::Float32 || t == DataType::Float64;
 }
 
 float to_float(bfloat16_t h) {
@@ -114,7 +113,7 @@ float16_t to_float16(float f) {
     return {static_cast<uint16_t>(sign | 0x7c00u | (absu > 0x7f800000u ? 0x200u : 0u))};
   }
   if (absu >= 0x477ff000u) return {static_cast<uint16_t>(sign | 0x7c00u)};  // rounds to inf
-  if (absu < 0x38800000u) {  // result is subnormal or zero
+  if (absu < 0x38800000u) {                                                 // result is subnormal or zero
     if (absu < 0x33000000u) return {static_cast<uint16_t>(sign)};
     uint32_t e = absu >> 23;
     uint32_t man = (absu & 0x7fffffu) | 0x800000u;

@@ -1,7 +1,7 @@
 #include "common/log.hpp"
 
-#include <cstdio>
 #include <unistd.h>
+#include <cstdio>
 
 #include "common/env.hpp"
 

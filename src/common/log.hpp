@@ -13,11 +13,11 @@ void write(Level l, const std::string& msg);
 
 }  // namespace strata::log
 
-#define STRATA_LOG(level, expr)                                              \
-  do {                                                                       \
-    if (::strata::log::enabled(::strata::log::Level::level)) {               \
-      std::ostringstream strata_log_os_;                                     \
-      strata_log_os_ << expr;                                                \
+#define STRATA_LOG(level, expr)                                                \
+  do {                                                                         \
+    if (::strata::log::enabled(::strata::log::Level::level)) {                 \
+      std::ostringstream strata_log_os_;                                       \
+      strata_log_os_ << expr;                                                  \
       ::strata::log::write(::strata::log::Level::level, strata_log_os_.str()); \
-    }                                                                        \
+    }                                                                          \
   } while (0)

@@ -10,8 +10,7 @@ namespace strata::kernels {
 /// Avg sums and divides by `avg_divisor` (the number of ranks), floating types only.
 /// float16/bfloat16 accumulate in float32 over all sources and are rounded once.
 /// dst may alias any source exactly (not partially overlap).
-void reduce(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int nsrcs, size_t count,
-            int avg_divisor);
+void reduce(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int nsrcs, size_t count, int avg_divisor);
 
 /// Copies bytes; used for every data move so the copy kernel can be tuned in one place.
 void copy(void* dst, const void* src, size_t bytes);

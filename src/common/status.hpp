@@ -15,8 +15,7 @@ namespace strata {
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(Code code, std::string message, int peer = -1)
-      : code_(code), message_(std::move(message)), peer_(peer) {}
+  Status(Code code, std::string message, int peer = -1) : code_(code), message_(std::move(message)), peer_(peer) {}
 
   static Status ok() { return {}; }
   bool is_ok() const { return code_ == Code::Ok; }
@@ -47,7 +46,7 @@ Status errno_status(const char* what, int err);
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}                                     // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) { assert(!status_.is_ok()); }  // NOLINT
   bool is_ok() const { return status_.is_ok(); }
   explicit operator bool() const { return is_ok(); }
@@ -88,5 +87,4 @@ T value_or_throw(Result<T> r, int rank = -1) {
   if (!tmp.is_ok()) return tmp.status();             \
   lhs = std::move(tmp).value()
 
-#define STRATA_ASSIGN_OR_RETURN(lhs, expr) \
-  STRATA_ASSIGN_OR_RETURN_IMPL(STRATA_CONCAT(strata_r_, __LINE__), lhs, expr)
+#define STRATA_ASSIGN_OR_RETURN(lhs, expr) STRATA_ASSIGN_OR_RETURN_IMPL(STRATA_CONCAT(strata_r_, __LINE__), lhs, expr)

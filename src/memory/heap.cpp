@@ -118,7 +118,7 @@ struct Heap::Impl {
   mutable std::atomic<const OwnSeg*> locate_hint{nullptr};
   uint32_t next_id = 1;
   Heap::SegmentListener listener;  // under seg_mu
-  size_t reserved = 0;  // includes segments being created, so that the limit holds
+  size_t reserved = 0;             // includes segments being created, so that the limit holds
   size_t segment_count = 0;
   bool try_huge = false;
   std::atomic<size_t> published_bytes{0};

@@ -129,10 +129,13 @@ void BufferImpl::publish_released(uint32_t s) {
 Status BufferImpl::validate(const void* x, size_t T, const int64_t* idx, const float* w) const {
   const std::string on = " on rank " + std::to_string(me);
   if (T > M)
-    return invalid_argument("moe::dispatch: num_tokens = " + std::to_string(T) + on + " exceeds max_tokens = " +
-                            std::to_string(M));
+    return invalid_argument("moe::dispatch: num_tokens = " + std::to_string(T) + on +
+                            " exceeds max_tokens = " + std::to_string(M));
   if (T && (!x || !idx || !w))
-    return invalid_argument(std::string("moe::dispatch: ") + (!x ? "x" : !idx ? "topk_idx" : "topk_w") +
+    return invalid_argument(std::string("moe::dispatch: ") +
+                            (!x     ? "x"
+                             : !idx ? "topk_idx"
+                                    : "topk_w") +
                             " is null" + on + " with num_tokens = " + std::to_string(T));
   for (size_t t = 0; t < T; ++t) {
     const int64_t* row = idx + t * K;
@@ -237,10 +240,11 @@ Buffer::Buffer(Communicator comm, const Config& cfg) {
     throw Error(Code::InvalidArgument, "moe::Buffer: " + m + " on rank " + std::to_string(me), me);
   };
   if (cfg.num_experts <= 0 || cfg.num_experts % R != 0)
-    bad("num_experts = " + std::to_string(cfg.num_experts) + " is not a positive multiple of the " +
-        std::to_string(R) + " ranks");
+    bad("num_experts = " + std::to_string(cfg.num_experts) + " is not a positive multiple of the " + std::to_string(R) +
+        " ranks");
   if (cfg.topk < 1 || cfg.topk > cfg.num_experts)
-    bad("topk = " + std::to_string(cfg.topk) + " is outside [1, num_experts = " + std::to_string(cfg.num_experts) + "]");
+    bad("topk = " + std::to_string(cfg.topk) + " is outside [1, num_experts = " + std::to_string(cfg.num_experts) +
+        "]");
   if (cfg.hidden == 0) bad("hidden is 0");
   if (cfg.max_tokens == 0) bad("max_tokens is 0");
   if (cfg.expert_alignment == 0) bad("expert_alignment is 0");
@@ -271,8 +275,7 @@ Buffer& Buffer::operator=(Buffer&&) noexcept = default;
 
 const Config& Buffer::config() const { return impl_->cfg; }
 
-Dispatch Buffer::dispatch(const void* x, size_t num_tokens, const int64_t* topk_idx, const float* topk_w,
-                          Schedule s) {
+Dispatch Buffer::dispatch(const void* x, size_t num_tokens, const int64_t* topk_idx, const float* topk_w, Schedule s) {
   if (!impl_) throw Error(Code::InvalidArgument, "moe::Buffer: used after move");
   return value_or_throw(impl_->dispatch(x, num_tokens, topk_idx, topk_w, s), impl_->me);
 }
@@ -293,8 +296,10 @@ void Buffer::check_typed(DataType t, size_t x, size_t idx, size_t w) const {
         strata::to_string(b.cfg.dtype));
   if (x % b.H != 0) bad("x has " + std::to_string(x) + " elements, not a multiple of hidden = " + std::to_string(b.H));
   size_t T = x / b.H;
-  if (idx != T * b.K) bad("topk_idx has " + std::to_string(idx) + " elements, needs num_tokens * topk = " + std::to_string(T * b.K));
-  if (w != T * b.K) bad("topk_w has " + std::to_string(w) + " elements, needs num_tokens * topk = " + std::to_string(T * b.K));
+  if (idx != T * b.K)
+    bad("topk_idx has " + std::to_string(idx) + " elements, needs num_tokens * topk = " + std::to_string(T * b.K));
+  if (w != T * b.K)
+    bad("topk_w has " + std::to_string(w) + " elements, needs num_tokens * topk = " + std::to_string(T * b.K));
 }
 
 void Buffer::check_typed_combine(DataType t, size_t y, const Handle& h, size_t out) const {
@@ -307,9 +312,11 @@ void Buffer::check_typed_combine(DataType t, size_t y, const Handle& h, size_t o
         strata::to_string(b.cfg.dtype));
   if (!h.state) bad("empty handle");
   if (y < h.state->total_rows * b.H)
-    bad("y has " + std::to_string(y) + " elements, needs total_rows * hidden = " + std::to_string(h.state->total_rows * b.H));
+    bad("y has " + std::to_string(y) +
+        " elements, needs total_rows * hidden = " + std::to_string(h.state->total_rows * b.H));
   if (out < h.state->num_tokens * b.H)
-    bad("out has " + std::to_string(out) + " elements, needs num_tokens * hidden = " + std::to_string(h.state->num_tokens * b.H));
+    bad("out has " + std::to_string(out) +
+        " elements, needs num_tokens * hidden = " + std::to_string(h.state->num_tokens * b.H));
 }
 
 }  // namespace strata::moe

@@ -59,8 +59,8 @@ struct MonitorLoop {
     c->epochs.seen_ns.store(recovery::now_ns(), std::memory_order_relaxed);
     c->epochs.latest.store(e, std::memory_order_release);
     auto ranks = recovery::keys::parse_ranks(failed);
-    STRATA_LOG(Info, "rank " << rank << ": the controller announced epoch " << e << " (replacing rank(s) " << failed
-                             << ")");
+    STRATA_LOG(Info,
+               "rank " << rank << ": the controller announced epoch " << e << " (replacing rank(s) " << failed << ")");
     c->revoke_all(peer_failed("rank(s) " + failed + " failed and the job moved to epoch " + std::to_string(e) +
                                   " (seen by rank " + std::to_string(rank) + "); call recover()",
                               ranks.empty() ? -1 : ranks.front()));
@@ -94,8 +94,8 @@ Status start_recovery_services(const std::shared_ptr<ContextImpl>& ctx) {
   if (!ctx->env.ft || !ctx->store) return Status::ok();
   // A connection of its own: the monitor's long waits must not hold up the rank's requests.
   STRATA_ASSIGN_OR_RETURN(auto addr, bootstrap::StoreAddress::parse(ctx->job.store));
-  STRATA_ASSIGN_OR_RETURN(auto client, bootstrap::StoreClient::connect(addr, ctx->job.token,
-                                                                      Deadline::after(ctx->env.store_connect_timeout)));
+  STRATA_ASSIGN_OR_RETURN(auto client, bootstrap::StoreClient::connect(
+                                           addr, ctx->job.token, Deadline::after(ctx->env.store_connect_timeout)));
   client->set_reconnect_timeout(ctx->env.store_connect_timeout);
   const uint64_t epoch = ctx->env.epoch;
   ctx->epochs.latest.store(epoch);

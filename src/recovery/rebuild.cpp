@@ -75,8 +75,8 @@ Status rebuild_world(CommImpl& c, bool fresh) {
     STRATA_ASSIGN_OR_RETURN(auto notice, wait_in_epoch(ctx, recovery::keys::epoch(job, e), e, d, "the epoch notice"));
     if (!notice) continue;
     const std::vector<int> failed = recovery::keys::parse_ranks(*notice);
-    STRATA_LOG(Info, "rank " << me << ": rebuilding the world communicator in epoch " << e << " (replacing "
-                             << *notice << ")");
+    STRATA_LOG(Info, "rank " << me << ": rebuilding the world communicator in epoch " << e << " (replacing " << *notice
+                             << ")");
 
     c.reset_sync_state();
     for (int f : failed) {
@@ -148,7 +148,8 @@ Status rebuild_world(CommImpl& c, bool fresh) {
     // proceeds: the last arrival raises the flag.
     STRATA_ASSIGN_OR_RETURN(int64_t arrived, ctx.store->add(recovery::keys::arrived(job, e), 1));
     if (arrived == n) STRATA_RETURN_IF_ERROR(ctx.store->set(recovery::keys::ready(job, e), "1"));
-    STRATA_ASSIGN_OR_RETURN(auto ready, wait_in_epoch(ctx, recovery::keys::ready(job, e), e, d, "every rank to arrive"));
+    STRATA_ASSIGN_OR_RETURN(auto ready,
+                            wait_in_epoch(ctx, recovery::keys::ready(job, e), e, d, "every rank to arrive"));
     if (!ready) continue;
     const int64_t joined_ns = recovery::now_ns();
 
@@ -197,7 +198,8 @@ Status rebuild_world(CommImpl& c, bool fresh) {
 namespace {
 
 detail::CommImpl& impl_or_throw(const std::shared_ptr<detail::CommImpl>& impl) {
-  if (!impl) throw Error(Code::InvalidArgument, "operation on an invalid (default-constructed or destroyed) communicator");
+  if (!impl)
+    throw Error(Code::InvalidArgument, "operation on an invalid (default-constructed or destroyed) communicator");
   return *impl;
 }
 

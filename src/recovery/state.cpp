@@ -33,7 +33,7 @@ struct Info {
   uint64_t manifest;  // hash of (name, bytes) of every registered buffer, in order
   uint64_t bytes;
   int32_t group;
-  uint32_t fresh;     // a replacement that has not received its state yet
+  uint32_t fresh;  // a replacement that has not received its state yet
 };
 
 // Who sends to whom, decided by rank 0 from every rank's Info. In each replica group the
@@ -141,14 +141,15 @@ void State::restore() {
   comm.broadcast(plan.data(), plan.data(), plan.size(), DataType::Int64, 0);
   if (plan[0] == kMismatch)
     throw Error(Code::InvalidArgument,
-                "recovery::State::restore: rank " + std::to_string(plan[1]) + " registered different buffers than rank " +
-                    std::to_string(plan[2]) +
+                "recovery::State::restore: rank " + std::to_string(plan[1]) +
+                    " registered different buffers than rank " + std::to_string(plan[2]) +
                     " of its replica group; register the same names and sizes in the same order on every replica",
                 me, static_cast<int>(plan[1]));
   if (plan[0] == kNoReplica)
     throw Error(Code::Unavailable,
                 "recovery::State::restore: no healthy replica holds the state of rank(s) " + std::to_string(plan[1]) +
-                    " (replica group " + std::to_string(plan[2]) + "): every member was replaced; a checkpoint is needed",
+                    " (replica group " + std::to_string(plan[2]) +
+                    "): every member was replaced; a checkpoint is needed",
                 me, static_cast<int>(plan[1]));
   const int64_t* donor_of = plan.data() + 3;
   const int donor = static_cast<int>(donor_of[me]);

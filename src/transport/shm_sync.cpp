@@ -74,8 +74,7 @@ Status wait_reached(const Signal& s, uint32_t target, const WaitPolicy& policy, 
     if (reached(v, target)) return Status::ok();
     if (policy.abort && policy.abort->load(std::memory_order_relaxed))
       return aborted(std::string(what) + ": communicator aborted");
-    if (policy.deadline.expired())
-      return timeout_error(std::string(what) + ": timed out");
+    if (policy.deadline.expired()) return timeout_error(std::string(what) + ": timed out");
     if (policy.check && (++checks % 4 == 0 || checks == 1)) {
       Status st = policy.check();
       if (!st.is_ok()) return st;

@@ -22,9 +22,7 @@ struct Signal {
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 /// Counters wrap; compare as serial numbers.
-inline bool reached(uint32_t value, uint32_t target) {
-  return static_cast<int32_t>(value - target) >= 0;
-}
+inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
 
 /// What a wait checks besides its condition.
 struct WaitPolicy {

@@ -125,9 +125,8 @@ TEST(BenchCli, ShortAllReduceSweepChecksEverySizeAndWritesJson) {
   STRATA_REQUIRE_BIN();
   TempDir dir;
   std::string json = dir.path() + "/ar.json";
-  Outcome r = run_cli({"bench", "all_reduce", "-n", "2", "-b", "8", "-e", "64K", "-f", "4", "--iters", "5", "--json",
-                       json},
-                      {}, 60s);
+  Outcome r = run_cli(
+      {"bench", "all_reduce", "-n", "2", "-b", "8", "-e", "64K", "-f", "4", "--iters", "5", "--json", json}, {}, 60s);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   // 8 B .. 64 KiB by 4: 8 32 128 512 2K 8K 32K.
   const std::vector<size_t> sizes = {8, 32, 128, 512, 2048, 8192, 32768};
@@ -157,8 +156,8 @@ TEST(BenchCli, ShortAllReduceSweepChecksEverySizeAndWritesJson) {
   ASSERT_EQ(results.size(), sizes.size());
   for (size_t i = 0; i < results.size(); ++i) {
     const Json& row = results[i];
-    for (const char* k : {"size", "count", "iters", "time_us", "time_min_us", "time_max_us", "algbw_gbs",
-                          "busbw_gbs", "check", "wrong"})
+    for (const char* k : {"size", "count", "iters", "time_us", "time_min_us", "time_max_us", "algbw_gbs", "busbw_gbs",
+                          "check", "wrong"})
       ASSERT_NE(row.get(k), nullptr) << "row " << i << " lacks " << k;
     EXPECT_EQ(std::get<double>(row.get("size")->v), static_cast<double>(sizes[i]));
     EXPECT_EQ(std::get<double>(row.get("count")->v), static_cast<double>(sizes[i] / 4));
@@ -175,8 +174,8 @@ TEST(BenchCli, AllGatherSizeIsTheTotalBuffer) {
   STRATA_REQUIRE_BIN();
   // nccl-tests: for all_gather the size is ranks x per-rank block; 1 KiB fp32 on 2 ranks =
   // 256 elements in all, 128 per rank.
-  Outcome r = run_cli({"bench", "all_gather", "-n", "2", "-b", "1K", "-e", "1K", "--iters", "3", "--repeats", "3"}, {},
-                      60s);
+  Outcome r =
+      run_cli({"bench", "all_gather", "-n", "2", "-b", "1K", "-e", "1K", "--iters", "3", "--repeats", "3"}, {}, 60s);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   bool seen = false;
   for (const auto& l : lines_of(r.out)) {
@@ -197,8 +196,8 @@ TEST(BenchCli, BadCommandLinesAreUsageErrors) {
   Outcome bad = run_cli({"bench", "all_reduse", "-n", "2"});
   EXPECT_EQ(bad.exit_code, 2) << bad.out << bad.err;
   EXPECT_TRUE(contains(bad.err, "unknown collective 'all_reduse'")) << bad.err;
-  EXPECT_EQ(run_cli({"bench", "all_reduce"}).exit_code, 2);                            // no -n
-  EXPECT_EQ(run_cli({"bench", "all_reduce", "-n", "2", "-b", "8X"}).exit_code, 2);     // bad size
+  EXPECT_EQ(run_cli({"bench", "all_reduce"}).exit_code, 2);                         // no -n
+  EXPECT_EQ(run_cli({"bench", "all_reduce", "-n", "2", "-b", "8X"}).exit_code, 2);  // bad size
   EXPECT_EQ(run_cli({"bench", "all_reduce", "-n", "2", "--buffers", "gpu"}).exit_code, 2);
   Outcome help = run_cli({"bench", "--help"});
   EXPECT_EQ(help.exit_code, 0);

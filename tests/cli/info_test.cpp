@@ -17,8 +17,8 @@ TEST(CliInfoTest, PrintsHostIdentityTransportsAndHeapSettings) {
       cma = true;
     if (line.starts_with("  shm") && contains(line, "yes")) shm = true;
     // A UCX build names its version and the settings; a build without says so.
-    if (line.starts_with("  UCX") &&
-        ((contains(line, "UCX 1.") && contains(line, "tcp,self (STRATA_UCX_TLS)")) || contains(line, "not built with UCX")))
+    if (line.starts_with("  UCX") && ((contains(line, "UCX 1.") && contains(line, "tcp,self (STRATA_UCX_TLS)")) ||
+                                      contains(line, "not built with UCX")))
       ucx = true;
   }
   EXPECT_TRUE(host) << r.out;

@@ -47,8 +47,9 @@ class Job {
       std::vector<std::string> run_opts = {})
       : store_("127.0.0.1:" + std::to_string(free_port())) {
     for (size_t i = 0; i < counts.size(); ++i) {
-      std::vector<std::string> args{"run", "--nnodes", std::to_string(counts.size()), "--node-rank", std::to_string(i),
-                                    "--store", store_, "-n", std::to_string(counts[i])};
+      std::vector<std::string> args{
+          "run",  "--nnodes", std::to_string(counts.size()), "--node-rank", std::to_string(i), "--store",
+          store_, "-n",       std::to_string(counts[i])};
       args.insert(args.end(), run_opts.begin(), run_opts.end());
       args.push_back("--");
       args.insert(args.end(), program.begin(), program.end());
@@ -94,9 +95,9 @@ TEST(MultiNodeLauncherTest, RanksAreNumberedByNodeOrderWithUnevenCountsAndPrefix
     std::set<std::string> got(lines.begin(), lines.end()), expected;
     for (size_t l = 0; l < want[n].size(); ++l) {
       int r = want[n][l];
-      expected.insert("[" + host + ":" + std::to_string(r) + "] " + std::to_string(r) + "|5|" + std::to_string(l) + "|" +
-                      std::to_string(want[n].size()) + "|" + std::to_string(n) + "|3|node-" + std::to_string(n) + "|" +
-                      job.store() + "|" + std::to_string(r) + "|5|" + std::to_string(n) + "|127.0.0.1");
+      expected.insert("[" + host + ":" + std::to_string(r) + "] " + std::to_string(r) + "|5|" + std::to_string(l) +
+                      "|" + std::to_string(want[n].size()) + "|" + std::to_string(n) + "|3|node-" + std::to_string(n) +
+                      "|" + job.store() + "|" + std::to_string(r) + "|5|" + std::to_string(n) + "|127.0.0.1");
     }
     EXPECT_EQ(got, expected) << dump(o);
   }
@@ -121,8 +122,9 @@ TEST(MultiNodeLauncherTest, FailedRankStopsEveryNodeAndEveryAgentExitsWithItsCod
   double took = std::chrono::duration<double>(Clock::now() - start).count();
   for (auto& x : o) EXPECT_EQ(x.exit_code, 5) << dump(o);
   EXPECT_LT(took, 5.0) << dump(o);
-  EXPECT_TRUE(std::regex_search(o[1].err, std::regex("rank 2 on .* exited with code 5; stopping the other 1 rank\\(s\\) "
-                                                     "and the ranks on every other node")))
+  EXPECT_TRUE(
+      std::regex_search(o[1].err, std::regex("rank 2 on .* exited with code 5; stopping the other 1 rank\\(s\\) "
+                                             "and the ranks on every other node")))
       << dump(o);
   EXPECT_TRUE(std::regex_search(o[0].err, std::regex("the job failed on node 1 \\(.*\\): rank 2 on .* exited with code "
                                                      "5; stopping the 2 rank\\(s\\) on ")))

@@ -45,7 +45,8 @@ TEST(Forked, CollectivesAcrossProcesses) {
     }
     return c.stats().staged_bytes == 3 * sizeof(int32_t) ? 0 : 2;  // only the vector was staged
   });
-  for (size_t r = 0; r < results.size(); ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
 }
 
 TEST(Forked, RegisteredExternalBuffersMoveByCmaWithoutStaging) {
@@ -64,21 +65,23 @@ TEST(Forked, RegisteredExternalBuffersMoveByCmaWithoutStaging) {
     report = "staged=" + std::to_string(s.staged_bytes) + " cma=" + std::to_string(s.cma_bytes);
     return s.staged_bytes == 0 && s.cma_bytes > 0 ? 0 : 2;
   });
-  for (size_t r = 0; r < results.size(); ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
 }
 
 TEST(Forked, LargeExternalBuffersMoveByCmaWithoutRegistration) {
   auto results = run_forked(2, 10000ms, [](Communicator& c, std::string& report) {
     const size_t n = (size_t{1} << 20) / sizeof(float);  // STRATA_CMA_MIN_BYTES by default
     std::vector<float> in(n, static_cast<float>(c.rank() + 1)), out(n * c.size()), small(16, 1.0f);
-    c.all_gather(in, out);             // peers read `in` by CMA; `out` is written by its owner
-    c.all_to_all(out, out);            // in place: read by CMA, landed in a temporary
-    c.all_reduce(in, ReduceOp::Sum);   // in place, two-shot: input and output by CMA
-    c.broadcast(small, 0);             // small: the root's input is staged
+    c.all_gather(in, out);            // peers read `in` by CMA; `out` is written by its owner
+    c.all_to_all(out, out);           // in place: read by CMA, landed in a temporary
+    c.all_reduce(in, ReduceOp::Sum);  // in place, two-shot: input and output by CMA
+    c.broadcast(small, 0);            // small: the root's input is staged
     Stats s = c.stats();
     // out after all_to_all: block j holds rank j's block c.rank() of the all_gather result,
     // i.e. rank c.rank()'s input.
-    if (in[n - 1] != 3.0f || out[7] != static_cast<float>(c.rank() + 1) || out[n + 7] != static_cast<float>(c.rank() + 1)) {
+    if (in[n - 1] != 3.0f || out[7] != static_cast<float>(c.rank() + 1) ||
+        out[n + 7] != static_cast<float>(c.rank() + 1)) {
       report = "wrong values";
       return 1;
     }
@@ -86,7 +89,8 @@ TEST(Forked, LargeExternalBuffersMoveByCmaWithoutRegistration) {
     const size_t staged = c.rank() == 0 ? small.size() * sizeof(float) : 0;  // only the root's input is read
     return s.staged_bytes == staged && s.cma_bytes > 0 ? 0 : 2;
   });
-  for (size_t r = 0; r < results.size(); ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
 }
 
 /// Ranks loop on large all_reduces; the parent signals rank 1 mid-way. The others must fail

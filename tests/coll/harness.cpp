@@ -81,7 +81,8 @@ Team::Team(int n, std::chrono::milliseconds timeout) : n_(n), impl_(std::make_un
     for (auto& t : starters) t.join();
   }
   for (int r = 0; r < n; ++r)
-    if (!errors[r].empty()) throw std::runtime_error("Team init failed on rank " + std::to_string(r) + ": " + errors[r]);
+    if (!errors[r].empty())
+      throw std::runtime_error("Team init failed on rank " + std::to_string(r) + ": " + errors[r]);
   for (int r = 0; r < n; ++r)
     impl_->threads.emplace_back([this, r] {
       uint64_t seen = 0;

@@ -61,9 +61,9 @@ class ForkedStore {
 };
 
 struct ChildResult {
-  int exit_code = -1;   // -1 when killed by a signal
+  int exit_code = -1;  // -1 when killed by a signal
   int signal = 0;
-  std::string output;   // what the child wrote to its report pipe
+  std::string output;  // what the child wrote to its report pipe
 };
 
 /// Forks a store process and `n` rank processes; rank r runs body(comm, report) where report

@@ -17,19 +17,30 @@
 namespace strata::test {
 namespace {
 
-enum class Kind { AllReduce, Reduce, Broadcast, AllGather, AllGatherV, ReduceScatter, ReduceScatterV, AllToAll,
-                  AllToAllV, Gather, Scatter };
+enum class Kind {
+  AllReduce,
+  Reduce,
+  Broadcast,
+  AllGather,
+  AllGatherV,
+  ReduceScatter,
+  ReduceScatterV,
+  AllToAll,
+  AllToAllV,
+  Gather,
+  Scatter
+};
 const char* kind_name(Kind k) {
-  static const char* names[] = {"AllReduce", "Reduce", "Broadcast", "AllGather", "AllGatherV", "ReduceScatter",
-                                "ReduceScatterV", "AllToAll", "AllToAllV", "Gather", "Scatter"};
+  static const char* names[] = {"AllReduce",      "Reduce",   "Broadcast", "AllGather", "AllGatherV", "ReduceScatter",
+                                "ReduceScatterV", "AllToAll", "AllToAllV", "Gather",    "Scatter"};
   return names[static_cast<int>(k)];
 }
 bool is_reducing(Kind k) {
   return k == Kind::AllReduce || k == Kind::Reduce || k == Kind::ReduceScatter || k == Kind::ReduceScatterV;
 }
 
-const DataType kAllTypes[] = {DataType::Int8,    DataType::UInt8,    DataType::Int32,   DataType::UInt32,
-                              DataType::Int64,   DataType::UInt64,   DataType::Float16, DataType::BFloat16,
+const DataType kAllTypes[] = {DataType::Int8,    DataType::UInt8,  DataType::Int32,   DataType::UInt32,
+                              DataType::Int64,   DataType::UInt64, DataType::Float16, DataType::BFloat16,
                               DataType::Float32, DataType::Float64};
 const ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg};
 
@@ -51,8 +62,8 @@ int64_t gen(int r, size_t i, ReduceOp op, uint64_t salt) {
 /// Element storage as raw bytes of the dtype, and conversions with doubles/int64.
 size_t esz(DataType t) { return dtype_size(t); }
 void put(DataType t, void* base, size_t i, int64_t v) {
-  const bool floating = t == DataType::Float16 || t == DataType::BFloat16 || t == DataType::Float32 ||
-                        t == DataType::Float64;
+  const bool floating =
+      t == DataType::Float16 || t == DataType::BFloat16 || t == DataType::Float32 || t == DataType::Float64;
   // Floats carry quarters to exercise fractions.
   store_element(t, base, i, floating ? static_cast<double>(v) * 0.25 : static_cast<double>(v));
 }
@@ -74,7 +85,7 @@ double int_reduce(DataType t, ReduceOp op, const std::vector<int64_t>& vals) {
     if (bits < 64) u &= (uint64_t{1} << bits) - 1;
     if (is_signed) {
       int64_t s = (bits < 64 && (u >> (bits - 1)) & 1) ? static_cast<int64_t>(u) - (int64_t{1} << bits)
-                                                        : static_cast<int64_t>(u);
+                                                       : static_cast<int64_t>(u);
       return static_cast<double>(s);
     }
     return static_cast<double>(u);
@@ -114,8 +125,10 @@ double reference(DataType t, ReduceOp op, const std::vector<int64_t>& vals) {
 
 /// Tolerance for a floating result: one rounding of the type plus float32 accumulation.
 double tolerance(DataType t, double ref, int n) {
-  double eps = t == DataType::Float16 ? 1.0 / 1024 : t == DataType::BFloat16 ? 1.0 / 128
-             : t == DataType::Float32 ? 1.2e-7 : 2.3e-16;
+  double eps = t == DataType::Float16    ? 1.0 / 1024
+               : t == DataType::BFloat16 ? 1.0 / 128
+               : t == DataType::Float32  ? 1.2e-7
+                                         : 2.3e-16;
   return std::abs(ref) * eps * (1 + n * 1e-3) + 1e-30;
 }
 
@@ -197,7 +210,8 @@ std::string run_case(Communicator& c, const Case& cs) {
       if (cs.kind == Kind::AllReduce) c.all_reduce(src, dst, cnt, dt, cs.op);
       else c.reduce(src, dst, cnt, dt, cs.op, root);
       if (cs.kind == Kind::AllReduce || me == root)
-        for (size_t i = 0; i < cnt && err.empty(); ++i) expect_elem(cs, me, dst, i, reference(dt, cs.op, vals_at(i)), n, err);
+        for (size_t i = 0; i < cnt && err.empty(); ++i)
+          expect_elem(cs, me, dst, i, reference(dt, cs.op, vals_at(i)), n, err);
       break;
     }
     case Kind::Broadcast: {
@@ -207,7 +221,8 @@ std::string run_case(Communicator& c, const Case& cs) {
       if (me == root)
         for (size_t i = 0; i < cnt; ++i) put(dt, src, i, gen(root, i, cs.op, salt));
       c.broadcast(src, dst, cnt, dt, root);
-      for (size_t i = 0; i < cnt && err.empty(); ++i) expect_elem(cs, me, dst, i, stored(dt, gen(root, i, cs.op, salt)), n, err);
+      for (size_t i = 0; i < cnt && err.empty(); ++i)
+        expect_elem(cs, me, dst, i, stored(dt, gen(root, i, cs.op, salt)), n, err);
       break;
     }
     case Kind::AllGather:
@@ -266,7 +281,8 @@ std::string run_case(Communicator& c, const Case& cs) {
       if (cs.kind == Kind::AllToAll) c.all_to_all(in.p, dst, cnt, dt);
       else c.all_to_all_v(in.p, sc.data(), sd.data(), dst, rc.data(), rd.data(), dt);
       for (int j = 0; j < n && err.empty(); ++j)
-        for (size_t i = 0; i < rc[j] && err.empty(); ++i) expect_elem(cs, me, dst, rd[j] + i, stored(dt, code(j, me, i)), n, err);
+        for (size_t i = 0; i < rc[j] && err.empty(); ++i)
+          expect_elem(cs, me, dst, rd[j] + i, stored(dt, code(j, me, i)), n, err);
       break;
     }
     case Kind::Gather: {
@@ -331,9 +347,9 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
   return std::string(kind_name(kind)) + "_w" + std::to_string(world) + "_" + to_string(dt);
 }
 
-const Kind kAllKinds[] = {Kind::AllReduce,      Kind::Reduce,   Kind::Broadcast, Kind::AllGather,
-                          Kind::AllGatherV,     Kind::ReduceScatter, Kind::ReduceScatterV, Kind::AllToAll,
-                          Kind::AllToAllV,      Kind::Gather,   Kind::Scatter};
+const Kind kAllKinds[] = {Kind::AllReduce,  Kind::Reduce,        Kind::Broadcast,      Kind::AllGather,
+                          Kind::AllGatherV, Kind::ReduceScatter, Kind::ReduceScatterV, Kind::AllToAll,
+                          Kind::AllToAllV,  Kind::Gather,        Kind::Scatter};
 
 INSTANTIATE_TEST_SUITE_P(All, CollMatrix,
                          ::testing::Combine(::testing::ValuesIn(kAllKinds), ::testing::Values(1, 2, 3, 4, 8),
@@ -355,8 +371,7 @@ TEST_P(CollLarge, OddCountNearOneMillion) {
                       Where::Registered});
 }
 
-INSTANTIATE_TEST_SUITE_P(All, CollLarge,
-                         ::testing::Combine(::testing::ValuesIn(kAllKinds), ::testing::Values(2, 3, 8)),
+INSTANTIATE_TEST_SUITE_P(All, CollLarge, ::testing::Combine(::testing::ValuesIn(kAllKinds), ::testing::Values(2, 3, 8)),
                          [](const ::testing::TestParamInfo<LargeParam>& info) {
                            return std::string(kind_name(std::get<0>(info.param))) + "_w" +
                                   std::to_string(std::get<1>(info.param));

@@ -37,7 +37,7 @@ TEST(ZeroCopy, HeapBuffersAreNeverStaged) {
     Stats before = c.stats();
     CollOptions two_shot;
     two_shot.algorithm = Algorithm::TwoShot;
-    c.all_reduce(a, ReduceOp::Sum, two_shot);                      // in place, two-shot
+    c.all_reduce(a, ReduceOp::Sum, two_shot);                               // in place, two-shot
     c.all_reduce(a.data(), b.data(), n, DataType::Float32, ReduceOp::Sum);  // out of place
     c.all_gather(a, b);
     c.reduce_scatter(b, a, ReduceOp::Max);
@@ -168,12 +168,9 @@ TEST(Mismatch, DtypeAndRootAndKind) {
       try {
         if (variant == 0)
           c.all_reduce(buf.data(), buf.data(), 16, c.rank() ? DataType::Int32 : DataType::Float32, ReduceOp::Sum);
-        else if (variant == 1)
-          c.broadcast(buf.data(), buf.data(), 16, DataType::Int32, c.rank());
-        else if (c.rank() == 0)
-          c.all_gather(buf.data(), buf.data() + 32, 16, DataType::Int32);
-        else
-          c.all_reduce(buf.data(), buf.data(), 16, DataType::Int32, ReduceOp::Sum);
+        else if (variant == 1) c.broadcast(buf.data(), buf.data(), 16, DataType::Int32, c.rank());
+        else if (c.rank() == 0) c.all_gather(buf.data(), buf.data() + 32, 16, DataType::Int32);
+        else c.all_reduce(buf.data(), buf.data(), 16, DataType::Int32, ReduceOp::Sum);
       } catch (const Error& e) {
         std::string m = e.what();
         bool names = m.find("rank 0") != std::string::npos && m.find("rank 1") != std::string::npos;
@@ -202,26 +199,37 @@ TEST(InvalidArgument, BadCallsAreRejectedWithAMessage) {
       }
       throw std::runtime_error(std::string(what) + ": no error");
     };
-    expect_invalid("null", [&] { c.all_reduce(nullptr, buf.data(), 8, DataType::Float32, ReduceOp::Sum); }, "null");
-    expect_invalid("overflow",
-                   [&] { c.all_reduce(buf.data(), buf.data(), SIZE_MAX / 2, DataType::Float32, ReduceOp::Sum); },
-                   "overflow");
-    expect_invalid("root", [&] { c.broadcast(buf, 5); }, "root 5");
-    expect_invalid("peer", [&] { c.send(buf, -1); }, "peer -1");
-    expect_invalid("avg on ints", [&] {
-      std::vector<int32_t> v(4);
-      c.all_reduce(v, ReduceOp::Avg);
-    }, "avg");
-    expect_invalid("too small", [&] {
-      std::vector<float> out(3);
-      c.all_gather(buf, out);
-    }, "needs 16");
-    expect_invalid("view", [&] { buf.view(4, 8); }, "outside");
-    expect_invalid("overlap", [&] { c.all_reduce(buf.data(), buf.data() + 1, 4, DataType::Float32, ReduceOp::Sum); },
-                   "overlap");
-    expect_invalid("past heap segment", [&] {
-      c.all_reduce(buf.data(), buf.data(), size_t{1} << 40, DataType::Float32, ReduceOp::Sum);
-    }, "past the end");
+    expect_invalid(
+        "null", [&] { c.all_reduce(nullptr, buf.data(), 8, DataType::Float32, ReduceOp::Sum); }, "null");
+    expect_invalid(
+        "overflow", [&] { c.all_reduce(buf.data(), buf.data(), SIZE_MAX / 2, DataType::Float32, ReduceOp::Sum); },
+        "overflow");
+    expect_invalid(
+        "root", [&] { c.broadcast(buf, 5); }, "root 5");
+    expect_invalid(
+        "peer", [&] { c.send(buf, -1); }, "peer -1");
+    expect_invalid(
+        "avg on ints",
+        [&] {
+          std::vector<int32_t> v(4);
+          c.all_reduce(v, ReduceOp::Avg);
+        },
+        "avg");
+    expect_invalid(
+        "too small",
+        [&] {
+          std::vector<float> out(3);
+          c.all_gather(buf, out);
+        },
+        "needs 16");
+    expect_invalid(
+        "view", [&] { buf.view(4, 8); }, "outside");
+    expect_invalid(
+        "overlap", [&] { c.all_reduce(buf.data(), buf.data() + 1, 4, DataType::Float32, ReduceOp::Sum); }, "overlap");
+    expect_invalid(
+        "past heap segment",
+        [&] { c.all_reduce(buf.data(), buf.data(), size_t{1} << 40, DataType::Float32, ReduceOp::Sum); },
+        "past the end");
   }));
 }
 
@@ -238,7 +246,8 @@ TEST(InvalidArgument, BufferOfAnotherCommunicator) {
       try {
         c.all_reduce(rank0_buf.load(), buf.data(), 8, DataType::Float32, ReduceOp::Sum);
       } catch (const Error& e) {
-        if (e.code() == Code::InvalidArgument && std::string(e.what()).find("another communicator") != std::string::npos)
+        if (e.code() == Code::InvalidArgument &&
+            std::string(e.what()).find("another communicator") != std::string::npos)
           ++ok;
       }
     }
@@ -295,7 +304,7 @@ TEST(PointToPoint, RingSendRecvAndTags) {
   expect_no_failures(Team::get(3).run([](Communicator& c) {
     const int n = c.size(), me = c.rank();
     auto out = c.alloc<int32_t>(1000);
-    std::vector<int32_t> in(1000);  // external receive buffer is fine
+    std::vector<int32_t> in(1000);              // external receive buffer is fine
     for (int round = 0; round < 20; ++round) {  // more than the ring depth
       std::fill(out.begin(), out.end(), me * 100 + round);
       Work s = c.send_async(out, (me + 1) % n, round);

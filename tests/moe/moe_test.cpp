@@ -13,8 +13,8 @@
 #include <strata/moe.hpp>
 
 #include <chrono>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -123,18 +123,18 @@ std::vector<unsigned char> reference_combine(const Shape& s, const Inputs& in, b
 
 std::string at(const Shape& s, Schedule sc) {
   std::ostringstream o;
-  o << "[" << moe::to_string(sc) << " R=" << s.R << " E=" << s.E << " K=" << s.K << " T=" << s.T << " H=" << s.H
-    << " " << to_string(s.dt) << " " << routing_name(s.routing) << " align=" << s.align << "] ";
+  o << "[" << moe::to_string(sc) << " R=" << s.R << " E=" << s.E << " K=" << s.K << " T=" << s.T << " H=" << s.H << " "
+    << to_string(s.dt) << " " << routing_name(s.routing) << " align=" << s.align << "] ";
   return o.str();
 }
 
-#define MOE_CHECK(cond, msg)                                                            \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      std::ostringstream m_;                                                             \
-      m_ << msg;                                                                         \
-      throw std::runtime_error(m_.str());                                                \
-    }                                                                                    \
+#define MOE_CHECK(cond, msg)              \
+  do {                                    \
+    if (!(cond)) {                        \
+      std::ostringstream m_;              \
+      m_ << msg;                          \
+      throw std::runtime_error(m_.str()); \
+    }                                     \
   } while (0)
 
 /// Exactly-once delivery and layout: for every local expert l and source s, count(l, s) is
@@ -154,17 +154,18 @@ void check_layout(const Shape& s, Schedule sc, const moe::Dispatch& d, int me, c
         for (int k = 0; k < s.K; ++k)
           if (all[src].idx[t * s.K + k] == e) toks.push_back(t);
       MOE_CHECK(d.count(l, src) == toks.size(), at(s, sc) << "rank " << me << ": count(l=" << l << ", src=" << src
-                                                           << ") = " << d.count(l, src) << ", expected " << toks.size());
+                                                          << ") = " << d.count(l, src) << ", expected " << toks.size());
       size_t off = d.offset(l, src);
       if (d.masked()) {
-        MOE_CHECK(off == (static_cast<size_t>(l) * s.R + src) * s.M, at(s, sc) << "masked offset of (" << l << "," << src << ")");
+        MOE_CHECK(off == (static_cast<size_t>(l) * s.R + src) * s.M,
+                  at(s, sc) << "masked offset of (" << l << "," << src << ")");
       } else {
         if (src == 0) {
           MOE_CHECK(off % s.align == 0 && off >= next, at(s, sc) << "rank " << me << ": expert " << l << " starts at "
                                                                  << off << " (alignment " << s.align << ")");
         } else {
-          MOE_CHECK(off == next, at(s, sc) << "rank " << me << ": range of (l=" << l << ", src=" << src << ") at " << off
-                                           << ", expected " << next << " (ordered by source)");
+          MOE_CHECK(off == next, at(s, sc) << "rank " << me << ": range of (l=" << l << ", src=" << src << ") at "
+                                           << off << ", expected " << next << " (ordered by source)");
         }
       }
       MOE_CHECK(off + toks.size() <= d.total_rows, at(s, sc) << "range past total_rows");
@@ -173,10 +174,11 @@ void check_layout(const Shape& s, Schedule sc, const moe::Dispatch& d, int me, c
         const unsigned char* want = all[src].x.data() + toks[j] * rb;
         if (std::memcmp(got, want, rb) != 0) {
           size_t h = 0;
-          while (h < s.H && std::memcmp(got + h * dtype_size(s.dt), want + h * dtype_size(s.dt), dtype_size(s.dt)) == 0) ++h;
+          while (h < s.H && std::memcmp(got + h * dtype_size(s.dt), want + h * dtype_size(s.dt), dtype_size(s.dt)) == 0)
+            ++h;
           MOE_CHECK(false, at(s, sc) << "rank " << me << ": expert " << l << " row " << j << " from rank " << src
-                                     << " (token " << toks[j] << ") differs at h=" << h << ": got "
-                                     << get(s.dt, got, h) << ", want " << get(s.dt, want, h));
+                                     << " (token " << toks[j] << ") differs at h=" << h << ": got " << get(s.dt, got, h)
+                                     << ", want " << get(s.dt, want, h));
         }
       }
       next = off + toks.size();
@@ -221,8 +223,9 @@ void check_shape(Communicator& c, const Shape& s, uint64_t salt) {
   const Inputs& mine = all[me];
   const auto ref_identity = reference_combine(s, mine, true);
   const auto ref_experts = reference_combine(s, mine, false);
-  moe::Buffer buf(c, {.num_experts = s.E, .hidden = s.H, .max_tokens = s.M, .topk = s.K, .dtype = s.dt,
-                      .expert_alignment = s.align});
+  moe::Buffer buf(
+      c,
+      {.num_experts = s.E, .hidden = s.H, .max_tokens = s.M, .topk = s.K, .dtype = s.dt, .expert_alignment = s.align});
   std::vector<std::vector<unsigned char>> results;
   std::vector<unsigned char> out(ref_identity.size());
   for (Schedule sc : {Schedule::Prefill, Schedule::Decode, Schedule::Relay, Schedule::Prefill}) {
@@ -238,7 +241,9 @@ void check_shape(Communicator& c, const Shape& s, uint64_t salt) {
       for (size_t h = 0; h < s.H; h += 7) {
         float want = get(s.dt, mine.x.data(), t * s.H + h) * sw;
         float got = get(s.dt, out.data(), t * s.H + h);
-        float tol = (s.dt == DataType::Float32 ? 1e-5f : s.dt == DataType::Float16 ? 2e-3f : 1.6e-2f) *
+        float tol = (s.dt == DataType::Float32   ? 1e-5f
+                     : s.dt == DataType::Float16 ? 2e-3f
+                                                 : 1.6e-2f) *
                     (std::fabs(want) + 1.0f) * static_cast<float>(s.K);
         MOE_CHECK(std::fabs(got - want) <= tol, at(s, sc) << "rank " << me << ": identity token " << t << " h=" << h
                                                           << ": got " << got << ", want x*sum(w) = " << want);
@@ -251,8 +256,8 @@ void check_shape(Communicator& c, const Shape& s, uint64_t salt) {
     results.push_back(out);
   }
   for (size_t i = 1; i < results.size(); ++i)
-    MOE_CHECK(results[i] == results[0], at(s, Schedule::Prefill) << "rank " << me << ": schedule run " << i
-                                                                  << " gives other bytes than run 0");
+    MOE_CHECK(results[i] == results[0],
+              at(s, Schedule::Prefill) << "rank " << me << ": schedule run " << i << " gives other bytes than run 0");
 }
 
 void run_team(int R, const std::function<void(Communicator&)>& fn) {
@@ -274,8 +279,7 @@ TEST_P(MoeMatrix, DeliveryLayoutCombineAndScheduleAgreement) {
   const MatrixParam p = GetParam();
   const int E = p.R * p.e_factor;
   static const DataType kTypes[] = {DataType::BFloat16, DataType::Float16, DataType::Float32};
-  Shape s{p.R, E, p.K, 40, 12, 0, kTypes[(p.e_factor + p.K + p.t_kind + static_cast<int>(p.routing)) % 3],
-          p.routing};
+  Shape s{p.R, E, p.K, 40, 12, 0, kTypes[(p.e_factor + p.K + p.t_kind + static_cast<int>(p.routing)) % 3], p.routing};
   s.T = p.t_kind == 0 ? 0 : p.t_kind == 1 ? 1 : s.M;
   s.align = (p.K + p.t_kind) % 2 ? 4 : 1;
   run_team(p.R, [&](Communicator& c) { check_shape(c, s, 1 + p.R * 131 + E * 7 + p.K); });
@@ -288,7 +292,7 @@ std::vector<MatrixParam> matrix_params() {
       for (int K : {1, 2, 8})
         for (int tk : {0, 1, 2})
           for (Routing r : {Routing::Uniform, Routing::Skewed, Routing::EmptyRows}) {
-            if (K > R * ef) continue;                         // topk <= experts
+            if (K > R * ef) continue;                        // topk <= experts
             if (tk != 2 && r != Routing::Uniform) continue;  // routing matters only with many tokens
             v.push_back({R, ef, K, tk, r});
           }
@@ -299,8 +303,11 @@ INSTANTIATE_TEST_SUITE_P(All, MoeMatrix, ::testing::ValuesIn(matrix_params()),
                          [](const ::testing::TestParamInfo<MatrixParam>& i) {
                            const auto& p = i.param;
                            return "R" + std::to_string(p.R) + "_E" + std::to_string(p.R * p.e_factor) + "_K" +
-                                  std::to_string(p.K) + "_T" + (p.t_kind == 0 ? "0" : p.t_kind == 1 ? "1" : "M") + "_" +
-                                  routing_name(p.routing);
+                                  std::to_string(p.K) + "_T" +
+                                  (p.t_kind == 0   ? "0"
+                                   : p.t_kind == 1 ? "1"
+                                                   : "M") +
+                                  "_" + routing_name(p.routing);
                          });
 
 // ---- reuse, growth, where y lives --------------------------------------------------------
@@ -386,9 +393,11 @@ TEST(Moe, InvalidConfigsAndArguments) {
                    "topk = 5");
     expect_invalid([&] { moe::Buffer b(c, Config{.num_experts = 4, .hidden = 0, .max_tokens = 4, .topk = 1}); },
                    "hidden");
-    expect_invalid([&] {
-      moe::Buffer b(c, Config{.num_experts = 4, .hidden = 8, .max_tokens = 4, .topk = 1, .dtype = DataType::Int32});
-    }, "dtype int32");
+    expect_invalid(
+        [&] {
+          moe::Buffer b(c, Config{.num_experts = 4, .hidden = 8, .max_tokens = 4, .topk = 1, .dtype = DataType::Int32});
+        },
+        "dtype int32");
     moe::Buffer buf(c, Config{.num_experts = 4, .hidden = 8, .max_tokens = 4, .topk = 2, .dtype = DataType::Float32});
     std::vector<float> x(5 * 8, 1.0f), w(10, 0.5f);
     std::vector<int64_t> idx = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1};
@@ -398,21 +407,28 @@ TEST(Moe, InvalidConfigsAndArguments) {
     idx[3] = -2;
     expect_invalid([&] { buf.dispatch(x.data(), 4, idx.data(), w.data(), Schedule::Relay); }, "topk_idx[1][1] = -2");
     idx[3] = 2;
-    expect_invalid([&] { buf.dispatch(x.data(), 4, idx.data(), w.data(), Schedule::Prefill); }, "expert 2 appears twice");
+    expect_invalid([&] { buf.dispatch(x.data(), 4, idx.data(), w.data(), Schedule::Prefill); },
+                   "expert 2 appears twice");
     idx[3] = 3;
     std::vector<bfloat16_t> xb(32);
-    expect_invalid([&] {
-      buf.dispatch(std::span<const bfloat16_t>(xb), std::span<const int64_t>(idx.data(), 8),
-                   std::span<const float>(w.data(), 8), Schedule::Prefill);
-    }, "element type bfloat16");
-    expect_invalid([&] {
-      buf.dispatch(std::span<const float>(x.data(), 30), std::span<const int64_t>(idx.data(), 8),
-                   std::span<const float>(w.data(), 8), Schedule::Prefill);
-    }, "not a multiple of hidden");
-    expect_invalid([&] {
-      buf.dispatch(std::span<const float>(x.data(), 32), std::span<const int64_t>(idx.data(), 6),
-                   std::span<const float>(w.data(), 8), Schedule::Prefill);
-    }, "topk_idx has 6");
+    expect_invalid(
+        [&] {
+          buf.dispatch(std::span<const bfloat16_t>(xb), std::span<const int64_t>(idx.data(), 8),
+                       std::span<const float>(w.data(), 8), Schedule::Prefill);
+        },
+        "element type bfloat16");
+    expect_invalid(
+        [&] {
+          buf.dispatch(std::span<const float>(x.data(), 30), std::span<const int64_t>(idx.data(), 8),
+                       std::span<const float>(w.data(), 8), Schedule::Prefill);
+        },
+        "not a multiple of hidden");
+    expect_invalid(
+        [&] {
+          buf.dispatch(std::span<const float>(x.data(), 32), std::span<const int64_t>(idx.data(), 6),
+                       std::span<const float>(w.data(), 8), Schedule::Prefill);
+        },
+        "topk_idx has 6");
     // A handle is good for the latest dispatch only: the windows are reused.
     auto d1 = buf.dispatch(x.data(), 4, idx.data(), w.data(), Schedule::Prefill);
     auto d2 = buf.dispatch(x.data(), 4, idx.data(), w.data(), Schedule::Decode);
@@ -460,7 +476,8 @@ TEST(MoeForked, PeerKilledDuringDispatchFailsTheOthers) {
         try {
           for (int i = 0; i < 1000000; ++i) {
             t_fail = Clock::now();
-            auto d = buf.dispatch(in.x.data(), s.T, in.idx.data(), in.w.data(), i % 2 ? Schedule::Decode : Schedule::Prefill);
+            auto d = buf.dispatch(in.x.data(), s.T, in.idx.data(), in.w.data(),
+                                  i % 2 ? Schedule::Decode : Schedule::Prefill);
             buf.combine(d.window, d.handle, out.data());
             if (i == 0) std::fclose(std::fopen((marker + std::to_string(c.rank())).c_str(), "w"));
           }

@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
   // Where this rank must be, from the node order alone.
   int node = 0, base = 0;
   while (node < static_cast<int>(counts.size()) && rank >= base + counts[node]) base += counts[node++];
-  if (node >= static_cast<int>(counts.size())) return fail(rank, "rank beyond the " + std::to_string(world) + " expected");
+  if (node >= static_cast<int>(counts.size()))
+    return fail(rank, "rank beyond the " + std::to_string(world) + " expected");
   char host[HOST_NAME_MAX + 1] = {};
   ::gethostname(host, sizeof host - 1);
   auto expect = [&](const char* what, const std::string& got, const std::string& want) -> bool {

@@ -29,9 +29,9 @@ const std::vector<std::string> kEnv = {"STRATA_HEARTBEAT_TIMEOUT=2s", "STRATA_TI
 struct Job {
   Outcome o;
   std::string hash;
-  std::map<int, int> first_pid;   // rank -> pid of its original process
-  std::map<int, int> done_pid;    // rank -> pid of the process that finished
-  int replacements = 0;           // START lines of replacement processes
+  std::map<int, int> first_pid;      // rank -> pid of its original process
+  std::map<int, int> done_pid;       // rank -> pid of the process that finished
+  int replacements = 0;              // START lines of replacement processes
   std::vector<double> detection_ms;  // per survivor: injected -> revoke seen
 };
 
@@ -45,7 +45,8 @@ Job run_job(const std::vector<std::string>& launcher, const std::vector<std::str
   static const std::regex start(R"(START rank=(\d+) pid=(\d+) replacement=(\d))");
   static const std::regex done(R"(DONE rank=(\d+) pid=(\d+))");
   static const std::regex hash(R"(final params hash ([0-9a-f]+))");
-  static const std::regex rec(R"(RECOVERY rank=\d+ epoch=\d+ replacement=0 injected=(-?\d+) detected=-?\d+ spawned=-?\d+ seen=(-?\d+))");
+  static const std::regex rec(
+      R"(RECOVERY rank=\d+ epoch=\d+ replacement=0 injected=(-?\d+) detected=-?\d+ spawned=-?\d+ seen=(-?\d+))");
   for (const auto& line : lines_of(j.o.out)) {
     std::smatch m;
     if (std::regex_search(line, m, start)) {
@@ -84,10 +85,8 @@ void expect_recovered(const Job& j, const std::vector<int>& failed, int min_repl
   ASSERT_EQ(static_cast<int>(j.done_pid.size()), kRanks) << j.o.out << j.o.err;
   for (int r = 0; r < kRanks; ++r) {
     bool was_failed = std::find(failed.begin(), failed.end(), r) != failed.end();
-    if (was_failed)
-      EXPECT_NE(j.done_pid.at(r), j.first_pid.at(r)) << "rank " << r << " should have been replaced";
-    else
-      EXPECT_EQ(j.done_pid.at(r), j.first_pid.at(r)) << "healthy rank " << r << " lost its process";
+    if (was_failed) EXPECT_NE(j.done_pid.at(r), j.first_pid.at(r)) << "rank " << r << " should have been replaced";
+    else EXPECT_EQ(j.done_pid.at(r), j.first_pid.at(r)) << "healthy rank " << r << " lost its process";
   }
   EXPECT_TRUE(contains(j.o.out, "recovered epoch")) << j.o.out;
 }
