@@ -7,6 +7,7 @@
 #include <string>
 
 #include "bootstrap/job_info.hpp"
+#include "test_status.hpp"
 
 namespace strata::bootstrap {
 namespace {
@@ -39,7 +40,7 @@ TEST(JobInfoTest, StrataVariables) {
                               {"STRATA_JOB_TOKEN", "secret"},
                               {"STRATA_JOB_ID", "job42"},
                               {"STRATA_HOST_ID", "hostA"}}));
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  STRATA_ASSERT_OK(r);
   EXPECT_EQ(r->rank, 2);
   EXPECT_EQ(r->world_size, 4);
   EXPECT_EQ(r->store, "127.0.0.1:4567");
@@ -56,7 +57,7 @@ TEST(JobInfoTest, TorchrunVariables) {
                               {"MASTER_ADDR", "node0"},
                               {"MASTER_PORT", "29400"},
                               {"TORCHELASTIC_RUN_ID", "elastic-7"}}));
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  STRATA_ASSERT_OK(r);
   EXPECT_EQ(r->rank, 3);
   EXPECT_EQ(r->world_size, 8);
   EXPECT_EQ(r->store, "node0:29400");
@@ -70,7 +71,7 @@ TEST(JobInfoTest, OpenMpiVariablesWithAStrataStore) {
                               {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
                               {"STRATA_STORE", "10.0.0.1:5000"},
                               {"STRATA_JOB_TOKEN", "t"}}));
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  STRATA_ASSERT_OK(r);
   EXPECT_EQ(r->rank, 1);
   EXPECT_EQ(r->world_size, 2);
   EXPECT_EQ(r->store, "10.0.0.1:5000");
@@ -83,7 +84,7 @@ TEST(JobInfoTest, SlurmVariables) {
                               {"SLURM_LOCALID", "1"},
                               {"SLURM_JOB_ID", "123456"},
                               {"STRATA_STORE", "login1:7000"}}));
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  STRATA_ASSERT_OK(r);
   EXPECT_EQ(r->rank, 5);
   EXPECT_EQ(r->world_size, 6);
   EXPECT_EQ(r->job_id, "123456");
@@ -91,7 +92,7 @@ TEST(JobInfoTest, SlurmVariables) {
 
 TEST(JobInfoTest, NoVariablesMeansOneRankWithoutAStore) {
   auto r = detect_job(env_of({}));
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  STRATA_ASSERT_OK(r);
   EXPECT_EQ(r->rank, 0);
   EXPECT_EQ(r->world_size, 1);
   EXPECT_TRUE(r->store.empty());
@@ -101,7 +102,7 @@ TEST(JobInfoTest, NoVariablesMeansOneRankWithoutAStore) {
 
 TEST(JobInfoTest, WorldSizeOneWithoutAStoreIsValid) {
   auto r = detect_job(env_of({{"STRATA_RANK", "0"}, {"STRATA_WORLD_SIZE", "1"}}));
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  STRATA_ASSERT_OK(r);
   EXPECT_EQ(r->world_size, 1);
   EXPECT_TRUE(r->store.empty());
 }
@@ -115,7 +116,7 @@ TEST(JobInfoTest, OverridesWinOverTheEnvironment) {
   o.job_id = "mine";
   o.host_id = "forced";
   auto r = detect_job(env_of({{"STRATA_RANK", "0"}, {"STRATA_WORLD_SIZE", "2"}, {"STRATA_STORE", "x:1"}}), o);
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  STRATA_ASSERT_OK(r);
   EXPECT_EQ(r->rank, 1);
   EXPECT_EQ(r->world_size, 3);
   EXPECT_EQ(r->store, "h:9");
@@ -132,7 +133,9 @@ TEST(JobInfoTest, DerivedJobIdIsTheSameOnEveryRankAndDiffersPerToken) {
   auto r0 = detect_job(rank_env("0", "aaa"));
   auto r1 = detect_job(rank_env("1", "aaa"));
   auto other = detect_job(rank_env("0", "bbb"));
-  ASSERT_TRUE(r0.is_ok() && r1.is_ok() && other.is_ok());
+  STRATA_ASSERT_OK(r0);
+  STRATA_ASSERT_OK(r1);
+  STRATA_ASSERT_OK(other);
   EXPECT_EQ(r0->job_id, r1->job_id);
   EXPECT_NE(r0->job_id, other->job_id);
   EXPECT_FALSE(r0->job_id.empty());

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bootstrap/store.hpp"
+#include "test_status.hpp"
 
 namespace strata::bootstrap {
 namespace {
@@ -44,13 +45,13 @@ class StoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto s = StoreServer::start("127.0.0.1", 0, kToken);
-    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    STRATA_ASSERT_OK(s);
     server_ = std::move(s).value();
   }
   StoreAddress addr() const { return {"127.0.0.1", server_->port()}; }
   std::unique_ptr<StoreClient> client(const std::string& token = kToken) {
     auto c = StoreClient::connect(addr(), token, Deadline::after(5s));
-    EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+    STRATA_EXPECT_OK(c);
     return c.is_ok() ? std::move(c).value() : nullptr;
   }
   std::unique_ptr<StoreServer> server_;
@@ -58,12 +59,12 @@ class StoreTest : public ::testing::Test {
 
 TEST(StoreAddressTest, ParsesHostPortAndRejectsMalformed) {
   auto a = StoreAddress::parse("node7:29500");
-  ASSERT_TRUE(a.is_ok());
+  STRATA_ASSERT_OK(a);
   EXPECT_EQ(a->host, "node7");
   EXPECT_EQ(a->port, 29500);
   EXPECT_EQ(a->to_string(), "node7:29500");
   auto v6 = StoreAddress::parse("[::1]:80");
-  ASSERT_TRUE(v6.is_ok());
+  STRATA_ASSERT_OK(v6);
   EXPECT_EQ(v6->host, "::1");
   EXPECT_EQ(v6->to_string(), "[::1]:80");
   for (const char* bad : {"node7", "node7:", ":80", "node7:0", "node7:65536", "node7:8x", "::1:80", "[::1]80"}) {
@@ -82,15 +83,15 @@ TEST_F(StoreTest, SetThenGetReturnsBinaryValuesExactly) {
   for (int i = 0; i < 256; ++i) all_bytes.push_back(static_cast<char>(i));
   std::string big(4 << 20, '\0');
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 + 7);
-  ASSERT_TRUE(c->set("bytes", all_bytes).is_ok());
-  ASSERT_TRUE(c->set("big", big).is_ok());
-  ASSERT_TRUE(c->set(std::string("k\0ey", 4), "nul-key").is_ok());
-  ASSERT_TRUE(c->set("empty", "").is_ok());
+  STRATA_ASSERT_OK(c->set("bytes", all_bytes));
+  STRATA_ASSERT_OK(c->set("big", big));
+  STRATA_ASSERT_OK(c->set(std::string("k\0ey", 4), "nul-key"));
+  STRATA_ASSERT_OK(c->set("empty", ""));
   EXPECT_EQ(c->get("bytes", 1s).value(), all_bytes);
   EXPECT_EQ(c->get("big", 1s).value(), big);
   EXPECT_EQ(c->get(std::string("k\0ey", 4), 1s).value(), "nul-key");
   EXPECT_EQ(c->get("empty", 1s).value(), "");
-  ASSERT_TRUE(c->set("bytes", "overwritten").is_ok());
+  STRATA_ASSERT_OK(c->set("bytes", "overwritten"));
   EXPECT_EQ(c->get("bytes", 1s).value(), "overwritten");
 }
 
@@ -98,12 +99,13 @@ TEST_F(StoreTest, TryGetDoesNotWait) {
   auto c = client();
   auto start = Clock::now();
   auto missing = c->try_get("absent");
-  ASSERT_TRUE(missing.is_ok());
+  STRATA_ASSERT_OK(missing);
   EXPECT_FALSE(missing->has_value());
   EXPECT_LT(elapsed_ms(start), 500);
-  ASSERT_TRUE(c->set("present", "v").is_ok());
+  STRATA_ASSERT_OK(c->set("present", "v"));
   auto got = c->try_get("present");
-  ASSERT_TRUE(got.is_ok() && got->has_value());
+  STRATA_ASSERT_OK(got);
+  ASSERT_TRUE(got->has_value());
   EXPECT_EQ(**got, "v");
 }
 
@@ -112,12 +114,12 @@ TEST_F(StoreTest, GetWaitsForAKeySetLaterByAnotherClient) {
   auto setter = client();
   std::thread t([&] {
     std::this_thread::sleep_for(150ms);
-    ASSERT_TRUE(setter->set("late", "value").is_ok());
+    STRATA_ASSERT_OK(setter->set("late", "value"));
   });
   auto start = Clock::now();
   auto v = waiter->get("late", 5s);
   t.join();
-  ASSERT_TRUE(v.is_ok()) << v.status().to_string();
+  STRATA_ASSERT_OK(v);
   EXPECT_EQ(*v, "value");
   EXPECT_GE(elapsed_ms(start), 100);
 }
@@ -133,19 +135,19 @@ TEST_F(StoreTest, GetTimesOutWithinBoundAndNamesTheKey) {
   EXPECT_GE(ms, 190);
   EXPECT_LT(ms, 1500);
   // The connection is still usable after a timed-out wait.
-  ASSERT_TRUE(c->set("after", "1").is_ok());
+  STRATA_ASSERT_OK(c->set("after", "1"));
   EXPECT_EQ(c->get("after", 1s).value(), "1");
 }
 
 TEST_F(StoreTest, WaitReturnsWhenAllKeysExistAndNamesOnlyTheMissingOnTimeout) {
   auto c = client();
   auto other = client();
-  ASSERT_TRUE(c->set("a", "1").is_ok());
+  STRATA_ASSERT_OK(c->set("a", "1"));
   std::thread t([&] {
     std::this_thread::sleep_for(100ms);
-    ASSERT_TRUE(other->set("b", "2").is_ok());
+    STRATA_ASSERT_OK(other->set("b", "2"));
   });
-  EXPECT_TRUE(c->wait({"a", "b"}, 5s).is_ok());
+  STRATA_EXPECT_OK(c->wait({"a", "b"}, 5s));
   t.join();
 
   auto start = Clock::now();
@@ -156,7 +158,7 @@ TEST_F(StoreTest, WaitReturnsWhenAllKeysExistAndNamesOnlyTheMissingOnTimeout) {
   EXPECT_EQ(s.message().find("'a'"), std::string::npos) << s.message();
   EXPECT_GE(ms, 190);
   EXPECT_LT(ms, 1500);
-  EXPECT_TRUE(c->wait({}, 0ms).is_ok());
+  STRATA_EXPECT_OK(c->wait({}, 0ms));
 }
 
 TEST_F(StoreTest, WaitOnAKeyThatIsCreatedDeletedAndCreatedAgain) {
@@ -164,16 +166,16 @@ TEST_F(StoreTest, WaitOnAKeyThatIsCreatedDeletedAndCreatedAgain) {
   auto other = client();
   std::thread t([&] {
     std::this_thread::sleep_for(100ms);
-    ASSERT_TRUE(other->set("x", "1").is_ok());
-    ASSERT_TRUE(other->del("x").is_ok());
+    STRATA_ASSERT_OK(other->set("x", "1"));
+    STRATA_ASSERT_OK(other->del("x"));
     std::this_thread::sleep_for(50ms);
-    ASSERT_TRUE(other->set("y", "1").is_ok());
+    STRATA_ASSERT_OK(other->set("y", "1"));
     std::this_thread::sleep_for(50ms);
-    ASSERT_TRUE(other->set("x", "2").is_ok());
+    STRATA_ASSERT_OK(other->set("x", "2"));
   });
   // The first creation of x may or may not be seen by the waiter; either way it must
   // finish once x and y both exist.
-  EXPECT_TRUE(c->wait({"x", "y"}, 5s).is_ok());
+  STRATA_EXPECT_OK(c->wait({"x", "y"}, 5s));
   t.join();
 }
 
@@ -183,7 +185,7 @@ TEST_F(StoreTest, AddCountsFromZeroAndRejectsNonIntegers) {
   EXPECT_EQ(c->add("n", -7).value(), -2);
   EXPECT_EQ(c->add("n", 0).value(), -2);
   EXPECT_EQ(c->get("n", 1s).value(), "-2");
-  ASSERT_TRUE(c->set("text", "hello").is_ok());
+  STRATA_ASSERT_OK(c->set("text", "hello"));
   auto bad = c->add("text", 1);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().code(), Code::InvalidArgument);
@@ -192,7 +194,7 @@ TEST_F(StoreTest, AddCountsFromZeroAndRejectsNonIntegers) {
   auto other = client();
   std::thread t([&] {
     std::this_thread::sleep_for(50ms);
-    ASSERT_TRUE(other->add("counter", 1).is_ok());
+    STRATA_ASSERT_OK(other->add("counter", 1));
   });
   EXPECT_EQ(c->get("counter", 5s).value(), "1");
   t.join();
@@ -216,7 +218,7 @@ TEST_F(StoreTest, CompareSetSwapsOnlyOnMatch) {
 
 TEST_F(StoreTest, DelListAndDeletePrefix) {
   auto c = client();
-  for (const char* k : {"job/b", "job/a", "job/c/1", "jobx", "other"}) ASSERT_TRUE(c->set(k, "v").is_ok());
+  for (const char* k : {"job/b", "job/a", "job/c/1", "jobx", "other"}) STRATA_ASSERT_OK(c->set(k, "v"));
   EXPECT_EQ(c->list("job/").value(), (std::vector<std::string>{"job/a", "job/b", "job/c/1"}));
   EXPECT_EQ(c->list("").value().size(), 5u);
   EXPECT_TRUE(c->list("nothing").value().empty());
@@ -234,12 +236,12 @@ TEST_F(StoreTest, PrefixStoreNamespacesKeys) {
   std::shared_ptr<StoreClient> shared = client();
   PrefixStore comm1(shared, "comm1/");
   PrefixStore comm2(shared, "comm2/");
-  ASSERT_TRUE(comm1.set("k", "one").is_ok());
-  ASSERT_TRUE(comm2.set("k", "two").is_ok());
+  STRATA_ASSERT_OK(comm1.set("k", "one"));
+  STRATA_ASSERT_OK(comm2.set("k", "two"));
   EXPECT_EQ(comm1.get("k", 1s).value(), "one");
   EXPECT_EQ(comm2.get("k", 1s).value(), "two");
   EXPECT_EQ(comm1.add("n", 2).value(), 2);
-  EXPECT_TRUE(comm1.wait({"k", "n"}, 1s).is_ok());
+  STRATA_EXPECT_OK(comm1.wait({"k", "n"}, 1s));
   EXPECT_EQ(shared->get("comm1/n", 1s).value(), "2");
 }
 
@@ -261,7 +263,7 @@ TEST_F(StoreTest, WrongOrMissingTokenIsRefusedWithAClearMessage) {
   EXPECT_NE(missing.status().message().find("missing job token"), std::string::npos) << missing.status().message();
   // The server is unharmed.
   auto c = client();
-  EXPECT_TRUE(c->set("k", "v").is_ok());
+  STRATA_EXPECT_OK(c->set("k", "v"));
 }
 
 TEST_F(StoreTest, GarbageOnTheSocketDoesNotDisturbOtherClients) {
@@ -286,7 +288,7 @@ TEST_F(StoreTest, GarbageOnTheSocketDoesNotDisturbOtherClients) {
   // An idle unauthenticated connection must not block anyone either.
   int idle = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   ASSERT_EQ(::connect(idle, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_TRUE(good->set("still", "working").is_ok());
+  STRATA_ASSERT_OK(good->set("still", "working"));
   EXPECT_EQ(good->get("still", 1s).value(), "working");
   ::close(idle);
 }
@@ -322,9 +324,9 @@ TEST_F(StoreTest, OneClientSharedByThreadsSerialisesRequests) {
   for (int i = 0; i < 8; ++i)
     threads.emplace_back([&, i] {
       for (int j = 0; j < 100; ++j) {
-        ASSERT_TRUE(c->add("shared", 1).is_ok());
+        STRATA_ASSERT_OK(c->add("shared", 1));
         std::string k = "t" + std::to_string(i) + "/" + std::to_string(j);
-        ASSERT_TRUE(c->set(k, k).is_ok());
+        STRATA_ASSERT_OK(c->set(k, k));
         ASSERT_EQ(c->get(k, 1s).value(), k);
       }
     });
@@ -340,13 +342,13 @@ TEST_F(StoreTest, ManyParkedWaitersAreAllWokenByOneSet) {
   for (int i = 0; i < kWaiters; ++i)
     threads.emplace_back([&] {
       auto c = StoreClient::connect(addr(), kToken, Deadline::after(10s));
-      ASSERT_TRUE(c.is_ok());
+      STRATA_ASSERT_OK(c);
       auto v = (*c)->get("go", 10s);
       if (v.is_ok() && *v == "now") ++woke;
     });
   std::this_thread::sleep_for(200ms);
   auto start = Clock::now();
-  ASSERT_TRUE(client()->set("go", "now").is_ok());
+  STRATA_ASSERT_OK(client()->set("go", "now"));
   for (auto& t : threads) t.join();
   EXPECT_EQ(woke.load(), kWaiters);
   EXPECT_LT(elapsed_ms(start), 3000);
@@ -371,17 +373,17 @@ TEST(StoreConnectTest, ConnectRetriesUntilTheServerAppears) {
   std::thread t([&] { c = StoreClient::connect({"127.0.0.1", port}, kToken, Deadline::after(10s)); });
   std::this_thread::sleep_for(300ms);
   auto server = StoreServer::start("127.0.0.1", port, kToken);
-  ASSERT_TRUE(server.is_ok()) << server.status().to_string();
+  STRATA_ASSERT_OK(server);
   t.join();
-  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  STRATA_ASSERT_OK(c);
   EXPECT_GE(elapsed_ms(start), 290);
   EXPECT_LT(elapsed_ms(start), 3000);  // backoff is capped, so it notices the server quickly
-  EXPECT_TRUE((*c)->set("k", "v").is_ok());
+  STRATA_EXPECT_OK((*c)->set("k", "v"));
 }
 
 TEST(StoreRestartTest, WaitingClientsReconnectAndGetTheKeyFromTheNewServer) {
   auto first = StoreServer::start("127.0.0.1", 0, kToken);
-  ASSERT_TRUE(first.is_ok());
+  STRATA_ASSERT_OK(first);
   uint16_t port = (*first)->port();
   StoreAddress addr{"127.0.0.1", port};
 
@@ -392,9 +394,9 @@ TEST(StoreRestartTest, WaitingClientsReconnectAndGetTheKeyFromTheNewServer) {
   for (int i = 0; i < kWaiters; ++i)
     threads.emplace_back([&, i] {
       auto c = StoreClient::connect(addr, kToken, Deadline::after(5s));
-      ASSERT_TRUE(c.is_ok());
+      STRATA_ASSERT_OK(c);
       (*c)->set_reconnect_timeout(5s);
-      ASSERT_TRUE((*c)->set("before/" + std::to_string(i), "x").is_ok());
+      STRATA_ASSERT_OK((*c)->set("before/" + std::to_string(i), "x"));
       got[i] = (*c)->get("after-restart", 15s);
     });
   std::this_thread::sleep_for(300ms);  // let them park on the first server
@@ -404,14 +406,14 @@ TEST(StoreRestartTest, WaitingClientsReconnectAndGetTheKeyFromTheNewServer) {
   std::this_thread::sleep_for(200ms);  // they are now in their reconnect backoff
 
   auto second = StoreServer::start("127.0.0.1", port, kToken);
-  ASSERT_TRUE(second.is_ok()) << second.status().to_string();
+  STRATA_ASSERT_OK(second);
   auto setter = StoreClient::connect(addr, kToken, Deadline::after(5s));
-  ASSERT_TRUE(setter.is_ok());
+  STRATA_ASSERT_OK(setter);
   auto start = Clock::now();
-  ASSERT_TRUE((*setter)->set("after-restart", "hello again").is_ok());
+  STRATA_ASSERT_OK((*setter)->set("after-restart", "hello again"));
   for (auto& t : threads) t.join();
   for (int i = 0; i < kWaiters; ++i) {
-    ASSERT_TRUE(got[i].is_ok()) << "waiter " << i << ": " << got[i].status().to_string();
+    STRATA_ASSERT_OK(got[i]) << "waiter " << i;
     EXPECT_EQ(*got[i], "hello again") << "waiter " << i;
   }
   EXPECT_LT(elapsed_ms(start), 3000);
@@ -421,10 +423,10 @@ TEST(StoreRestartTest, WaitingClientsReconnectAndGetTheKeyFromTheNewServer) {
 
 TEST(StoreRestartTest, ServerGoneForGoodGivesUnavailableAfterTheReconnectTimeout) {
   auto server = StoreServer::start("127.0.0.1", 0, kToken);
-  ASSERT_TRUE(server.is_ok());
+  STRATA_ASSERT_OK(server);
   StoreAddress addr{"127.0.0.1", (*server)->port()};
   auto c = StoreClient::connect(addr, kToken, Deadline::after(5s));
-  ASSERT_TRUE(c.is_ok());
+  STRATA_ASSERT_OK(c);
   (*c)->set_reconnect_timeout(300ms);
   Result<std::string> v = unavailable("not run");
   auto start = Clock::now();
@@ -440,9 +442,9 @@ TEST(StoreRestartTest, ServerGoneForGoodGivesUnavailableAfterTheReconnectTimeout
 
 TEST(StoreRestartTest, WaitWhileTheServerIsAwayEndsAtItsOwnDeadline) {
   auto server = StoreServer::start("127.0.0.1", 0, kToken);
-  ASSERT_TRUE(server.is_ok());
+  STRATA_ASSERT_OK(server);
   auto c = StoreClient::connect({"127.0.0.1", (*server)->port()}, kToken, Deadline::after(5s));
-  ASSERT_TRUE(c.is_ok());
+  STRATA_ASSERT_OK(c);
   (*c)->set_reconnect_timeout(30s);
   Result<std::string> v = unavailable("not run");
   auto start = Clock::now();

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -27,8 +28,9 @@ std::string unique_job_id(const char* tag) {
 namespace {
 /// What rank r of an n-rank test job passes to init().
 InitOptions rank_options(int r, int n, const std::string& store, const std::string& token, const std::string& job,
-                         std::chrono::milliseconds timeout) {
+                         std::chrono::milliseconds timeout, const std::string& host_id = {}) {
   InitOptions o;
+  o.host_id = host_id;
   o.rank = r;
   o.size = n;
   o.store = store;
@@ -61,7 +63,28 @@ Team& Team::get(int n) {
   return *t;
 }
 
-Team::Team(int n, std::chrono::milliseconds timeout) : n_(n), impl_(std::make_unique<Impl>()) {
+Team& Team::get(int hosts, int per_host) {
+  if (hosts == 1) return get(per_host);
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, std::unique_ptr<Team>> teams;
+  std::lock_guard<std::mutex> g(mu);
+  auto& t = teams[{hosts, per_host}];
+  if (!t) {
+    // Ranks in one process reach each other over loopback TCP (the test machine has no other
+    // network); the environment may still choose otherwise.
+    setenv("STRATA_UCX_TLS", "tcp,self", 0);
+    std::vector<std::string> ids;
+    for (int r = 0; r < hosts * per_host; ++r) ids.push_back("team-h" + std::to_string(r / per_host));
+    t = std::make_unique<Team>(ids);
+  }
+  return *t;
+}
+
+Team::Team(int n, std::chrono::milliseconds timeout) : Team(std::vector<std::string>(n), timeout) {}
+
+Team::Team(const std::vector<std::string>& host_ids, std::chrono::milliseconds timeout)
+    : n_(static_cast<int>(host_ids.size())), impl_(std::make_unique<Impl>()) {
+  const int n = n_;
   const std::string token = "team-token";
   impl_->server = bootstrap::StoreServer::start("127.0.0.1", 0, token).value();
   const std::string store = "127.0.0.1:" + std::to_string(impl_->server->port());
@@ -73,7 +96,7 @@ Team::Team(int n, std::chrono::milliseconds timeout) : n_(n), impl_(std::make_un
     for (int r = 0; r < n; ++r)
       starters.emplace_back([&, r] {
         try {
-          impl_->comms[r] = strata::init(rank_options(r, n, store, token, job, timeout));
+          impl_->comms[r] = strata::init(rank_options(r, n, store, token, job, timeout, host_ids[r]));
         } catch (const std::exception& e) {
           errors[r] = e.what();
         }

@@ -22,7 +22,15 @@ class Team {
  public:
   /// A team of `n` ranks, created on first use and kept for the life of the test binary.
   static Team& get(int n);
+  /// A team of `hosts` x `per_host` ranks where rank r claims host r / per_host
+  /// (InitOptions::host_id), so that ranks on different "hosts" meet through UCX over
+  /// loopback TCP; created on first use and kept like get(n). hosts == 1 is get(per_host).
+  static Team& get(int hosts, int per_host);
   explicit Team(int n, std::chrono::milliseconds timeout = std::chrono::milliseconds(20000));
+  /// One rank per entry of `host_ids`, rank r on host host_ids[r]; an empty id is the
+  /// machine's own host.
+  explicit Team(const std::vector<std::string>& host_ids,
+                std::chrono::milliseconds timeout = std::chrono::milliseconds(20000));
   ~Team();
   int size() const { return n_; }
   /// Runs fn on every rank at once; returns the failures ("rank r: message"), empty when all

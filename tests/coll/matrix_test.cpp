@@ -1,14 +1,20 @@
-// The collective matrix: every collective × world size × dtype × op × count × in/out of place
-// × heap/external buffers, checked against references computed here, independently of the
-// library. Threads as ranks (Team); a team per world size lives for the whole binary.
+// The collective matrix: every collective × rank layout × dtype × op × count × algorithm ×
+// in/out of place × heap/external buffers, checked against references computed here,
+// independently of the library. Threads as ranks (Team); a team per layout lives for the
+// whole binary. Layouts are one host (shared memory) or several hosts faked with host ids in
+// this process (UCX over loopback TCP), so that the sanitizer runs reach the cross-host
+// patterns too.
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <numeric>
+#include <ostream>
 #include <sstream>
 
 #include "coll/harness.hpp"
@@ -43,6 +49,10 @@ const DataType kAllTypes[] = {DataType::Int8,    DataType::UInt8,  DataType::Int
                               DataType::Int64,   DataType::UInt64, DataType::Float16, DataType::BFloat16,
                               DataType::Float32, DataType::Float64};
 const ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg};
+const Algorithm kAllAlgorithms[] = {Algorithm::Auto, Algorithm::OneShot, Algorithm::TwoShot};
+const char* algorithm_name(Algorithm a) {
+  return a == Algorithm::Auto ? "auto" : a == Algorithm::OneShot ? "oneshot" : "twoshot";
+}
 
 bool quick() { return std::getenv("STRATA_TEST_QUICK") != nullptr; }
 
@@ -166,10 +176,11 @@ struct Case {
   size_t count;
   bool inplace;
   Where heap;
+  Algorithm algo = Algorithm::Auto;
   std::string str() const {
     std::ostringstream os;
     os << kind_name(kind) << " dtype=" << to_string(dt) << " op=" << to_string(op) << " count=" << count
-       << (inplace ? " in-place" : " out-of-place") << " " << where_name(heap);
+       << (inplace ? " in-place" : " out-of-place") << " " << where_name(heap) << " algorithm=" << algorithm_name(algo);
     return os.str();
   }
 };
@@ -192,6 +203,7 @@ std::string run_case(Communicator& c, const Case& cs) {
   const int n = c.size(), me = c.rank();
   const DataType dt = cs.dt;
   const size_t e = esz(dt), cnt = cs.count;
+  const CollOptions o{.algorithm = cs.algo};
   const uint64_t salt = cnt * 131 + static_cast<uint64_t>(cs.kind) * 7 + static_cast<uint64_t>(cs.op);
   std::string err;
   std::vector<int64_t> vals(n);
@@ -207,8 +219,8 @@ std::string run_case(Communicator& c, const Case& cs) {
       void* src = in.p;
       void* dst = cs.inplace ? in.p : out.p;
       for (size_t i = 0; i < cnt; ++i) put(dt, src, i, gen(me, i, cs.op, salt));
-      if (cs.kind == Kind::AllReduce) c.all_reduce(src, dst, cnt, dt, cs.op);
-      else c.reduce(src, dst, cnt, dt, cs.op, root);
+      if (cs.kind == Kind::AllReduce) c.all_reduce(src, dst, cnt, dt, cs.op, o);
+      else c.reduce(src, dst, cnt, dt, cs.op, root, o);
       if (cs.kind == Kind::AllReduce || me == root)
         for (size_t i = 0; i < cnt && err.empty(); ++i)
           expect_elem(cs, me, dst, i, reference(dt, cs.op, vals_at(i)), n, err);
@@ -220,7 +232,7 @@ std::string run_case(Communicator& c, const Case& cs) {
       void* dst = cs.inplace ? in.p : out.p;
       if (me == root)
         for (size_t i = 0; i < cnt; ++i) put(dt, src, i, gen(root, i, cs.op, salt));
-      c.broadcast(src, dst, cnt, dt, root);
+      c.broadcast(src, dst, cnt, dt, root, o);
       for (size_t i = 0; i < cnt && err.empty(); ++i)
         expect_elem(cs, me, dst, i, stored(dt, gen(root, i, cs.op, salt)), n, err);
       break;
@@ -235,8 +247,8 @@ std::string run_case(Communicator& c, const Case& cs) {
       Mem in(c, counts[me] * e, cs.heap), out(c, total * e, cs.heap);
       void* src = cs.inplace ? static_cast<char*>(out.p) + displ[me] * e : in.p;
       for (size_t i = 0; i < counts[me]; ++i) put(dt, src, i, gen(me, i, cs.op, salt));
-      if (cs.kind == Kind::AllGather) c.all_gather(src, out.p, cnt, dt);
-      else c.all_gather_v(src, out.p, counts.data(), dt);
+      if (cs.kind == Kind::AllGather) c.all_gather(src, out.p, cnt, dt, o);
+      else c.all_gather_v(src, out.p, counts.data(), dt, o);
       for (int r = 0; r < n && err.empty(); ++r)
         for (size_t i = 0; i < counts[r] && err.empty(); ++i)
           expect_elem(cs, me, out.p, displ[r] + i, stored(dt, gen(r, i, cs.op, salt)), n, err);
@@ -252,8 +264,8 @@ std::string run_case(Communicator& c, const Case& cs) {
       Mem in(c, total * e, cs.heap), out(c, counts[me] * e, cs.heap);
       for (size_t i = 0; i < total; ++i) put(dt, in.p, i, gen(me, i, cs.op, salt));
       void* dst = cs.inplace ? static_cast<char*>(in.p) + displ[me] * e : out.p;
-      if (cs.kind == Kind::ReduceScatter) c.reduce_scatter(in.p, dst, cnt, dt, cs.op);
-      else c.reduce_scatter_v(in.p, dst, counts.data(), dt, cs.op);
+      if (cs.kind == Kind::ReduceScatter) c.reduce_scatter(in.p, dst, cnt, dt, cs.op, o);
+      else c.reduce_scatter_v(in.p, dst, counts.data(), dt, cs.op, o);
       for (size_t i = 0; i < counts[me] && err.empty(); ++i)
         expect_elem(cs, me, dst, i, reference(dt, cs.op, vals_at(displ[me] + i)), n, err);
       break;
@@ -278,8 +290,8 @@ std::string run_case(Communicator& c, const Case& cs) {
       for (int j = 0; j < n; ++j)
         for (size_t i = 0; i < sc[j]; ++i) put(dt, in.p, sd[j] + i, code(me, j, i));
       void* dst = cs.inplace ? in.p : out.p;
-      if (cs.kind == Kind::AllToAll) c.all_to_all(in.p, dst, cnt, dt);
-      else c.all_to_all_v(in.p, sc.data(), sd.data(), dst, rc.data(), rd.data(), dt);
+      if (cs.kind == Kind::AllToAll) c.all_to_all(in.p, dst, cnt, dt, o);
+      else c.all_to_all_v(in.p, sc.data(), sd.data(), dst, rc.data(), rd.data(), dt, o);
       for (int j = 0; j < n && err.empty(); ++j)
         for (size_t i = 0; i < rc[j] && err.empty(); ++i)
           expect_elem(cs, me, dst, rd[j] + i, stored(dt, code(j, me, i)), n, err);
@@ -289,7 +301,7 @@ std::string run_case(Communicator& c, const Case& cs) {
       Mem in(c, cnt * e, cs.heap), out(c, n * cnt * e, cs.heap);
       void* src = (cs.inplace && me == root) ? static_cast<char*>(out.p) + me * cnt * e : in.p;
       for (size_t i = 0; i < cnt; ++i) put(dt, src, i, gen(me, i, cs.op, salt));
-      c.gather(src, out.p, cnt, dt, root);
+      c.gather(src, out.p, cnt, dt, root, o);
       if (me == root)
         for (int r = 0; r < n && err.empty(); ++r)
           for (size_t i = 0; i < cnt && err.empty(); ++i)
@@ -301,7 +313,7 @@ std::string run_case(Communicator& c, const Case& cs) {
       if (me == root)
         for (size_t i = 0; i < n * cnt; ++i) put(dt, in.p, i, gen(root, i, cs.op, salt));
       void* dst = (cs.inplace && me == root) ? static_cast<char*>(in.p) + me * cnt * e : out.p;
-      c.scatter(in.p, dst, cnt, dt, root);
+      c.scatter(in.p, dst, cnt, dt, root, o);
       for (size_t i = 0; i < cnt && err.empty(); ++i)
         expect_elem(cs, me, dst, i, stored(dt, gen(root, me * cnt + i, cs.op, salt)), n, err);
       break;
@@ -310,8 +322,7 @@ std::string run_case(Communicator& c, const Case& cs) {
   return err;
 }
 
-void run_on_team(int world, const Case& cs) {
-  Team& team = Team::get(world);
+void run_on_team(Team& team, const Case& cs) {
   std::mutex mu;
   std::vector<std::string> errors;
   auto failures = team.run([&](Communicator& c) {
@@ -321,39 +332,106 @@ void run_on_team(int world, const Case& cs) {
       errors.push_back(e);
     }
   });
-  for (auto& f : failures) ADD_FAILURE() << cs.str() << " world=" << world << ": " << f;
-  for (auto& e : errors) ADD_FAILURE() << "world=" << world << ": " << e;
+  for (auto& f : failures) ADD_FAILURE() << cs.str() << " world=" << team.size() << ": " << f;
+  for (auto& e : errors) ADD_FAILURE() << "world=" << team.size() << ": " << e;
 }
 
-using Param = std::tuple<Kind, int, DataType>;
+void run_on_team(int world, const Case& cs) { run_on_team(Team::get(world), cs); }
+
+/// Where the ranks of a team are: `hosts` hosts of `per_host` ranks each, rank r on host
+/// r / per_host. One host: shared memory only; more: UCX between hosts.
+struct Layout {
+  int hosts;
+  int per_host;
+  int world() const { return hosts * per_host; }
+  std::string name() const {
+    return hosts == 1 ? "w" + std::to_string(per_host) : "h" + std::to_string(hosts) + "x" + std::to_string(per_host);
+  }
+  friend std::ostream& operator<<(std::ostream& os, const Layout& l) { return os << l.name(); }
+};
+
+using Param = std::tuple<Kind, Layout, DataType, ReduceOp, size_t, Algorithm>;
 
 class CollMatrix : public ::testing::TestWithParam<Param> {};
 
 TEST_P(CollMatrix, MatchesIndependentReference) {
-  auto [kind, world, dt] = GetParam();
-  std::vector<ReduceOp> ops = {ReduceOp::Sum};
-  if (is_reducing(kind)) ops.assign(std::begin(kAllOps), std::end(kAllOps));
-  for (ReduceOp op : ops) {
-    if (op == ReduceOp::Avg && !is_floating(dt)) continue;
-    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1031}})
-      for (bool inplace : {false, true})
-        for (Where w : {Where::Heap, Where::External, Where::Registered})
-          run_on_team(world, {kind, dt, op, count, inplace, w});
+  auto [kind, layout, dt, op, count, algo] = GetParam();
+  Team& team = Team::get(layout.hosts, layout.per_host);
+  if (op == ReduceOp::Avg && !is_floating(dt)) {
+    // Not a reduction the library defines: every rank must refuse it, and the team stays usable.
+    std::atomic<int> refused{0};
+    auto failures = team.run([&](Communicator& c) {
+      try {
+        run_case(c, {kind, dt, op, count, false, Where::Heap, algo});
+      } catch (const Error& e) {
+        if (e.code() == Code::InvalidArgument) ++refused;
+      }
+    });
+    EXPECT_TRUE(failures.empty()) << failures.front();
+    EXPECT_EQ(refused.load(), team.size()) << "avg on " << to_string(dt) << " was not refused by every rank";
+    return;
   }
+  for (bool inplace : {false, true})
+    for (Where w : {Where::Heap, Where::External, Where::Registered})
+      run_on_team(team, {kind, dt, op, count, inplace, w, algo});
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  auto [kind, world, dt] = info.param;
-  return std::string(kind_name(kind)) + "_w" + std::to_string(world) + "_" + to_string(dt);
+  auto [kind, layout, dt, op, count, algo] = info.param;
+  return std::string(kind_name(kind)) + "_" + layout.name() + "_" + to_string(dt) + "_" + to_string(op) + "_c" +
+         std::to_string(count) + "_" + algorithm_name(algo);
 }
 
 const Kind kAllKinds[] = {Kind::AllReduce,  Kind::Reduce,        Kind::Broadcast,      Kind::AllGather,
                           Kind::AllGatherV, Kind::ReduceScatter, Kind::ReduceScatterV, Kind::AllToAll,
                           Kind::AllToAllV,  Kind::Gather,        Kind::Scatter};
+/// The reducing collectives besides all_reduce (whose algorithm axis is wider), and the rest.
+const Kind kOtherReducingKinds[] = {Kind::Reduce, Kind::ReduceScatter, Kind::ReduceScatterV};
+const Kind kMovingKinds[] = {Kind::Broadcast, Kind::AllGather, Kind::AllGatherV, Kind::AllToAll,
+                             Kind::AllToAllV, Kind::Gather,    Kind::Scatter};
 
-INSTANTIATE_TEST_SUITE_P(All, CollMatrix,
-                         ::testing::Combine(::testing::ValuesIn(kAllKinds), ::testing::Values(1, 2, 3, 4, 8),
-                                            ::testing::ValuesIn(kAllTypes)),
+// One host. Under Auto, all_reduce of at most 512 bytes is the inline path and the rest of
+// these sizes one-shot; OneShot and TwoShot force theirs at every size (two-shot also with
+// fewer elements than ranks). The other collectives have one shared-memory algorithm each.
+const Layout kOneHost[] = {{1, 1}, {1, 2}, {1, 3}, {1, 4}, {1, 8}};
+const size_t kCounts[] = {0, 1, 7, 1031};
+
+// Several hosts. Up to 16 KiB per message goes eager; the larger count takes the direct or
+// (hosts of equal size, several ranks each) hierarchical pattern for the wider types, and
+// OneShot/TwoShot ask for the direct pattern (TwoShot also turns eager all_reduce off).
+// Fewer types: the transport, not the arithmetic, differs from the one-host cases.
+const Layout kHosts[] = {{2, 1}, {2, 2}, {3, 2}};
+const DataType kHostTypes[] = {DataType::Int8, DataType::BFloat16, DataType::Int32, DataType::Float64};
+const size_t kHostCounts[] = {0, 1, 7, 1031, 5003};
+const Algorithm kHostAlgorithms[] = {Algorithm::Auto, Algorithm::OneShot};
+
+using ::testing::Combine;
+using ::testing::Values;
+using ::testing::ValuesIn;
+
+INSTANTIATE_TEST_SUITE_P(OneHostAllReduce, CollMatrix,
+                         Combine(Values(Kind::AllReduce), ValuesIn(kOneHost), ValuesIn(kAllTypes), ValuesIn(kAllOps),
+                                 ValuesIn(kCounts), ValuesIn(kAllAlgorithms)),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(OneHostReducing, CollMatrix,
+                         Combine(ValuesIn(kOtherReducingKinds), ValuesIn(kOneHost), ValuesIn(kAllTypes),
+                                 ValuesIn(kAllOps), ValuesIn(kCounts), Values(Algorithm::Auto)),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(OneHostMoving, CollMatrix,
+                         Combine(ValuesIn(kMovingKinds), ValuesIn(kOneHost), ValuesIn(kAllTypes), Values(ReduceOp::Sum),
+                                 ValuesIn(kCounts), Values(Algorithm::Auto)),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(HostsAllReduce, CollMatrix,
+                         Combine(Values(Kind::AllReduce), ValuesIn(kHosts), ValuesIn(kHostTypes), ValuesIn(kAllOps),
+                                 ValuesIn(kHostCounts), ValuesIn(kAllAlgorithms)),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(HostsReducing, CollMatrix,
+                         Combine(ValuesIn(kOtherReducingKinds), ValuesIn(kHosts), ValuesIn(kHostTypes),
+                                 ValuesIn(kAllOps), ValuesIn(kHostCounts), ValuesIn(kHostAlgorithms)),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(HostsMoving, CollMatrix,
+                         Combine(ValuesIn(kMovingKinds), ValuesIn(kHosts), ValuesIn(kHostTypes), Values(ReduceOp::Sum),
+                                 ValuesIn(kHostCounts), ValuesIn(kHostAlgorithms)),
                          param_name);
 
 // Large counts: an odd count near 1M for every collective, a few types and ops.

@@ -8,6 +8,7 @@
 
 #include "memory/heap.hpp"
 #include "memory/test_util.hpp"
+#include "test_status.hpp"
 
 namespace strata::memory {
 namespace {
@@ -48,7 +49,7 @@ TEST(Cma, ReadWriteAndPeerFailedOnceTheChildIsGone) {
   }
   EXPECT_FALSE(cma_probe(child, nullptr, 16)) << "an unmapped address must fail the probe";
   std::vector<unsigned char> got(kBytes, 0);
-  ASSERT_TRUE(cma_read(child, buf.data(), got.data(), kBytes).is_ok());
+  STRATA_ASSERT_OK(cma_read(child, buf.data(), got.data(), kBytes));
   for (size_t i = 0; i < kBytes; ++i) ASSERT_EQ(got[i], pattern(1, i)) << "byte " << i << " read from the child";
   EXPECT_EQ(buf[0], 0) << "the parent's copy is untouched";
 
@@ -56,7 +57,7 @@ TEST(Cma, ReadWriteAndPeerFailedOnceTheChildIsGone) {
   EXPECT_EQ(bad.code(), Code::InvalidArgument) << bad.to_string();
 
   for (size_t i = 0; i < kBytes; ++i) got[i] = pattern(2, i);
-  ASSERT_TRUE(cma_write(child, buf.data(), got.data(), kBytes).is_ok());
+  STRATA_ASSERT_OK(cma_write(child, buf.data(), got.data(), kBytes));
   ASSERT_TRUE(write_all(to_child[1], &c, 1));
   EXPECT_EQ(reap(child), 0) << "the child did not see the parent's write (exit code 4)";
 

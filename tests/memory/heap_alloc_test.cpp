@@ -11,6 +11,7 @@
 #include "memory/block_allocator.hpp"
 #include "memory/heap.hpp"
 #include "memory/test_util.hpp"
+#include "test_status.hpp"
 
 namespace strata::memory {
 namespace {
@@ -27,15 +28,15 @@ TEST(HeapAlloc, FreedBlockIsReusedAtTheSameAddress) {
   auto h = make_heap(unique_key("reuse"), 0);
   ASSERT_TRUE(h);
   auto a = h->alloc(kMiB);
-  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  STRATA_ASSERT_OK(a);
   std::memset(*a, 1, kMiB);
   const size_t reserved = h->reserved_bytes();
-  ASSERT_TRUE(h->free(*a).is_ok());
+  STRATA_ASSERT_OK(h->free(*a));
   auto b = h->alloc(kMiB);
-  ASSERT_TRUE(b.is_ok());
+  STRATA_ASSERT_OK(b);
   EXPECT_EQ(*a, *b) << "a freed block of the same size must be recycled (its pages are already touched)";
   EXPECT_EQ(h->reserved_bytes(), reserved);
-  ASSERT_TRUE(h->free(*b).is_ok());
+  STRATA_ASSERT_OK(h->free(*b));
 }
 
 TEST(HeapAlloc, NeighboursCoalesceWhicheverOrderTheyAreFreed) {
@@ -44,25 +45,25 @@ TEST(HeapAlloc, NeighboursCoalesceWhicheverOrderTheyAreFreed) {
   void* p[3];
   for (auto& q : p) {
     auto r = h->alloc(1024);
-    ASSERT_TRUE(r.is_ok());
+    STRATA_ASSERT_OK(r);
     q = *r;
   }
   ASSERT_EQ(addr(p[1]), addr(p[0]) + 1024);
   ASSERT_EQ(addr(p[2]), addr(p[1]) + 1024);
-  ASSERT_TRUE(h->free(p[0]).is_ok());
-  ASSERT_TRUE(h->free(p[2]).is_ok());
-  ASSERT_TRUE(h->free(p[1]).is_ok());
+  STRATA_ASSERT_OK(h->free(p[0]));
+  STRATA_ASSERT_OK(h->free(p[2]));
+  STRATA_ASSERT_OK(h->free(p[1]));
   // All three (and the rest of the segment) are one free block again: a request for the
   // whole segment fits without a new segment.
   const size_t reserved = h->reserved_bytes();
   auto whole = h->alloc(small_options().segment_size / 2);
-  ASSERT_TRUE(whole.is_ok());
+  STRATA_ASSERT_OK(whole);
   EXPECT_EQ(*whole, p[0]);
   auto rest = h->alloc(small_options().segment_size / 2);
-  ASSERT_TRUE(rest.is_ok());
+  STRATA_ASSERT_OK(rest);
   EXPECT_EQ(h->reserved_bytes(), reserved) << "coalesced space must serve both halves";
-  ASSERT_TRUE(h->free(*whole).is_ok());
-  ASSERT_TRUE(h->free(*rest).is_ok());
+  STRATA_ASSERT_OK(h->free(*whole));
+  STRATA_ASSERT_OK(h->free(*rest));
 }
 
 TEST(HeapAlloc, BlockAllocatorDoesNotMergeAcrossRegions) {
@@ -84,9 +85,9 @@ TEST(HeapAlloc, AlignmentIsHonouredAndValidated) {
   ASSERT_TRUE(h);
   for (size_t align : {size_t{1}, size_t{8}, size_t{64}, size_t{128}, size_t{4096}, size_t{65536}, kMiB, 2 * kMiB}) {
     auto small = h->alloc(100);  // shifts the next free address off any large boundary
-    ASSERT_TRUE(small.is_ok());
+    STRATA_ASSERT_OK(small);
     auto r = h->alloc(300, align);
-    ASSERT_TRUE(r.is_ok()) << "alignment " << align << ": " << r.status().to_string();
+    STRATA_ASSERT_OK(r) << "alignment " << align;
     const size_t want = std::max<size_t>(align, 64);
     EXPECT_EQ(addr(*r) % want, 0u) << "alignment " << align << " gave " << *r;
   }
@@ -103,13 +104,14 @@ TEST(HeapAlloc, ZeroBytesGiveDistinctFreeableBlocks) {
   ASSERT_TRUE(h);
   auto a = h->alloc(0);
   auto b = h->alloc(0);
-  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  STRATA_ASSERT_OK(a);
+  STRATA_ASSERT_OK(b);
   EXPECT_NE(*a, nullptr);
   EXPECT_NE(*a, *b);
   EXPECT_TRUE(h->locate(*a, 0).has_value());
-  EXPECT_TRUE(h->free(*a).is_ok());
-  EXPECT_TRUE(h->free(*b).is_ok());
-  EXPECT_TRUE(h->free(nullptr).is_ok());
+  STRATA_EXPECT_OK(h->free(*a));
+  STRATA_EXPECT_OK(h->free(*b));
+  STRATA_EXPECT_OK(h->free(nullptr));
 }
 
 TEST(HeapAlloc, InvalidFreesAreRejectedWithThePointerNamed) {
@@ -123,26 +125,26 @@ TEST(HeapAlloc, InvalidFreesAreRejectedWithThePointerNamed) {
   EXPECT_NE(s.message().find(buf), std::string::npos) << s.message();
 
   auto p = h->alloc(256);
-  ASSERT_TRUE(p.is_ok());
+  STRATA_ASSERT_OK(p);
   s = h->free(static_cast<char*>(*p) + 64);
   EXPECT_EQ(s.code(), Code::InvalidArgument);
   EXPECT_NE(s.message().find("interior pointer"), std::string::npos) << s.message();
-  ASSERT_TRUE(h->free(*p).is_ok());
+  STRATA_ASSERT_OK(h->free(*p));
   s = h->free(*p);
   EXPECT_EQ(s.code(), Code::InvalidArgument) << "double free must be caught";
   EXPECT_NE(s.message().find("double free"), std::string::npos) << s.message();
 
   auto q = h->alloc_symmetric(256);
-  ASSERT_TRUE(q.is_ok());
+  STRATA_ASSERT_OK(q);
   s = h->free(*q);
   EXPECT_EQ(s.code(), Code::InvalidArgument);
   EXPECT_NE(s.message().find("free_symmetric"), std::string::npos) << s.message();
   auto r = h->alloc(256);
-  ASSERT_TRUE(r.is_ok());
+  STRATA_ASSERT_OK(r);
   s = h->free_symmetric(*r);
   EXPECT_EQ(s.code(), Code::InvalidArgument);
-  EXPECT_TRUE(h->free_symmetric(*q).is_ok());
-  EXPECT_TRUE(h->free(*r).is_ok());
+  STRATA_EXPECT_OK(h->free_symmetric(*q));
+  STRATA_EXPECT_OK(h->free(*r));
 }
 
 TEST(HeapAlloc, FreeOfAnotherHeapsPointerNamesThatHeap) {
@@ -151,7 +153,7 @@ TEST(HeapAlloc, FreeOfAnotherHeapsPointerNamesThatHeap) {
   auto h1 = make_heap(key, 1);
   ASSERT_TRUE(h0 && h1);
   auto p = h1->alloc(128);
-  ASSERT_TRUE(p.is_ok());
+  STRATA_ASSERT_OK(p);
   EXPECT_EQ(Heap::find_owner(*p), h1.get());
   EXPECT_EQ(Heap::find_owner(static_cast<char*>(*p) + 100), h1.get());
   int on_stack = 0;
@@ -159,7 +161,7 @@ TEST(HeapAlloc, FreeOfAnotherHeapsPointerNamesThatHeap) {
   Status s = h0->free(*p);
   EXPECT_EQ(s.code(), Code::InvalidArgument);
   EXPECT_NE(s.message().find("another heap (rank 1)"), std::string::npos) << s.message();
-  EXPECT_TRUE(h1->free(*p).is_ok());
+  STRATA_EXPECT_OK(h1->free(*p));
 }
 
 TEST(HeapAlloc, LimitIsReportedAsUnavailableWithTheSetting) {
@@ -188,22 +190,22 @@ TEST(HeapAlloc, LimitIsReportedAsUnavailableWithTheSetting) {
   EXPECT_EQ(huge.status().code(), Code::Unavailable);
   EXPECT_NE(huge.status().message().find("allocating 1099511627779 bytes"), std::string::npos)
       << "the message names the bytes asked for: " << huge.status().message();
-  for (void* b : blocks) ASSERT_TRUE(h->free(b).is_ok());
+  for (void* b : blocks) STRATA_ASSERT_OK(h->free(b));
   // After freeing, the same space serves again without new segments.
   auto again = h->alloc(kMiB);
-  EXPECT_TRUE(again.is_ok()) << again.status().to_string();
+  STRATA_EXPECT_OK(again);
 }
 
 TEST(HeapAlloc, LargeRequestGetsADedicatedSegmentThatIsRecycled) {
   auto h = make_heap(unique_key("large"), 0);
   ASSERT_TRUE(h);
   auto small = h->alloc(4096);
-  ASSERT_TRUE(small.is_ok());
+  STRATA_ASSERT_OK(small);
   const size_t before = h->reserved_bytes();
   ASSERT_EQ(before, small_options().segment_size);
   const size_t big = 10 * kMiB + 12345;  // over half a segment (and over a whole one)
   auto b = h->alloc(big);
-  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  STRATA_ASSERT_OK(b);
   auto rs = h->locate(*small, 1);
   auto rb = h->locate(*b, big);
   ASSERT_TRUE(rs && rb);
@@ -213,9 +215,9 @@ TEST(HeapAlloc, LargeRequestGetsADedicatedSegmentThatIsRecycled) {
   EXPECT_GE(dedicated, big);
   EXPECT_LT(dedicated, big + 2 * kMiB) << "a dedicated segment is the request rounded up, not a multiple of segments";
   std::memset(*b, 0x5a, big);
-  ASSERT_TRUE(h->free(*b).is_ok());
+  STRATA_ASSERT_OK(h->free(*b));
   auto b2 = h->alloc(big);
-  ASSERT_TRUE(b2.is_ok());
+  STRATA_ASSERT_OK(b2);
   EXPECT_EQ(*b2, *b) << "a freed dedicated segment must be reused, not a new one created";
   EXPECT_EQ(h->reserved_bytes(), before + dedicated);
 }
@@ -224,7 +226,7 @@ TEST(HeapAlloc, LocateFindsInteriorPointersAndRejectsRangesCrossingTheEnd) {
   auto h = make_heap(unique_key("locate"), 0);
   ASSERT_TRUE(h);
   auto p = h->alloc(1000);
-  ASSERT_TRUE(p.is_ok());
+  STRATA_ASSERT_OK(p);
   auto r = h->locate(*p, 1000);
   ASSERT_TRUE(r.has_value());
   auto inner = h->locate(static_cast<char*>(*p) + 10, 100);
@@ -250,14 +252,14 @@ TEST(HeapAlloc, SymmetricAllocationsRepeatTheSameOffsetsOnEveryRank) {
   ASSERT_TRUE(h0 && h1);
   // Rank 1 has extra regular segments first: the symmetric arena must not care.
   auto extra = h1->alloc(3 * kMiB);
-  ASSERT_TRUE(extra.is_ok());
+  STRATA_ASSERT_OK(extra);
   std::mt19937 rng(7);
   std::vector<std::pair<void*, void*>> live;
   for (int i = 0; i < 200; ++i) {
     if (!live.empty() && rng() % 3 == 0) {
       const size_t k = rng() % live.size();
-      ASSERT_TRUE(h0->free_symmetric(live[k].first).is_ok());
-      ASSERT_TRUE(h1->free_symmetric(live[k].second).is_ok());
+      STRATA_ASSERT_OK(h0->free_symmetric(live[k].first));
+      STRATA_ASSERT_OK(h1->free_symmetric(live[k].second));
       live.erase(live.begin() + static_cast<long>(k));
       continue;
     }
@@ -265,7 +267,8 @@ TEST(HeapAlloc, SymmetricAllocationsRepeatTheSameOffsetsOnEveryRank) {
     const size_t align = size_t{64} << (rng() % 8);
     auto a = h0->alloc_symmetric(bytes, align);
     auto b = h1->alloc_symmetric(bytes, align);
-    ASSERT_TRUE(a.is_ok() && b.is_ok());
+    STRATA_ASSERT_OK(a);
+    STRATA_ASSERT_OK(b);
     auto ra = h0->locate(*a, bytes);
     auto rb = h1->locate(*b, bytes);
     ASSERT_TRUE(ra && rb);
@@ -281,7 +284,7 @@ TEST(HeapAlloc, SymmetricArenaExhaustionIsUnavailable) {
   auto h = make_heap(unique_key("symfull"), 0);
   ASSERT_TRUE(h);
   auto a = h->alloc_symmetric(3 * kMiB);
-  ASSERT_TRUE(a.is_ok());
+  STRATA_ASSERT_OK(a);
   auto b = h->alloc_symmetric(2 * kMiB);
   EXPECT_EQ(b.status().code(), Code::Unavailable);
   EXPECT_NE(b.status().message().find("STRATA_HEAP_SYMMETRIC_SIZE"), std::string::npos) << b.status().message();
@@ -296,7 +299,7 @@ TEST(HeapAlloc, HugePagesFallBackAndPrefaultTouchesEveryPage) {
   auto h = make_heap(unique_key("huge"), 0, o);
   ASSERT_TRUE(h);
   auto p = h->alloc(4096);
-  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  STRATA_ASSERT_OK(p);
   auto r = h->locate(*p, 1);
   ASSERT_TRUE(r);
   char* base = static_cast<char*>(*p) - r->offset;

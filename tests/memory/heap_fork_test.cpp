@@ -12,6 +12,7 @@
 
 #include "memory/heap.hpp"
 #include "memory/test_util.hpp"
+#include "test_status.hpp"
 
 namespace strata::memory {
 namespace {
@@ -111,7 +112,7 @@ TEST(HeapFork, ChildWritesIntoParentBlockAndParentReadsChildBlock) {
   auto h = make_heap(key, 0);
   ASSERT_TRUE(h);
   auto p = h->alloc(kBlock);
-  ASSERT_TRUE(p.is_ok());
+  STRATA_ASSERT_OK(p);
   std::memset(*p, 0, kBlock);
   const SegRef ref = *h->locate(*p, kBlock);
   ASSERT_TRUE(write_all(to_child.w(), &ref, sizeof(ref)));
@@ -123,7 +124,7 @@ TEST(HeapFork, ChildWritesIntoParentBlockAndParentReadsChildBlock) {
   auto* mine = static_cast<unsigned char*>(*p);
   for (size_t i = 0; i < kBlock; ++i) ASSERT_EQ(mine[i], pattern(1, i)) << "parent reading the child's write at " << i;
   auto v = h->peer_ptr(1, theirs, kBlock, soon());
-  ASSERT_TRUE(v.is_ok()) << v.status().to_string();
+  STRATA_ASSERT_OK(v);
   for (size_t i = 0; i < kBlock; ++i)
     ASSERT_EQ(static_cast<unsigned char*>(*v)[i], pattern(5, i)) << "parent reading the child's block at " << i;
   EXPECT_EQ(h->peer_pid(1), child);
@@ -160,7 +161,7 @@ TEST(HeapFork, KilledRankLeavesNothingBehind) {
   auto h = make_heap(key, 0);
   ASSERT_TRUE(h);
   auto v = h->peer_ptr(1, ref, kBlock, soon());
-  ASSERT_TRUE(v.is_ok()) << v.status().to_string();
+  STRATA_ASSERT_OK(v);
   EXPECT_EQ(static_cast<unsigned char*>(*v)[kBlock - 1], 9);
 
   // Every segment the child holds is an anonymous memfd: no path on any filesystem.
@@ -210,9 +211,9 @@ TEST(HeapFork, HeapCopyDestroyedInAForkedChildLeavesTheParentServing) {
   ASSERT_GT(child, 0);
   ASSERT_EQ(reap(child), 0);
   auto p = h0->alloc(4096);  // a segment created after the fork: only the server can hand it out
-  ASSERT_TRUE(p.is_ok());
+  STRATA_ASSERT_OK(p);
   auto v = h1->peer_ptr(0, *h0->locate(*p, 4096), 4096, soon(2000));
-  EXPECT_TRUE(v.is_ok()) << v.status().to_string();
+  STRATA_EXPECT_OK(v);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "memory/fd_channel.hpp"
 #include "memory/heap.hpp"
 #include "memory/test_util.hpp"
+#include "test_status.hpp"
 
 namespace strata::memory {
 namespace {
@@ -31,7 +32,8 @@ TEST(HeapPeer, WritesAreVisibleBothWays) {
   constexpr size_t n = 64 * 1024;
   auto a = h0->alloc(n);
   auto b = h1->alloc(n);
-  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  STRATA_ASSERT_OK(a);
+  STRATA_ASSERT_OK(b);
   auto* pa = static_cast<unsigned char*>(*a);
   auto* pb = static_cast<unsigned char*>(*b);
   for (size_t i = 0; i < n; ++i) pa[i] = pattern(0, i);
@@ -42,8 +44,8 @@ TEST(HeapPeer, WritesAreVisibleBothWays) {
   ASSERT_TRUE(ra && rb);
   auto va = h1->peer_ptr(0, *ra, n, soon());
   auto vb = h0->peer_ptr(1, *rb, n, soon());
-  ASSERT_TRUE(va.is_ok()) << va.status().to_string();
-  ASSERT_TRUE(vb.is_ok()) << vb.status().to_string();
+  STRATA_ASSERT_OK(va);
+  STRATA_ASSERT_OK(vb);
   auto* qa = static_cast<unsigned char*>(*va);
   auto* qb = static_cast<unsigned char*>(*vb);
   EXPECT_NE(qa, pa) << "a peer view is a mapping of its own";
@@ -63,7 +65,7 @@ TEST(HeapPeer, WritesAreVisibleBothWays) {
 
   // The own rank resolves locally, so a collective can treat every rank alike.
   auto self = h0->peer_ptr(0, *ra, n, soon());
-  ASSERT_TRUE(self.is_ok());
+  STRATA_ASSERT_OK(self);
   EXPECT_EQ(*self, *a);
 }
 
@@ -73,18 +75,18 @@ TEST(HeapPeer, SegmentCreatedAfterFirstAccessIsMappedOnFirstUse) {
   auto h1 = make_heap(key, 1);
   ASSERT_TRUE(h0 && h1);
   auto first = h0->alloc(1024);
-  ASSERT_TRUE(first.is_ok());
+  STRATA_ASSERT_OK(first);
   auto r1 = h0->locate(*first, 1024);
-  ASSERT_TRUE(h1->peer_ptr(0, *r1, 1024, soon()).is_ok());
+  STRATA_ASSERT_OK(h1->peer_ptr(0, *r1, 1024, soon()));
 
   auto later = h0->alloc(5 * kMiB);  // more than a segment: a new one, made after the first access
-  ASSERT_TRUE(later.is_ok());
+  STRATA_ASSERT_OK(later);
   std::memset(*later, 0x77, 5 * kMiB);
   auto r2 = h0->locate(*later, 5 * kMiB);
   ASSERT_TRUE(r2);
   ASSERT_NE(r2->seg, r1->seg);
   auto v = h1->peer_ptr(0, *r2, 5 * kMiB, soon());
-  ASSERT_TRUE(v.is_ok()) << v.status().to_string();
+  STRATA_ASSERT_OK(v);
   auto* q = static_cast<unsigned char*>(*v);
   EXPECT_EQ(q[0], 0x77);
   EXPECT_EQ(q[5 * kMiB - 1], 0x77);
@@ -97,12 +99,13 @@ TEST(HeapPeer, SymmetricOffsetsAddressTheSameBlockOnThePeer) {
   ASSERT_TRUE(h0 && h1);
   auto s0 = h0->alloc_symmetric(4096);
   auto s1 = h1->alloc_symmetric(4096);
-  ASSERT_TRUE(s0.is_ok() && s1.is_ok());
+  STRATA_ASSERT_OK(s0);
+  STRATA_ASSERT_OK(s1);
   auto r0 = h0->locate(*s0, 4096);
   ASSERT_TRUE(r0);
   // No exchange: rank 0 computes rank 1's address from its own offset.
   auto v = h0->peer_ptr(1, SegRef{h0->symmetric_segment(), r0->offset}, 4096, soon());
-  ASSERT_TRUE(v.is_ok()) << v.status().to_string();
+  STRATA_ASSERT_OK(v);
   std::memset(*v, 0x3c, 4096);
   EXPECT_EQ(static_cast<unsigned char*>(*s1)[4095], 0x3c);
 }
@@ -124,7 +127,7 @@ TEST(HeapPeer, RangesOutsideTheSegmentAndUnknownSegmentsAreInvalid) {
   auto h1 = make_heap(key, 1);
   ASSERT_TRUE(h0 && h1);
   auto p = h0->alloc(64);
-  ASSERT_TRUE(p.is_ok());
+  STRATA_ASSERT_OK(p);
   auto r = h0->locate(*p, 64);
   const size_t seg_size = small_options().segment_size;
   auto bad = h1->peer_ptr(0, SegRef{r->seg, seg_size - 8}, 16, soon());
@@ -137,7 +140,7 @@ TEST(HeapPeer, RangesOutsideTheSegmentAndUnknownSegmentsAreInvalid) {
   EXPECT_NE(m.find(std::to_string(seg_size) + " bytes"), std::string::npos) << m;
   // The same on the (now mapped) hit path.
   EXPECT_EQ(h1->peer_ptr(0, SegRef{r->seg, seg_size}, 1, soon()).status().code(), Code::InvalidArgument);
-  EXPECT_TRUE(h1->peer_ptr(0, SegRef{r->seg, seg_size - 8}, 8, soon()).is_ok());
+  STRATA_EXPECT_OK(h1->peer_ptr(0, SegRef{r->seg, seg_size - 8}, 8, soon()));
 
   auto unknown = h1->peer_ptr(0, SegRef{99, 0}, 8, soon());
   EXPECT_EQ(unknown.status().code(), Code::InvalidArgument);
@@ -178,7 +181,7 @@ TEST(HeapPeer, ConnectIsRetriedUntilTheServerStarts) {
   auto f = fetch_segment_fd(name, 3, 5, soon());
   starter.join();
   ASSERT_TRUE(server);
-  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  STRATA_ASSERT_OK(f);
   EXPECT_EQ(f->size, 4096u);
   EXPECT_EQ(f->pid, getpid());
   close(f->fd);
@@ -195,7 +198,7 @@ TEST(HeapPeer, ManyClientsAtOnceAreAllServed) {
   auto h0 = make_heap(key, 0);
   ASSERT_TRUE(h0);
   auto p = h0->alloc(64);
-  ASSERT_TRUE(p.is_ok());
+  STRATA_ASSERT_OK(p);
   const uint32_t seg = h0->locate(*p, 64)->seg;
   constexpr int kClients = 8;
   constexpr int kEach = 25;
@@ -221,7 +224,7 @@ TEST(HeapPeer, ConcurrentMissesOnOneSegmentMapItOnce) {
   auto h1 = make_heap(key, 1);
   ASSERT_TRUE(h0 && h1);
   auto p = h0->alloc(kMiB);
-  ASSERT_TRUE(p.is_ok());
+  STRATA_ASSERT_OK(p);
   std::memset(*p, 0x11, kMiB);
   const SegRef ref = *h0->locate(*p, kMiB);
   constexpr int kThreads = 8;
@@ -257,7 +260,7 @@ TEST(HeapPeer, ThreadsAsRanksAllToAll) {
   std::vector<SegRef> refs(kRanks);
   for (int r = 0; r < kRanks; ++r) {
     auto p = heaps[static_cast<size_t>(r)]->alloc(kRanks * sizeof(int32_t) + r * 4096);
-    ASSERT_TRUE(p.is_ok());
+    STRATA_ASSERT_OK(p);
     blocks[static_cast<size_t>(r)] = static_cast<int32_t*>(*p);
     refs[static_cast<size_t>(r)] = *heaps[static_cast<size_t>(r)]->locate(*p, kRanks * sizeof(int32_t));
   }
@@ -288,15 +291,15 @@ TEST(HeapPeer, DropPeerUnmapsAndALaterAccessMapsAgain) {
   auto h1 = make_heap(key, 1);
   ASSERT_TRUE(h0 && h1);
   auto p = h0->alloc(4096);
-  ASSERT_TRUE(p.is_ok());
+  STRATA_ASSERT_OK(p);
   static_cast<char*>(*p)[0] = 42;
   const SegRef ref = *h0->locate(*p, 4096);
-  ASSERT_TRUE(h1->peer_ptr(0, ref, 4096, soon()).is_ok());
+  STRATA_ASSERT_OK(h1->peer_ptr(0, ref, 4096, soon()));
   EXPECT_NE(h1->peer_pid(0), 0);
   h1->drop_peer(0);
   EXPECT_EQ(h1->peer_pid(0), 0);
   auto again = h1->peer_ptr(0, ref, 4096, soon());
-  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  STRATA_ASSERT_OK(again);
   EXPECT_EQ(static_cast<char*>(*again)[0], 42);
 }
 
@@ -309,11 +312,11 @@ TEST(HeapPeer, MappingAPeerSegmentCommitsOnlyThePagesItsOwnerTouched) {
   auto h1 = make_heap(key, 1, o);
   ASSERT_TRUE(h0 && h1);
   auto p = h0->alloc(kMiB);
-  ASSERT_TRUE(p.is_ok());
+  STRATA_ASSERT_OK(p);
   std::memset(*p, 1, kMiB);
   const SegRef ref = *h0->locate(*p, kMiB);
   auto v = h1->peer_ptr(0, ref, kMiB, soon());
-  ASSERT_TRUE(v.is_ok());
+  STRATA_ASSERT_OK(v);
   char* base = static_cast<char*>(*p) - ref.offset;
   std::vector<unsigned char> vec(o.segment_size / 4096);
   ASSERT_EQ(mincore(base, o.segment_size, vec.data()), 0);
