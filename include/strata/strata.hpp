@@ -195,6 +195,7 @@ class Communicator {
   /// Untyped allocation for bindings; free with free_bytes.
   void* alloc_bytes(size_t bytes, size_t alignment = 64);
   void* alloc_symmetric_bytes(size_t bytes);
+  /// free_bytes: blocks until this rank's part is done (see the comment above the group).
   void free_bytes(void* p);
   /// Registers external memory so peers can read it with a single copy (CMA) where the
   /// kernel allows it; unregistered external buffers are staged through internal buffers.
@@ -205,109 +206,137 @@ class Communicator {
   // ---- collectives, untyped (pointer, count, DataType) -----------------------------------
   // count is elements. `in == out` means in place. Blocking calls return when this rank's
   // part is done and its buffers may be reused; _async twins return a Work.
+  /// all_reduce: blocks until this rank's part is done (see the comment above the group).
   void all_reduce(const void* in, void* out, size_t count, DataType dt, ReduceOp op, const CollOptions& o = {});
+  /// Nonblocking twin of all_reduce(): returns a Work at once; the copy engine runs the operation.
   Work all_reduce_async(const void* in, void* out, size_t count, DataType dt, ReduceOp op, const CollOptions& o = {});
   /// Result only at `root` (out may be null elsewhere).
   void reduce(const void* in, void* out, size_t count, DataType dt, ReduceOp op, int root, const CollOptions& o = {});
+  /// Nonblocking twin of reduce(): returns a Work at once; the copy engine runs the operation.
   Work reduce_async(const void* in, void* out, size_t count, DataType dt, ReduceOp op, int root,
                     const CollOptions& o = {});
   /// Root's `in` is copied to every rank's `out` (in is ignored elsewhere; in == out is usual).
   void broadcast(const void* in, void* out, size_t count, DataType dt, int root, const CollOptions& o = {});
+  /// Nonblocking twin of broadcast(): returns a Work at once; the copy engine runs the operation.
   Work broadcast_async(const void* in, void* out, size_t count, DataType dt, int root, const CollOptions& o = {});
   /// out = concatenation of every rank's `count` elements (out holds size() * count).
   void all_gather(const void* in, void* out, size_t count, DataType dt, const CollOptions& o = {});
+  /// Nonblocking twin of all_gather(): returns a Work at once; the copy engine runs the operation.
   Work all_gather_async(const void* in, void* out, size_t count, DataType dt, const CollOptions& o = {});
   /// Rank r contributes counts[r] elements; out is their concatenation.
   void all_gather_v(const void* in, void* out, const size_t* counts, DataType dt, const CollOptions& o = {});
+  /// Nonblocking twin of all_gather_v(): returns a Work at once; the copy engine runs the operation.
   Work all_gather_v_async(const void* in, void* out, const size_t* counts, DataType dt, const CollOptions& o = {});
   /// in holds size() * count elements; rank r gets the reduction of block r.
   void reduce_scatter(const void* in, void* out, size_t count, DataType dt, ReduceOp op, const CollOptions& o = {});
+  /// Nonblocking twin of reduce_scatter(): returns a Work at once; the copy engine runs the operation.
   Work reduce_scatter_async(const void* in, void* out, size_t count, DataType dt, ReduceOp op,
                             const CollOptions& o = {});
   /// Block r has counts[r] elements (blocks contiguous in `in`).
   void reduce_scatter_v(const void* in, void* out, const size_t* counts, DataType dt, ReduceOp op,
                         const CollOptions& o = {});
+  /// Nonblocking twin of reduce_scatter_v(): returns a Work at once; the copy engine runs the operation.
   Work reduce_scatter_v_async(const void* in, void* out, const size_t* counts, DataType dt, ReduceOp op,
                               const CollOptions& o = {});
   /// Block j of `in` (count elements) goes to rank j, landing in block `rank()` of its out.
   void all_to_all(const void* in, void* out, size_t count, DataType dt, const CollOptions& o = {});
+  /// Nonblocking twin of all_to_all(): returns a Work at once; the copy engine runs the operation.
   Work all_to_all_async(const void* in, void* out, size_t count, DataType dt, const CollOptions& o = {});
   /// Send send_counts[j] elements at send_displs[j] to rank j; receive recv_counts[j] at
   /// recv_displs[j] from rank j. recv_counts[j] must equal rank j's send_counts[rank()].
   void all_to_all_v(const void* in, const size_t* send_counts, const size_t* send_displs, void* out,
                     const size_t* recv_counts, const size_t* recv_displs, DataType dt, const CollOptions& o = {});
+  /// Nonblocking twin of all_to_all_v(): returns a Work at once; the copy engine runs the operation.
   Work all_to_all_v_async(const void* in, const size_t* send_counts, const size_t* send_displs, void* out,
                           const size_t* recv_counts, const size_t* recv_displs, DataType dt, const CollOptions& o = {});
   /// Root's out (size() * count) receives every rank's block.
   void gather(const void* in, void* out, size_t count, DataType dt, int root, const CollOptions& o = {});
+  /// Nonblocking twin of gather(): returns a Work at once; the copy engine runs the operation.
   Work gather_async(const void* in, void* out, size_t count, DataType dt, int root, const CollOptions& o = {});
   /// Rank r receives block r of root's in (size() * count).
   void scatter(const void* in, void* out, size_t count, DataType dt, int root, const CollOptions& o = {});
+  /// Nonblocking twin of scatter(): returns a Work at once; the copy engine runs the operation.
   Work scatter_async(const void* in, void* out, size_t count, DataType dt, int root, const CollOptions& o = {});
+  /// barrier: blocks until this rank's part is done (see the comment above the group).
   void barrier(const CollOptions& o = {});
+  /// Nonblocking twin of barrier(): returns a Work at once; the copy engine runs the operation.
   Work barrier_async(const CollOptions& o = {});
   /// Point to point. Messages between a pair of ranks match in order; tag, type and count
   /// must agree. send completes when the receiver has copied the data (rendezvous): a
   /// blocking send to a rank that first does a blocking send to us deadlocks (until the
   /// timeout), as with MPI_Ssend; use send_async.
   void send(const void* buf, size_t count, DataType dt, int peer, int tag = 0, const CollOptions& o = {});
+  /// Nonblocking twin of send(): posts now; the Work completes when the receiver has the data.
   Work send_async(const void* buf, size_t count, DataType dt, int peer, int tag = 0, const CollOptions& o = {});
+  /// recv: blocks until this rank's part is done (see the comment above the group).
   void recv(void* buf, size_t count, DataType dt, int peer, int tag = 0, const CollOptions& o = {});
+  /// Nonblocking twin of recv(): returns a Work at once; the copy engine runs the operation.
   Work recv_async(void* buf, size_t count, DataType dt, int peer, int tag = 0, const CollOptions& o = {});
 
   // ---- collectives, typed (any contiguous range: Buffer<T>, std::vector<T>, std::span<T>) ----
+  /// Typed all_reduce over any contiguous range; element type gives the DataType.
   template <detail::Contiguous R>
   void all_reduce(R&& inout, ReduceOp op, const CollOptions& o = {}) {
     all_reduce(inout.data(), inout.data(), inout.size(), dtype_of_v<detail::elem_t<R>>, op, o);
   }
+  /// Nonblocking twin of all_reduce(): returns a Work at once; the copy engine runs the operation.
   template <detail::Contiguous R>
   Work all_reduce_async(R&& inout, ReduceOp op, const CollOptions& o = {}) {
     return all_reduce_async(inout.data(), inout.data(), inout.size(), dtype_of_v<detail::elem_t<R>>, op, o);
   }
+  /// Typed all_reduce over any contiguous range; element type gives the DataType.
   template <detail::Contiguous I, detail::Contiguous O>
   void all_reduce(I&& in, O&& out, ReduceOp op, const CollOptions& o = {}) {
     check_same<I, O>();
     need(out.size() >= in.size(), "all_reduce: out", out.size(), in.size());
     all_reduce(in.data(), out.data(), in.size(), dtype_of_v<detail::elem_t<O>>, op, o);
   }
+  /// Nonblocking twin of all_reduce(): returns a Work at once; the copy engine runs the operation.
   template <detail::Contiguous I, detail::Contiguous O>
   Work all_reduce_async(I&& in, O&& out, ReduceOp op, const CollOptions& o = {}) {
     check_same<I, O>();
     need(out.size() >= in.size(), "all_reduce: out", out.size(), in.size());
     return all_reduce_async(in.data(), out.data(), in.size(), dtype_of_v<detail::elem_t<O>>, op, o);
   }
+  /// Typed broadcast over any contiguous range; element type gives the DataType.
   template <detail::Contiguous R>
   void broadcast(R&& buf, int root, const CollOptions& o = {}) {
     broadcast(buf.data(), buf.data(), buf.size(), dtype_of_v<detail::elem_t<R>>, root, o);
   }
+  /// Nonblocking twin of broadcast(): returns a Work at once; the copy engine runs the operation.
   template <detail::Contiguous R>
   Work broadcast_async(R&& buf, int root, const CollOptions& o = {}) {
     return broadcast_async(buf.data(), buf.data(), buf.size(), dtype_of_v<detail::elem_t<R>>, root, o);
   }
+  /// Typed reduce over any contiguous range; element type gives the DataType.
   template <detail::Contiguous I, detail::Contiguous O>
   void reduce(I&& in, O&& out, ReduceOp op, int root, const CollOptions& o = {}) {
     check_same<I, O>();
     if (rank() == root) need(out.size() >= in.size(), "reduce: out at root", out.size(), in.size());
     reduce(in.data(), out.data(), in.size(), dtype_of_v<detail::elem_t<I>>, op, root, o);
   }
+  /// Typed all_gather over any contiguous range; element type gives the DataType.
   template <detail::Contiguous I, detail::Contiguous O>
   void all_gather(I&& in, O&& out, const CollOptions& o = {}) {
     check_same<I, O>();
     need(out.size() >= in.size() * size(), "all_gather: out", out.size(), in.size() * size());
     all_gather(in.data(), out.data(), in.size(), dtype_of_v<detail::elem_t<I>>, o);
   }
+  /// Nonblocking twin of all_gather(): returns a Work at once; the copy engine runs the operation.
   template <detail::Contiguous I, detail::Contiguous O>
   Work all_gather_async(I&& in, O&& out, const CollOptions& o = {}) {
     check_same<I, O>();
     need(out.size() >= in.size() * size(), "all_gather: out", out.size(), in.size() * size());
     return all_gather_async(in.data(), out.data(), in.size(), dtype_of_v<detail::elem_t<I>>, o);
   }
+  /// Typed reduce_scatter over any contiguous range; element type gives the DataType.
   template <detail::Contiguous I, detail::Contiguous O>
   void reduce_scatter(I&& in, O&& out, ReduceOp op, const CollOptions& o = {}) {
     check_same<I, O>();
     need(in.size() >= out.size() * size(), "reduce_scatter: in", in.size(), out.size() * size());
     reduce_scatter(in.data(), out.data(), out.size(), dtype_of_v<detail::elem_t<I>>, op, o);
   }
+  /// Nonblocking twin of reduce_scatter(): returns a Work at once; the copy engine runs the operation.
   template <detail::Contiguous I, detail::Contiguous O>
   Work reduce_scatter_async(I&& in, O&& out, ReduceOp op, const CollOptions& o = {}) {
     check_same<I, O>();
@@ -324,30 +353,36 @@ class Communicator {
                             std::to_string(n) + " ranks, or out (" + std::to_string(out.size()) + ") is smaller");
     all_to_all(in.data(), out.data(), in.size() / n, dtype_of_v<detail::elem_t<I>>, o);
   }
+  /// Typed gather over any contiguous range; element type gives the DataType.
   template <detail::Contiguous I, detail::Contiguous O>
   void gather(I&& in, O&& out, int root, const CollOptions& o = {}) {
     check_same<I, O>();
     if (rank() == root) need(out.size() >= in.size() * size(), "gather: out at root", out.size(), in.size() * size());
     gather(in.data(), out.data(), in.size(), dtype_of_v<detail::elem_t<I>>, root, o);
   }
+  /// Typed scatter over any contiguous range; element type gives the DataType.
   template <detail::Contiguous I, detail::Contiguous O>
   void scatter(I&& in, O&& out, int root, const CollOptions& o = {}) {
     check_same<I, O>();
     if (rank() == root) need(in.size() >= out.size() * size(), "scatter: in at root", in.size(), out.size() * size());
     scatter(in.data(), out.data(), out.size(), dtype_of_v<detail::elem_t<I>>, root, o);
   }
+  /// Typed send over any contiguous range; element type gives the DataType.
   template <detail::Contiguous R>
   void send(R&& buf, int peer, int tag = 0, const CollOptions& o = {}) {
     send(buf.data(), buf.size(), dtype_of_v<detail::elem_t<R>>, peer, tag, o);
   }
+  /// Nonblocking twin of send(): posts now; the Work completes when the receiver has the data.
   template <detail::Contiguous R>
   Work send_async(R&& buf, int peer, int tag = 0, const CollOptions& o = {}) {
     return send_async(buf.data(), buf.size(), dtype_of_v<detail::elem_t<R>>, peer, tag, o);
   }
+  /// Typed recv over any contiguous range; element type gives the DataType.
   template <detail::Contiguous R>
   void recv(R&& buf, int peer, int tag = 0, const CollOptions& o = {}) {
     recv(buf.data(), buf.size(), dtype_of_v<detail::elem_t<R>>, peer, tag, o);
   }
+  /// Nonblocking twin of recv(): returns a Work at once; the copy engine runs the operation.
   template <detail::Contiguous R>
   Work recv_async(R&& buf, int peer, int tag = 0, const CollOptions& o = {}) {
     return recv_async(buf.data(), buf.size(), dtype_of_v<detail::elem_t<R>>, peer, tag, o);

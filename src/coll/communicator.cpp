@@ -438,95 +438,165 @@ std::vector<size_t> vec_of(const size_t* p, int n) {
 
 }  // namespace
 
-#define STRATA_BOTH(name, ...)                                                        \
-  void Communicator::name(STRATA_PARAMS_##name) { run_blocking(impl_, __VA_ARGS__); } \
-  Work Communicator::name##_async(STRATA_PARAMS_##name) { return run_async(impl_, __VA_ARGS__); }
+// Each collective's Op is built by one function, used by the blocking call and its _async twin.
 
-#define STRATA_PARAMS_all_reduce const void *in, void *out, size_t count, DataType dt, ReduceOp op, const CollOptions &o
-STRATA_BOTH(all_reduce, [&] {
-  Op x = make(OpKind::AllReduce, in, out, count, dt, o);
+namespace {
+
+Op reducing_op(OpKind k, const void* in, void* out, size_t count, DataType dt, ReduceOp op, const CollOptions& o) {
+  Op x = make(k, in, out, count, dt, o);
   x.rop = op;
   return x;
-}())
-#define STRATA_PARAMS_reduce \
-  const void *in, void *out, size_t count, DataType dt, ReduceOp op, int root, const CollOptions &o
-STRATA_BOTH(reduce, [&] {
-  Op x = make(OpKind::Reduce, in, out, count, dt, o);
-  x.rop = op;
+}
+
+Op rooted_op(OpKind k, const void* in, void* out, size_t count, DataType dt, int root, const CollOptions& o) {
+  Op x = make(k, in, out, count, dt, o);
   x.root = root;
   return x;
-}())
-#define STRATA_PARAMS_broadcast const void *in, void *out, size_t count, DataType dt, int root, const CollOptions &o
-STRATA_BOTH(broadcast, [&] {
-  Op x = make(OpKind::Broadcast, in, out, count, dt, o);
+}
+
+Op reduce_op(const void* in, void* out, size_t count, DataType dt, ReduceOp op, int root, const CollOptions& o) {
+  Op x = reducing_op(OpKind::Reduce, in, out, count, dt, op, o);
   x.root = root;
   return x;
-}())
-#define STRATA_PARAMS_all_gather const void *in, void *out, size_t count, DataType dt, const CollOptions &o
-STRATA_BOTH(all_gather, make(OpKind::AllGather, in, out, count, dt, o))
-#define STRATA_PARAMS_all_gather_v const void *in, void *out, const size_t *counts, DataType dt, const CollOptions &o
-STRATA_BOTH(all_gather_v, [&] {
-  Op x = make(OpKind::AllGatherV, in, out, 0, dt, o);
-  x.counts = vec_of(counts, size());
-  return x;
-}())
-#define STRATA_PARAMS_reduce_scatter \
-  const void *in, void *out, size_t count, DataType dt, ReduceOp op, const CollOptions &o
-STRATA_BOTH(reduce_scatter, [&] {
-  Op x = make(OpKind::ReduceScatter, in, out, count, dt, o);
+}
+
+Op vector_op(OpKind k, const void* in, void* out, const size_t* counts, int n, DataType dt, ReduceOp op,
+             const CollOptions& o) {
+  Op x = make(k, in, out, 0, dt, o);
+  x.counts = vec_of(counts, n);
   x.rop = op;
   return x;
-}())
-#define STRATA_PARAMS_reduce_scatter_v \
-  const void *in, void *out, const size_t *counts, DataType dt, ReduceOp op, const CollOptions &o
-STRATA_BOTH(reduce_scatter_v, [&] {
-  Op x = make(OpKind::ReduceScatterV, in, out, 0, dt, o);
-  x.counts = vec_of(counts, size());
-  x.rop = op;
-  return x;
-}())
-#define STRATA_PARAMS_all_to_all const void *in, void *out, size_t count, DataType dt, const CollOptions &o
-STRATA_BOTH(all_to_all, make(OpKind::AllToAll, in, out, count, dt, o))
-#define STRATA_PARAMS_all_to_all_v                                                                            \
-  const void *in, const size_t *send_counts, const size_t *send_displs, void *out, const size_t *recv_counts, \
-      const size_t *recv_displs, DataType dt, const CollOptions &o
-STRATA_BOTH(all_to_all_v, [&] {
+}
+
+Op all_to_all_v_op(const void* in, const size_t* send_counts, const size_t* send_displs, void* out,
+                   const size_t* recv_counts, const size_t* recv_displs, int n, DataType dt, const CollOptions& o) {
   Op x = make(OpKind::AllToAllV, in, out, 0, dt, o);
-  x.counts = vec_of(send_counts, size());
-  x.sdispls = vec_of(send_displs, size());
-  x.rcounts = vec_of(recv_counts, size());
-  x.rdispls = vec_of(recv_displs, size());
+  x.counts = vec_of(send_counts, n);
+  x.sdispls = vec_of(send_displs, n);
+  x.rcounts = vec_of(recv_counts, n);
+  x.rdispls = vec_of(recv_displs, n);
   return x;
-}())
-#define STRATA_PARAMS_gather const void *in, void *out, size_t count, DataType dt, int root, const CollOptions &o
-STRATA_BOTH(gather, [&] {
-  Op x = make(OpKind::Gather, in, out, count, dt, o);
-  x.root = root;
-  return x;
-}())
-#define STRATA_PARAMS_scatter const void *in, void *out, size_t count, DataType dt, int root, const CollOptions &o
-STRATA_BOTH(scatter, [&] {
-  Op x = make(OpKind::Scatter, in, out, count, dt, o);
-  x.root = root;
-  return x;
-}())
-#define STRATA_PARAMS_barrier const CollOptions& o
-STRATA_BOTH(barrier, make(OpKind::Barrier, nullptr, nullptr, 0, DataType::UInt8, o))
-#define STRATA_PARAMS_send const void *buf, size_t count, DataType dt, int peer, int tag, const CollOptions &o
-STRATA_BOTH(send, [&] {
-  Op x = make(OpKind::Send, buf, nullptr, count, dt, o);
+}
+
+Op p2p_op(OpKind k, const void* in, void* out, size_t count, DataType dt, int peer, int tag, const CollOptions& o) {
+  Op x = make(k, in, out, count, dt, o);
   x.peer = peer;
   x.tag = tag;
   return x;
-}())
-#define STRATA_PARAMS_recv void *buf, size_t count, DataType dt, int peer, int tag, const CollOptions &o
-STRATA_BOTH(recv, [&] {
-  Op x = make(OpKind::Recv, nullptr, buf, count, dt, o);
-  x.peer = peer;
-  x.tag = tag;
-  return x;
-}())
-#undef STRATA_BOTH
+}
+
+}  // namespace
+
+void Communicator::all_reduce(const void* in, void* out, size_t count, DataType dt, ReduceOp op, const CollOptions& o) {
+  run_blocking(impl_, reducing_op(OpKind::AllReduce, in, out, count, dt, op, o));
+}
+Work Communicator::all_reduce_async(const void* in, void* out, size_t count, DataType dt, ReduceOp op,
+                                    const CollOptions& o) {
+  return run_async(impl_, reducing_op(OpKind::AllReduce, in, out, count, dt, op, o));
+}
+
+void Communicator::reduce(const void* in, void* out, size_t count, DataType dt, ReduceOp op, int root,
+                          const CollOptions& o) {
+  run_blocking(impl_, reduce_op(in, out, count, dt, op, root, o));
+}
+Work Communicator::reduce_async(const void* in, void* out, size_t count, DataType dt, ReduceOp op, int root,
+                                const CollOptions& o) {
+  return run_async(impl_, reduce_op(in, out, count, dt, op, root, o));
+}
+
+void Communicator::broadcast(const void* in, void* out, size_t count, DataType dt, int root, const CollOptions& o) {
+  run_blocking(impl_, rooted_op(OpKind::Broadcast, in, out, count, dt, root, o));
+}
+Work Communicator::broadcast_async(const void* in, void* out, size_t count, DataType dt, int root,
+                                   const CollOptions& o) {
+  return run_async(impl_, rooted_op(OpKind::Broadcast, in, out, count, dt, root, o));
+}
+
+void Communicator::all_gather(const void* in, void* out, size_t count, DataType dt, const CollOptions& o) {
+  run_blocking(impl_, make(OpKind::AllGather, in, out, count, dt, o));
+}
+Work Communicator::all_gather_async(const void* in, void* out, size_t count, DataType dt, const CollOptions& o) {
+  return run_async(impl_, make(OpKind::AllGather, in, out, count, dt, o));
+}
+
+void Communicator::all_gather_v(const void* in, void* out, const size_t* counts, DataType dt, const CollOptions& o) {
+  run_blocking(impl_, vector_op(OpKind::AllGatherV, in, out, counts, size(), dt, ReduceOp::Sum, o));
+}
+Work Communicator::all_gather_v_async(const void* in, void* out, const size_t* counts, DataType dt,
+                                      const CollOptions& o) {
+  return run_async(impl_, vector_op(OpKind::AllGatherV, in, out, counts, size(), dt, ReduceOp::Sum, o));
+}
+
+void Communicator::reduce_scatter(const void* in, void* out, size_t count, DataType dt, ReduceOp op,
+                                  const CollOptions& o) {
+  run_blocking(impl_, reducing_op(OpKind::ReduceScatter, in, out, count, dt, op, o));
+}
+Work Communicator::reduce_scatter_async(const void* in, void* out, size_t count, DataType dt, ReduceOp op,
+                                        const CollOptions& o) {
+  return run_async(impl_, reducing_op(OpKind::ReduceScatter, in, out, count, dt, op, o));
+}
+
+void Communicator::reduce_scatter_v(const void* in, void* out, const size_t* counts, DataType dt, ReduceOp op,
+                                    const CollOptions& o) {
+  run_blocking(impl_, vector_op(OpKind::ReduceScatterV, in, out, counts, size(), dt, op, o));
+}
+Work Communicator::reduce_scatter_v_async(const void* in, void* out, const size_t* counts, DataType dt, ReduceOp op,
+                                          const CollOptions& o) {
+  return run_async(impl_, vector_op(OpKind::ReduceScatterV, in, out, counts, size(), dt, op, o));
+}
+
+void Communicator::all_to_all(const void* in, void* out, size_t count, DataType dt, const CollOptions& o) {
+  run_blocking(impl_, make(OpKind::AllToAll, in, out, count, dt, o));
+}
+Work Communicator::all_to_all_async(const void* in, void* out, size_t count, DataType dt, const CollOptions& o) {
+  return run_async(impl_, make(OpKind::AllToAll, in, out, count, dt, o));
+}
+
+void Communicator::all_to_all_v(const void* in, const size_t* send_counts, const size_t* send_displs, void* out,
+                                const size_t* recv_counts, const size_t* recv_displs, DataType dt,
+                                const CollOptions& o) {
+  run_blocking(impl_, all_to_all_v_op(in, send_counts, send_displs, out, recv_counts, recv_displs, size(), dt, o));
+}
+Work Communicator::all_to_all_v_async(const void* in, const size_t* send_counts, const size_t* send_displs, void* out,
+                                      const size_t* recv_counts, const size_t* recv_displs, DataType dt,
+                                      const CollOptions& o) {
+  return run_async(impl_, all_to_all_v_op(in, send_counts, send_displs, out, recv_counts, recv_displs, size(), dt, o));
+}
+
+void Communicator::gather(const void* in, void* out, size_t count, DataType dt, int root, const CollOptions& o) {
+  run_blocking(impl_, rooted_op(OpKind::Gather, in, out, count, dt, root, o));
+}
+Work Communicator::gather_async(const void* in, void* out, size_t count, DataType dt, int root, const CollOptions& o) {
+  return run_async(impl_, rooted_op(OpKind::Gather, in, out, count, dt, root, o));
+}
+
+void Communicator::scatter(const void* in, void* out, size_t count, DataType dt, int root, const CollOptions& o) {
+  run_blocking(impl_, rooted_op(OpKind::Scatter, in, out, count, dt, root, o));
+}
+Work Communicator::scatter_async(const void* in, void* out, size_t count, DataType dt, int root, const CollOptions& o) {
+  return run_async(impl_, rooted_op(OpKind::Scatter, in, out, count, dt, root, o));
+}
+
+void Communicator::barrier(const CollOptions& o) {
+  run_blocking(impl_, make(OpKind::Barrier, nullptr, nullptr, 0, DataType::UInt8, o));
+}
+Work Communicator::barrier_async(const CollOptions& o) {
+  return run_async(impl_, make(OpKind::Barrier, nullptr, nullptr, 0, DataType::UInt8, o));
+}
+
+void Communicator::send(const void* buf, size_t count, DataType dt, int peer, int tag, const CollOptions& o) {
+  run_blocking(impl_, p2p_op(OpKind::Send, buf, nullptr, count, dt, peer, tag, o));
+}
+Work Communicator::send_async(const void* buf, size_t count, DataType dt, int peer, int tag, const CollOptions& o) {
+  return run_async(impl_, p2p_op(OpKind::Send, buf, nullptr, count, dt, peer, tag, o));
+}
+
+void Communicator::recv(void* buf, size_t count, DataType dt, int peer, int tag, const CollOptions& o) {
+  run_blocking(impl_, p2p_op(OpKind::Recv, nullptr, buf, count, dt, peer, tag, o));
+}
+Work Communicator::recv_async(void* buf, size_t count, DataType dt, int peer, int tag, const CollOptions& o) {
+  return run_async(impl_, p2p_op(OpKind::Recv, nullptr, buf, count, dt, peer, tag, o));
+}
 
 // ---- split, symmetric allocation, lifetime ---------------------------------------------------
 
