@@ -51,6 +51,7 @@ test: deps
 test-fast: deps
 	@scripts/run_tests.sh main
 
+# the comparison needs bench/peers/mpi_bench (built with the tree when Open MPI is installed)
 demo: build
 	@if [ ! -f examples/demo.cpp ]; then \
 	  echo "make demo: examples/demo.cpp does not exist yet (the demo is still being written)"; \
@@ -64,6 +65,9 @@ demo: build
 	@echo
 	@echo "--- examples/moe_layer: an MoE feed-forward layer (router, dispatch, SwiGLU experts, combine) ---"
 	./$(BUILD_DIR)/strata run -n 2 ./$(BUILD_DIR)/examples/moe_layer --tokens 512 --hidden 512 --ffn 256 --steps 4
+	@echo
+	@echo "--- all_reduce on 4 ranks: Strata next to Open MPI and gloo (when installed), quick sweep ---"
+	@/usr/bin/python3 scripts/demo_compare.py $(BUILD_DIR) $(BUILD_DIR)/demo || echo "(comparison failed; the demo goes on)"
 	@echo
 	@echo "--- failure recovery: 4-rank data-parallel training, rank 2 SIGKILLed at step 10;"
 	@echo "    only rank 2 is replaced, it restores from a replica, the step is redone"

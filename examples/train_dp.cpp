@@ -6,8 +6,8 @@
 // Every rank trains a replica of y = W2·relu(W1·x + b1) + b2 against a fixed teacher on
 // synthetic data that depends only on (step, rank, data cursor, RNG state), so a run with
 // failures must end with the same parameter bytes as a run without. Rank 0 prints, per
-// recovery, the detection time, the RTO and its breakdown; every rank prints a RECOVERY line
-// with raw timestamps for scripts (scripts/bench_recovery.sh).
+// recovery, the detection time, the RTO and its breakdown; with --times every rank also
+// prints a RECOVERY line with raw timestamps for scripts (scripts/bench_recovery.py).
 //
 // Fault injection (each fires once, in the original process of RANK):
 //   --fail RANK:STEP[:kill|stop|exit|killmid]  at STEP, after the local gradients: SIGKILL,
@@ -56,6 +56,7 @@ struct Options {
   std::string checkpoint;
   uint64_t checkpoint_every = 5;
   bool quiet = false;
+  bool times = false;  // per-rank RECOVERY lines with raw timestamps, for scripts/bench_recovery.py
 };
 
 [[noreturn]] void usage(const std::string& msg) {
@@ -93,6 +94,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--checkpoint") o.checkpoint = next();
     else if (a == "--checkpoint-every") o.checkpoint_every = std::stoull(next());
     else if (a == "--quiet") o.quiet = true;
+    else if (a == "--times") o.times = true;
     else usage("unknown option '" + a + "'");
   }
   return o;
@@ -307,11 +309,12 @@ int train(int argc, char** argv) {
     if (report_pending) {
       report_pending = false;
       const auto& r = last;
-      std::printf("RECOVERY rank=%d epoch=%" PRIu64 " replacement=%d injected=%" PRId64 " detected=%" PRId64
-                  " spawned=%" PRId64 " seen=%" PRId64 " rebuild_start=%" PRId64 " joined=%" PRId64 " rebuilt=%" PRId64
-                  " restored=%" PRId64 " step_done=%" PRId64 " bytes=%" PRIu64 "\n",
-                  rank, r.epoch, r.replacement ? 1 : 0, r.injected_ns, r.detected_ns, r.spawned_ns, r.seen_ns,
-                  r.rebuild_start_ns, r.joined_ns, r.rebuilt_ns, r.restored_ns, t, r.restored_bytes);
+      if (o.times)
+        std::printf("RECOVERY rank=%d epoch=%" PRIu64 " replacement=%d injected=%" PRId64 " detected=%" PRId64
+                    " spawned=%" PRId64 " seen=%" PRId64 " rebuild_start=%" PRId64 " joined=%" PRId64
+                    " rebuilt=%" PRId64 " restored=%" PRId64 " step_done=%" PRId64 " bytes=%" PRIu64 "\n",
+                    rank, r.epoch, r.replacement ? 1 : 0, r.injected_ns, r.detected_ns, r.spawned_ns, r.seen_ns,
+                    r.rebuild_start_ns, r.joined_ns, r.rebuilt_ns, r.restored_ns, t, r.restored_bytes);
       if (rank == 0) {
         std::string failed;
         for (int f : r.failed) failed += (failed.empty() ? "" : ",") + std::to_string(f);

@@ -35,7 +35,7 @@ def kv(line):
 
 def strata_once(build, n, steps, fail_step, hidden, env):
     cmd = [f"{build}/strata", "run", "--ft", "-n", str(n), "--", f"{build}/examples/train_dp", "--steps", str(steps),
-           "--hidden", str(hidden), "--quiet", "--fail", f"1:{fail_step}:kill"]
+           "--hidden", str(hidden), "--quiet", "--times", "--fail", f"1:{fail_step}:kill"]
     rc, out, err, _ = run(cmd, env)
     if rc != 0:
         raise RuntimeError(f"strata run failed (rc {rc}):\n{err[-3000:]}")

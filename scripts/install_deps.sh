@@ -36,6 +36,12 @@ PACKAGES=(
   python3-pytest
   python3-torch
   libtorch-dev
+  # `pip install .` without network: the build backend's setuptools/wheel come from Debian
+  python3-setuptools
+  python3-wheel
+  python3-venv
+  # make demo: the plot of Strata next to Open MPI and gloo
+  python3-matplotlib
   # transport/ucx: ranks on other hosts (UCX 1.13 in Debian 12); the build skips it when absent
   libucx-dev
   # examples/moe_layer: sgemm for the experts (the example falls back to its own kernel without it)

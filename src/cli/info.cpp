@@ -34,7 +34,10 @@ const char kUsage[] =
     "\n"
     "The STRATA_* variables take sizes: 8, 4K, 16M, 1G - K/M/G (also KiB, KB, ...) are powers\n"
     "of 1024; and durations: 500ms, 2s, 1.5s, 1m (units ms, s, m = minutes; a plain number is\n"
-    "milliseconds).\n";
+    "milliseconds).\n"
+    "\n"
+    "options:\n"
+    "  -h, --help       show this help\n";
 
 void row(const std::string& label, const std::string& value) {
   std::printf("%-18s %s\n", label.c_str(), value.c_str());

@@ -20,7 +20,7 @@ using cli_test::Outcome;
 using cli_test::run_cli;
 
 constexpr int kRanks = 4;
-const std::vector<std::string> kTrain = {STRATA_TRAIN_DP, "--steps", "16", "--quiet"};
+const std::vector<std::string> kTrain = {STRATA_TRAIN_DP, "--steps", "16", "--quiet", "--times"};
 // The monitor beats every 100 ms. The heartbeat timeout must leave room for a loaded CI
 // machine starving a healthy rank's monitor thread (a healthy rank declared hung would be
 // replaced and fail the PID checks), yet keep the hang test short.
