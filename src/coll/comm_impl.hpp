@@ -291,10 +291,9 @@ Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImp
                                                 std::vector<int> members, int rank, void* local_ctrl,
                                                 const std::vector<memory::SegRef>& local_refs, Deadline d);
 
-/// Runs one collective (blocking, on the calling thread). Validation already done.
+/// Runs one collective (blocking, on the calling thread) with the algorithm that
+/// coll/select.cpp chooses (coll/run.cpp). Validation already done.
 Status run_collective(CommImpl& c, coll::Op& op);
-/// The same for a communicator that spans hosts (multihost.cpp).
-Status run_collective_net(CommImpl& c, coll::Op& op);
 /// Compares peer r's descriptor `d` (and its count vector `vec` for v-collectives, when
 /// known) with this rank's (`me`, `mine`, `op`) in a communicator of n ranks: ok, or
 /// InvalidArgument naming both ranks and both calls.

@@ -80,4 +80,18 @@ static_assert(sizeof(OpDesc) == 48);
 /// "all_reduce(count=8, dtype=float32, op=sum)" for error messages.
 std::string describe(const OpDesc& d);
 
+/// Bytes one rank reads from `in` and writes to `out` during an operation.
+struct Extent {
+  size_t in = 0, out = 0;
+};
+/// The extent of `op` on rank `rank` of a communicator of `size` ranks.
+Extent extent(const Op& op, int rank, int size);
+
+/// Whether [a, a + na) and [b, b + nb) share a byte.
+inline bool overlap(const void* a, size_t na, const void* b, size_t nb) {
+  if (!na || !nb) return false;
+  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  return pa < pb + nb && pb < pa + na;
+}
+
 }  // namespace strata::coll

@@ -1,6 +1,22 @@
 target_sources(strata PRIVATE
-  ${CMAKE_CURRENT_LIST_DIR}/algorithms.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/context.cpp
   ${CMAKE_CURRENT_LIST_DIR}/communicator.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/multihost.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/context.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/op.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/run.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/select.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/validate.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/shm/all_to_all.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/shm/exec.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/shm/one_shot.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/shm/rooted.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/shm/run.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/shm/two_shot.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/net/all_to_all.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/net/direct.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/net/eager.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/net/exec.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/net/hierarchical.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/net/p2p.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/net/rooted.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/net/run.cpp
 )

@@ -1,0 +1,140 @@
+// Point-to-point across hosts: a send is its header (the receiver checks tag, dtype and
+// count) with the data of a small message riding along, or followed by the data straight
+// from the caller's buffer; a receive lands straight in the caller's buffer.
+
+#include <memory>
+
+#include "coll/net/exec.hpp"
+
+namespace strata::detail {
+
+using coll::kEagerBytes;
+using coll::Op;
+using net::kP2pData;
+using net::kP2pHeader;
+using net::make_tag;
+
+namespace {
+
+struct P2pHeader {
+  int32_t tag = 0;
+  uint32_t dtype = 0;
+  uint64_t count = 0;
+};
+
+std::string p2p_str(const char* name, const P2pHeader& h) {
+  return std::string(name) + "(count=" + std::to_string(h.count) +
+         ", dtype=" + to_string(static_cast<DataType>(h.dtype)) + ", tag=" + std::to_string(h.tag) + ")";
+}
+
+}  // namespace
+
+Result<std::shared_ptr<WorkState>> post_send_net(CommImpl& c, const Op& op) {
+  STRATA_RETURN_IF_ERROR(c.broken());
+  const int peer = op.peer;
+  const uint32_t s = ++c.send_seq[peer];
+  auto hdr = std::make_shared<P2pHeader>();
+  hdr->tag = op.tag;
+  hdr->dtype = static_cast<uint32_t>(op.dtype);
+  hdr->count = op.count;
+  const size_t bytes = op.count * dtype_size(op.dtype);
+  const int g = c.members[peer];
+  std::vector<transport::TransferPtr> xs;
+  // Straight from the caller's buffer (heap or not): nothing is staged. A small message rides
+  // with its header (one message); a larger one follows it, so that the receiver, having
+  // checked the header, receives it in place.
+  const bool eager = bytes <= kEagerBytes;
+  STRATA_ASSIGN_OR_RETURN(auto h, c.net->send2(g, make_tag(c, kP2pHeader, s, c.rank), hdr.get(), sizeof *hdr,
+                                               eager ? op.in : nullptr, eager ? bytes : 0));
+  xs.push_back(std::move(h));
+  if (!eager) {
+    STRATA_ASSIGN_OR_RETURN(auto dx, c.net->send(g, make_tag(c, kP2pData, s, c.rank), op.in, bytes));
+    xs.push_back(std::move(dx));
+  }
+  c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  auto w = std::make_shared<WorkState>();
+  w->rank = c.rank;
+  auto self = c.shared_from_this();
+  auto d = Deadline::after(op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout);
+  w->poll = [self, xs, hdr, peer, d](bool block) -> Status {
+    CommImpl& cc = *self;
+    if (!block) {
+      for (const auto& x : xs)
+        if (!cc.net->test(*x)) return Status(Code::Unavailable, "pending");
+      for (const auto& x : xs)
+        if (!x->status.is_ok()) return x->status;
+      return Status::ok();
+    }
+    Status st = cc.net->wait(xs, cc.policy(d), "send");
+    if (!st.is_ok()) {
+      Status full(st.code(),
+                  st.message() + " on rank " + std::to_string(cc.rank) + " sending to rank " + std::to_string(peer),
+                  peer);
+      if (st.code() != Code::Timeout) cc.set_broken(full);
+      return full;
+    }
+    return st;
+  };
+  return w;
+}
+
+Status recv_net(CommImpl& c, const Op& op) {
+  STRATA_RETURN_IF_ERROR(c.broken());
+  const int peer = op.peer, g = c.members[peer];
+  const uint32_t s = ++c.recv_seq[peer];
+  auto d = Deadline::after(op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout);
+  auto fail = [&](Status st) {
+    Status full(st.code(),
+                st.message() + " on rank " + std::to_string(c.rank) + " receiving from rank " + std::to_string(peer),
+                peer);
+    if (st.code() != Code::Timeout && st.code() != Code::InvalidArgument) c.set_broken(full);
+    return full;
+  };
+  // The header, then the data of a small message (see post_send_net) straight into the
+  // receive buffer; a spill area takes what a mismatching sender sent beyond that.
+  const size_t want = op.count * dtype_size(op.dtype);
+  P2pHeader h;
+  auto spill = std::make_unique_for_overwrite<char[]>(kEagerBytes);
+  const bool small = want <= kEagerBytes;
+  const transport::Part parts[3] = {
+      {&h, sizeof h}, {small ? op.out : nullptr, small ? want : 0}, {spill.get(), kEagerBytes}};
+  STRATA_ASSIGN_OR_RETURN(auto hx, c.net->recv_parts(g, make_tag(c, kP2pHeader, s, peer), parts));
+  Status st = c.net->wait({hx}, c.policy(d), "recv");
+  if (!st.is_ok()) return fail(st);
+  if (hx->received < sizeof(P2pHeader))
+    return fail(Status(
+        Code::InvalidArgument,
+        "rank " + std::to_string(peer) + " sent a " + std::to_string(hx->received) + "-byte message header", peer));
+  const bool match = h.tag == op.tag && h.dtype == static_cast<uint32_t>(op.dtype) && h.count == op.count;
+  const size_t got =
+      h.dtype <= static_cast<uint32_t>(DataType::Float64) ? h.count * dtype_size(static_cast<DataType>(h.dtype)) : 0;
+  if (got <= kEagerBytes) {
+    // The data came with the header: in place when it matches this receive.
+    if (hx->received != sizeof h + got)
+      return fail(Status(Code::InvalidArgument,
+                         "rank " + std::to_string(peer) + " sent " + std::to_string(hx->received - sizeof h) +
+                             " data bytes for " + p2p_str("send", h),
+                         peer));
+  } else {
+    // On a mismatch the data is still taken (into a discard buffer), so the sender completes
+    // and both sides stay in step for the next message.
+    std::vector<char> discard(match ? 0 : got);
+    STRATA_ASSIGN_OR_RETURN(
+        auto dx, c.net->recv(g, make_tag(c, kP2pData, s, peer), match ? op.out : discard.data(), match ? want : got));
+    st = c.net->wait({dx}, c.policy(d), "recv");
+    if (!st.is_ok()) return fail(st);
+  }
+  if (!match) {
+    P2pHeader mine{op.tag, static_cast<uint32_t>(op.dtype), op.count};
+    return Status(Code::InvalidArgument,
+                  "send/recv mismatch: rank " + std::to_string(c.rank) + " called " + p2p_str("recv", mine) +
+                      " from rank " + std::to_string(peer) + " but rank " + std::to_string(peer) + " called " +
+                      p2p_str("send", h),
+                  peer);
+  }
+  c.direct_bytes.fetch_add(want, std::memory_order_relaxed);
+  c.ops.fetch_add(1, std::memory_order_relaxed);
+  return Status::ok();
+}
+
+}  // namespace strata::detail

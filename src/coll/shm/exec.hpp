@@ -1,0 +1,166 @@
+#pragma once
+// What the shared-memory algorithms share: the state of one collective while it runs on
+// this rank (Exec: its effective buffers, how to reach every peer's), the source list of a
+// reduction, and each algorithm family's entry point (one file per family in coll/shm/).
+
+#include <utility>
+#include <vector>
+
+#include "coll/comm_impl.hpp"
+#include "coll/counts.hpp"
+#include "coll/select.hpp"
+#include "common/reduce.hpp"
+
+namespace strata::detail::shm {
+
+using coll::Op;
+using coll::OpDesc;
+using coll::OpKind;
+
+/// Everything one collective needs while it runs on this rank.
+struct Exec {
+  CommImpl& c;
+  const Op& op;
+  Deadline deadline;
+  char* in = nullptr;  // this rank's effective (heap) buffers
+  char* out = nullptr;
+  size_t esz = 0;
+
+  const OpDesc& desc(int r) const { return c.peers[r].hdr()->slot(c.seq).desc; }
+
+  bool cma(int r, uint32_t flag) const { return r != c.rank && (desc(r).flags & flag); }
+
+  /// Readable address of `bytes` at `offset` in rank r's input. A CMA-registered input is
+  /// read into a landing buffer first (only reductions need that; copies use copy_from).
+  Result<char*> peer_in(int r, size_t offset, size_t bytes) {
+    if (r == c.rank) return in + offset;
+    if (!bytes) return static_cast<char*>(nullptr);
+    const OpDesc& d = desc(r);
+    if (!(d.flags & OpDesc::kHasIn)) return internal_error("rank " + std::to_string(r) + " published no input buffer");
+    if (d.flags & OpDesc::kInCma) {
+      auto& tmp = c.cma_tmp[r];
+      if (tmp.size() < bytes) tmp.resize(bytes);
+      STRATA_RETURN_IF_ERROR(
+          memory::cma_read(c.pids[r], reinterpret_cast<const void*>(d.in_off + offset), tmp.data(), bytes));
+      c.cma_bytes.fetch_add(bytes, std::memory_order_relaxed);
+      return tmp.data();
+    }
+    STRATA_ASSIGN_OR_RETURN(void* p,
+                            c.ctx->heap->peer_ptr(c.members[r], {d.in_seg, d.in_off + offset}, bytes, deadline));
+    return static_cast<char*>(p);
+  }
+  Result<char*> peer_out(int r, size_t offset, size_t bytes) {
+    if (r == c.rank) return out + offset;
+    if (!bytes) return static_cast<char*>(nullptr);
+    const OpDesc& d = desc(r);
+    if (!(d.flags & OpDesc::kHasOut))
+      return internal_error("rank " + std::to_string(r) + " published no output buffer");
+    if (d.flags & OpDesc::kOutCma) return internal_error("peer_out on a CMA buffer of rank " + std::to_string(r));
+    STRATA_ASSIGN_OR_RETURN(void* p,
+                            c.ctx->heap->peer_ptr(c.members[r], {d.out_seg, d.out_off + offset}, bytes, deadline));
+    return static_cast<char*>(p);
+  }
+  /// dst <- rank r's input or output at offset: one copy, whether mapped or CMA. `uncached`
+  /// streams a mapped source around the cache (see copy_uncached).
+  Status copy_from(int r, bool from_out, size_t offset, void* dst, size_t bytes, bool uncached = false) {
+    if (!bytes) return Status::ok();
+    if (cma(r, from_out ? OpDesc::kOutCma : OpDesc::kInCma)) {
+      const OpDesc& d = desc(r);
+      uint64_t base = from_out ? d.out_off : d.in_off;
+      STRATA_RETURN_IF_ERROR(memory::cma_read(c.pids[r], reinterpret_cast<const void*>(base + offset), dst, bytes));
+      c.cma_bytes.fetch_add(bytes, std::memory_order_relaxed);
+      return Status::ok();
+    }
+    STRATA_ASSIGN_OR_RETURN(char* p, from_out ? peer_out(r, offset, bytes) : peer_in(r, offset, bytes));
+    copy(dst, p, bytes, uncached);
+    return Status::ok();
+  }
+  /// rank r's output at offset <- src.
+  Status copy_to_out(int r, size_t offset, const void* src, size_t bytes) {
+    if (!bytes) return Status::ok();
+    if (cma(r, OpDesc::kOutCma)) {
+      STRATA_RETURN_IF_ERROR(
+          memory::cma_write(c.pids[r], reinterpret_cast<void*>(desc(r).out_off + offset), src, bytes));
+      c.cma_bytes.fetch_add(bytes, std::memory_order_relaxed);
+      return Status::ok();
+    }
+    STRATA_ASSIGN_OR_RETURN(char* p, peer_out(r, offset, bytes));
+    copy(p, src, bytes);
+    return Status::ok();
+  }
+  void copy(void* dst, const void* src, size_t bytes, bool uncached = false) {
+    if (!bytes || dst == src) return;
+    if (uncached) kernels::copy_uncached(dst, src, bytes);
+    else kernels::copy(dst, src, bytes);
+    c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  Status sync(const char* what) { return c.sync(deadline, what); }
+};
+
+inline std::pair<size_t, size_t> slice(size_t count, int n, int i, size_t esz) {
+  return coll::balanced_slice(count, n, i, esz);
+}
+
+inline int divisor(const Exec& x) { return x.c.size; }
+
+/// Source pointers of a reduction: on the stack for the usual rank counts.
+class Srcs {
+ public:
+  explicit Srcs(int n) {
+    if (n > kInline) heap_.resize(n);
+    p_ = n > kInline ? heap_.data() : inline_;
+  }
+  const void*& operator[](int i) { return p_[i]; }
+  const void* const* data() const { return p_; }
+
+ private:
+  static constexpr int kInline = 16;
+  const void* inline_[kInline];
+  std::vector<const void*> heap_;
+  const void** p_;
+};
+
+/// dst[lo, hi) <- the reduction of every rank's input over [lo, hi) (elements), peers in
+/// rank order starting with this rank. Where a peer's input is reachable only by CMA, its
+
+/// dst[lo, hi) <- the reduction of every rank's input over [lo, hi) (elements), in rank
+/// order starting with this rank (exec.cpp).
+Status reduce_range(Exec& x, char* dst, size_t lo, size_t hi);
+
+/// Runs `op` with the selected algorithm within one host (run.cpp).
+Status run(CommImpl& c, Op& op, coll::Algo algo);
+
+/// Takes the next sequence number and describes `op` for the peers' check (run.cpp).
+OpDesc next_desc(CommImpl& c, const Op& op, coll::Algo algo);
+/// Compares every peer's descriptor with ours (`mine`, as built locally) (run.cpp).
+Status check_descriptors(const CommImpl& c, const Op& op, const OpDesc& mine);
+
+// one_shot.cpp
+/// all_reduce whose input travels inline in the control block (coll::Algo::Inline).
+Status all_reduce_inline(CommImpl& c, const Op& op, Deadline deadline);
+/// all_reduce: every rank reduces every input; `tmp` holds the result when in place.
+Status all_reduce_one_shot(Exec& x, void* tmp);
+
+// two_shot.cpp
+/// all_reduce: direct reduce-scatter into each rank's own output slice, then all-gather.
+Status all_reduce_two_shot(Exec& x);
+/// Rank r reduces block r (`counts`, packed in rank order) of every input into its output.
+Status reduce_scatter(Exec& x, const std::vector<size_t>& counts);
+/// Every rank copies every peer's block (`counts`, packed in rank order) into its output.
+Status all_gather(Exec& x, const std::vector<size_t>& counts);
+
+// all_to_all.cpp
+/// all_to_all and all_to_all_v: each rank copies its block from every peer's input.
+Status all_to_all(Exec& x, void* tmp);
+
+// rooted.cpp
+/// Each rank reduces its slice of every input straight into the root's output.
+Status reduce(Exec& x);
+/// Each rank copies the root's input.
+Status broadcast(Exec& x);
+/// Each rank writes its block straight into the root's output.
+Status gather(Exec& x);
+/// Each rank copies its block of the root's input.
+Status scatter(Exec& x);
+
+}  // namespace strata::detail::shm

@@ -1,0 +1,220 @@
+// A collective within one host: stage what peers cannot reach (external buffers that are
+// neither registered nor large), publish this rank's descriptor, check every peer's, then
+// run the chosen algorithm (one file per family beside this one) straight on the ranks' own
+// buffers.
+
+#include <algorithm>
+#include <optional>
+
+#include "coll/shm/exec.hpp"
+
+namespace strata::detail::shm {
+
+using coll::has_count;
+
+/// Compares every peer's descriptor with ours; all ranks reach the same verdict because they
+/// all see the same descriptors.
+/// `mine` is this rank's descriptor as built locally: reading it back from the published
+/// slot would wait for the cache line that peers are busy claiming.
+Status check_descriptors(const CommImpl& c, const Op& op, const OpDesc& mine) {
+  const int n = c.size;
+  auto kind = static_cast<OpKind>(mine.kind);
+  const bool has_vec = kind == OpKind::AllGatherV || kind == OpKind::ReduceScatterV || kind == OpKind::AllToAllV;
+  for (int k = 1; k < n; ++k) {
+    int r = (c.rank + k) % n;
+    STRATA_RETURN_IF_ERROR(compare_descriptor(op, mine, c.rank, c.peers[r].hdr()->slot(c.seq).desc,
+                                              has_vec ? c.peers[r].vec() : nullptr, r, n));
+  }
+  return Status::ok();
+}
+
+/// Takes the next sequence number and describes `op` for the peers' check.
+OpDesc next_desc(CommImpl& c, const Op& op, coll::Algo algo) {
+  OpDesc d{};
+  d.seq = ++c.seq;
+  d.kind = static_cast<uint8_t>(op.kind);
+  d.dtype = static_cast<uint8_t>(op.dtype);
+  d.rop = static_cast<uint8_t>(op.rop);
+  d.algo = static_cast<uint8_t>(algo);
+  d.root = op.root;
+  d.count = has_count(op.kind) ? op.count : 0;
+  return d;
+}
+
+namespace {
+
+/// Whether peers read or write this rank's output during `kind` (else only this rank
+/// writes it, and an external output is written in place).
+bool peers_touch_out(OpKind kind, coll::Algo algo) {
+  return kind == OpKind::Reduce || kind == OpKind::Gather || (kind == OpKind::AllReduce && algo == coll::Algo::TwoShot);
+}
+
+/// Whether peers read this rank's input during `kind` (gather pushes it instead).
+bool peers_read_in(OpKind kind) { return kind != OpKind::Gather; }
+
+}  // namespace
+
+Status run(CommImpl& c, Op& op, coll::Algo algo) {
+  auto timeout = op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout;
+  if (algo == coll::Algo::Inline) return all_reduce_inline(c, op, Deadline::after(timeout));
+  Exec x{c, op, Deadline::after(timeout)};
+  x.esz = dtype_size(op.dtype);
+  memory::Heap& heap = *c.ctx->heap;
+  const int n = c.size;
+
+  // Stage external buffers into heap scratch (the only copies made on their behalf).
+  coll::Extent ext = coll::extent(op, c.rank, c.size);
+  char* in = const_cast<char*>(static_cast<const char*>(op.in));
+  char* out = static_cast<char*>(op.out);
+  struct CopyBack {
+    char* dst = nullptr;
+    const char* src = nullptr;
+    size_t bytes = 0;
+  } back;
+  std::optional<memory::SegRef> in_ref = ext.in ? heap.locate(in, ext.in) : std::nullopt;
+  std::optional<memory::SegRef> out_ref = ext.out ? heap.locate(out, ext.out) : std::nullopt;
+  bool in_ext = ext.in && !in_ref;
+  bool out_ext = ext.out && !out_ref;
+  // A buffer that only its owner touches needs no staging, external or not: the output of
+  // most collectives (each rank writes its own) and gather's input (each rank pushes it).
+  const bool out_local = out_ext && !peers_touch_out(op.kind, algo);
+  const bool in_local = in_ext && !peers_read_in(op.kind);
+  if (out_local) out_ext = false;
+  if (in_local) in_ext = false;
+  // External buffers that are registered, or large (a copy through the heap would cost more
+  // than the system calls), are read and written in place by peers with CMA (single copy)
+  // when every member can; otherwise they are staged. Each rank decides for its own buffers
+  // and says so in its descriptor.
+  const size_t cma_min = c.ctx->env.cma_min_bytes;
+  bool in_cma = in_ext && c.cma_all && (ext.in >= cma_min || c.ctx->is_registered(in, ext.in));
+  bool out_cma = out_ext && c.cma_all && (ext.out >= cma_min || c.ctx->is_registered(out, ext.out));
+  const bool both_staged_together = coll::overlap(in, ext.in, out, ext.out) && (in_ext || out_ext) && !out_local;
+  if (both_staged_together && !(in_cma && out_cma)) in_cma = out_cma = false;
+  if (in_cma) in_ext = false;
+  if (out_cma) out_ext = false;
+  if (both_staged_together && (in_ext || out_ext)) {
+    auto lo = std::min(in, out);
+    auto hi = std::max(in + ext.in, out + ext.out);
+    size_t bytes = static_cast<size_t>(hi - lo);
+    STRATA_ASSIGN_OR_RETURN(void* s, c.scratch_block(0, bytes));
+    kernels::copy(s, lo, bytes);
+    in = static_cast<char*>(s) + (in - lo);
+    out = static_cast<char*>(s) + (out - lo);
+    back = {lo, static_cast<char*>(s), bytes};
+    if (ext.in) in_ref = heap.locate(in, ext.in);
+    if (ext.out) out_ref = heap.locate(out, ext.out);
+    c.staged_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  } else {
+    if (in_ext) {
+      STRATA_ASSIGN_OR_RETURN(void* s, c.scratch_block(0, ext.in));
+      kernels::copy(s, in, ext.in);
+      c.staged_bytes.fetch_add(ext.in, std::memory_order_relaxed);
+      in = static_cast<char*>(s);
+      in_ref = heap.locate(in, ext.in);
+    }
+    if (out_ext) {
+      STRATA_ASSIGN_OR_RETURN(void* s, c.scratch_block(1, ext.out));
+      // all_to_all_v writes only the receive ranges; keep the rest of out as it was.
+      if (op.kind == OpKind::AllToAllV) {
+        kernels::copy(s, out, ext.out);
+        c.staged_bytes.fetch_add(ext.out, std::memory_order_relaxed);
+      }
+      back = {out, static_cast<char*>(s), ext.out};
+      out = static_cast<char*>(s);
+      out_ref = heap.locate(out, ext.out);
+    }
+  }
+  x.in = in;
+  x.out = out;
+
+  // In place, one-shot all_reduce and all_to_all land in a temporary (peers still read the
+  // bytes they would overwrite).
+  bool need_tmp = in == out && ext.out &&
+                  ((op.kind == OpKind::AllReduce && algo == coll::Algo::OneShot && n > 1) ||
+                   op.kind == OpKind::AllToAll || op.kind == OpKind::AllToAllV);
+  void* tmp = nullptr;
+  if (need_tmp) {
+    STRATA_ASSIGN_OR_RETURN(tmp, c.scratch_block(2, ext.out));
+  }
+
+  // Publish the descriptor.
+  OpDesc d = next_desc(c, op, algo);
+  if (ext.in) {
+    d.flags |= OpDesc::kHasIn;
+    if (in_cma) {
+      d.flags |= OpDesc::kInCma;
+      d.in_off = reinterpret_cast<uint64_t>(in);
+    } else {
+      d.in_seg = in_ref->seg;
+      d.in_off = in_ref->offset;
+    }
+  }
+  if (ext.out) {
+    d.flags |= OpDesc::kHasOut;
+    if (out_cma) {
+      d.flags |= OpDesc::kOutCma;
+      d.out_off = reinterpret_cast<uint64_t>(out);
+    } else {
+      d.out_seg = out_ref->seg;
+      d.out_off = out_ref->offset;
+    }
+  }
+  uint64_t* vec = c.self.vec();
+  if (op.kind == OpKind::AllGatherV || op.kind == OpKind::ReduceScatterV || op.kind == OpKind::AllToAllV) {
+    for (int j = 0; j < n; ++j) vec[j] = op.counts[j];
+  }
+  if (op.kind == OpKind::AllToAllV) {
+    for (int j = 0; j < n; ++j) {
+      vec[n + j] = op.sdispls[j];
+      vec[2 * n + j] = op.rcounts[j];
+      vec[3 * n + j] = op.rdispls[j];
+    }
+  }
+  c.self.hdr()->slot(c.seq).desc = d;
+  const char* name = coll::to_string(op.kind);
+  STRATA_RETURN_IF_ERROR(c.sync(x.deadline, name));
+
+  // Every rank sees the mismatch after the same one step and returns; the communicator stays
+  // usable (slots alternate, so nobody overwrites a descriptor a peer is still checking).
+  Status st = check_descriptors(c, op, d);
+  if (!st.is_ok()) return st;
+
+  std::vector<size_t> counts;
+  switch (op.kind) {
+    case OpKind::AllReduce:
+      if (n == 1) {
+        x.copy(out, in, op.count * x.esz);
+        st = Status::ok();
+      } else {
+        st = algo == coll::Algo::OneShot ? all_reduce_one_shot(x, tmp) : all_reduce_two_shot(x);
+      }
+      break;
+    case OpKind::Reduce: st = reduce(x); break;
+    case OpKind::Broadcast: st = broadcast(x); break;
+    case OpKind::AllGather:
+      counts.assign(n, op.count);
+      st = all_gather(x, counts);
+      break;
+    case OpKind::AllGatherV: st = all_gather(x, op.counts); break;
+    case OpKind::ReduceScatter:
+      counts.assign(n, op.count);
+      st = reduce_scatter(x, counts);
+      break;
+    case OpKind::ReduceScatterV: st = reduce_scatter(x, op.counts); break;
+    case OpKind::AllToAll:
+    case OpKind::AllToAllV: st = all_to_all(x, tmp); break;
+    case OpKind::Gather: st = gather(x); break;
+    case OpKind::Scatter: st = scatter(x); break;
+    case OpKind::Barrier: break;  // the first step was the barrier
+    default: st = internal_error(std::string("not a collective: ") + name);
+  }
+  if (!st.is_ok()) return st.with_context(std::string(name) + ": ");
+  if (back.bytes) {
+    kernels::copy(back.dst, back.src, back.bytes);
+    c.staged_bytes.fetch_add(back.bytes, std::memory_order_relaxed);
+  }
+  c.ops.fetch_add(1, std::memory_order_relaxed);
+  return Status::ok();
+}
+
+}  // namespace strata::detail::shm

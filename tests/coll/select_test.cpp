@@ -1,0 +1,136 @@
+// The selection table (coll/select.cpp): which algorithm each call gets, by kind, size,
+// CollOptions::algorithm and communicator shape, at both sides of every threshold. A change
+// of a threshold or of a rule's order shows here, by name, before it shows as a slowdown.
+
+#include <gtest/gtest.h>
+
+#include "coll/comm_impl.hpp"
+#include "coll/select.hpp"
+
+namespace strata::coll {
+namespace {
+
+constexpr size_t kOneShotMax = 256 * 1024;
+
+Shape one_host(int n) {
+  Shape s;
+  s.size = n;
+  s.local_size = n;
+  s.oneshot_max_bytes = kOneShotMax;
+  return s;
+}
+
+/// `hosts` hosts holding `per_host` ranks each, in contiguous blocks.
+Shape hosts(int hosts, int per_host) {
+  Shape s = one_host(hosts * per_host);
+  s.spans_hosts = true;
+  s.hosts = hosts;
+  s.local_size = per_host;
+  s.shared_host = per_host > 1;
+  return s;
+}
+
+Op call(OpKind kind, size_t bytes, Algorithm algo = Algorithm::Auto, DataType dtype = DataType::Float32) {
+  Op op;
+  op.kind = kind;
+  op.dtype = dtype;
+  op.count = bytes / dtype_size(dtype);
+  op.opts.algorithm = algo;
+  return op;
+}
+
+Algo pick(const Shape& s, const Op& op) {
+  Selection sel = select_algorithm(s, op);
+  EXPECT_NE(std::string(sel.reason), "") << "every rule says why it chose " << to_string(sel.algo);
+  return sel.algo;
+}
+
+#define EXPECT_ALGO(want, shape, op) \
+  EXPECT_EQ(to_string(pick(shape, op)), std::string(to_string(want))) << "for " << to_string((op).kind)
+
+TEST(Select, OneHostAllReduceBySize) {
+  const Shape two = one_host(2);
+  EXPECT_ALGO(Algo::Inline, two, call(OpKind::AllReduce, 4));
+  EXPECT_ALGO(Algo::Inline, two, call(OpKind::AllReduce, detail::kInlineBytes));
+  EXPECT_ALGO(Algo::OneShot, two, call(OpKind::AllReduce, detail::kInlineBytes + 4));
+  // bytes x ranks <= 2 x the one-shot limit: at 2 ranks the limit itself.
+  EXPECT_ALGO(Algo::OneShot, two, call(OpKind::AllReduce, kOneShotMax));
+  EXPECT_ALGO(Algo::TwoShot, two, call(OpKind::AllReduce, kOneShotMax + 4));
+  // The limit shrinks as more inputs are read.
+  const Shape eight = one_host(8);
+  EXPECT_ALGO(Algo::OneShot, eight, call(OpKind::AllReduce, kOneShotMax / 4));
+  EXPECT_ALGO(Algo::TwoShot, eight, call(OpKind::AllReduce, kOneShotMax / 4 + 4));
+}
+
+TEST(Select, OneHostAskedAlgorithmWinsOverSize) {
+  const Shape two = one_host(2);
+  EXPECT_ALGO(Algo::TwoShot, two, call(OpKind::AllReduce, 8, Algorithm::TwoShot));
+  EXPECT_ALGO(Algo::OneShot, two, call(OpKind::AllReduce, 64 << 20, Algorithm::OneShot));
+  // A single rank never takes the inline path (there is no peer to hand the input to).
+  EXPECT_ALGO(Algo::OneShot, one_host(1), call(OpKind::AllReduce, 8));
+}
+
+TEST(Select, OneHostOtherKindsHaveOneAlgorithm) {
+  for (OpKind k :
+       {OpKind::Reduce, OpKind::Broadcast, OpKind::AllGather, OpKind::AllGatherV, OpKind::ReduceScatter,
+        OpKind::ReduceScatterV, OpKind::AllToAll, OpKind::AllToAllV, OpKind::Gather, OpKind::Scatter, OpKind::Barrier})
+    for (size_t bytes : {size_t{8}, size_t{64} << 20}) EXPECT_ALGO(Algo::Single, one_host(4), call(k, bytes));
+}
+
+TEST(Select, AcrossHostsEagerUpToTheLimit) {
+  const Shape s = hosts(2, 2);
+  for (OpKind k : {OpKind::AllReduce, OpKind::AllGather, OpKind::AllToAll, OpKind::Broadcast, OpKind::Scatter,
+                   OpKind::Reduce, OpKind::Gather}) {
+    EXPECT_ALGO(Algo::NetEager, s, call(k, kEagerBytes));
+    EXPECT_NE(pick(s, call(k, kEagerBytes + 4)), Algo::NetEager) << to_string(k);
+  }
+  // Kinds without an eager form, however small.
+  for (OpKind k : {OpKind::ReduceScatter, OpKind::AllGatherV, OpKind::ReduceScatterV, OpKind::AllToAllV}) {
+    EXPECT_NE(pick(s, call(k, 8)), Algo::NetEager) << to_string(k);
+  }
+  // TwoShot turns eager all_reduce off; OneShot keeps it.
+  EXPECT_ALGO(Algo::NetDirect, s, call(OpKind::AllReduce, 8, Algorithm::TwoShot));
+  EXPECT_ALGO(Algo::NetEager, s, call(OpKind::AllReduce, 8, Algorithm::OneShot));
+}
+
+TEST(Select, AcrossHostsHierarchicalNeedsRails) {
+  const size_t big = size_t{1} << 20;
+  // Even hosts with several ranks each: rails exist.
+  EXPECT_ALGO(Algo::NetHierarchical, hosts(2, 2), call(OpKind::AllReduce, big));
+  EXPECT_ALGO(Algo::NetHierarchical, hosts(2, 2), call(OpKind::AllGather, big));
+  EXPECT_ALGO(Algo::NetHierarchical, hosts(2, 2), call(OpKind::ReduceScatterV, big));
+  EXPECT_ALGO(Algo::NetHierarchical, hosts(2, 2), call(OpKind::Broadcast, big));
+  EXPECT_ALGO(Algo::NetHierarchical, hosts(2, 2), call(OpKind::Reduce, big));
+  EXPECT_ALGO(Algo::NetDirect, hosts(2, 2), call(OpKind::AllToAll, big));
+  EXPECT_ALGO(Algo::NetDirect, hosts(2, 2), call(OpKind::Gather, big));
+  // One rank per host: no intra-host step to gain from.
+  EXPECT_ALGO(Algo::NetDirect, hosts(3, 1), call(OpKind::AllReduce, big));
+  EXPECT_ALGO(Algo::NetDirect, hosts(3, 1), call(OpKind::Broadcast, big));
+  // Uneven hosts: no rails, but broadcast/reduce still go through one rank per host.
+  Shape uneven = hosts(2, 2);
+  uneven.even_hosts = false;
+  EXPECT_ALGO(Algo::NetDirect, uneven, call(OpKind::AllReduce, big));
+  EXPECT_ALGO(Algo::NetHierarchical, uneven, call(OpKind::Reduce, big));
+  // Blocks need hosts holding contiguous ranks.
+  Shape interleaved = hosts(2, 2);
+  interleaved.contiguous_hosts = false;
+  EXPECT_ALGO(Algo::NetDirect, interleaved, call(OpKind::AllGather, big));
+  EXPECT_ALGO(Algo::NetHierarchical, interleaved, call(OpKind::AllReduce, big));
+  // An asked-for algorithm means the direct pattern.
+  for (Algorithm a : {Algorithm::OneShot, Algorithm::TwoShot})
+    EXPECT_ALGO(Algo::NetDirect, hosts(2, 2), call(OpKind::AllReduce, big, a));
+}
+
+TEST(Select, DescriptionNamesTheAlgorithm) {
+  OpDesc d;
+  d.kind = static_cast<uint8_t>(OpKind::AllReduce);
+  d.dtype = static_cast<uint8_t>(DataType::Float32);
+  d.count = 8;
+  for (Algo a : {Algo::Inline, Algo::OneShot, Algo::TwoShot, Algo::NetEager, Algo::NetHierarchical}) {
+    d.algo = static_cast<uint8_t>(a);
+    EXPECT_NE(describe(d).find(std::string("algorithm=") + to_string(a)), std::string::npos) << describe(d);
+  }
+}
+
+}  // namespace
+}  // namespace strata::coll
