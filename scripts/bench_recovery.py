@@ -20,6 +20,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report_common import log_axes, md_row, md_rule, pyplot, write_lines  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -133,9 +136,9 @@ def write_doc(a, rows):
              f"- **baseline**: `strata run --ft --restart-all`: every rank killed and restarted under a new job, "
              f"checkpoint written every {a.checkpoint_every} steps reloaded, {rows[0]['lost']} lost steps redone "
              "(kill → the interrupted step completed again).\n")
-    L.append("| ranks | detection | RTO | detect | spawn | start | join | rebuild | state | redo | baseline RTO | "
-             "baseline / strata |")
-    L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    L.append(md_row(["ranks", "detection", "RTO", "detect", "spawn", "start", "join", "rebuild", "state", "redo",
+                     "baseline RTO", "baseline / strata"]))
+    L.append(md_rule("r" * 12))
     for r in rows:
         L.append(f"| {r['n']} | {r['detect_all']:.1f} | {r['rto']:.0f} | {r['detect']:.1f} | {r['spawn']:.1f} | "
                  f"{r['replacement_start']:.1f} | {r['join']:.1f} | {r['rebuild']:.1f} | {r['state']:.1f} | "
@@ -146,27 +149,20 @@ def write_doc(a, rows):
              "0 steps lost in every strata run (the final parameters are bit-identical to a run without failure: "
              "`tests/recovery/recovery_test.cpp` checks this for every fault kind).\n")
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is not None:
         fig, ax = plt.subplots(figsize=(6.4, 4))
         ns = [r["n"] for r in rows]
         ax.plot(ns, [r["rto"] for r in rows], "o-", label="strata: replace failed rank, restore from replica")
         ax.plot(ns, [r["base_rto"] for r in rows], "s-", label="baseline: restart all + checkpoint")
         ax.plot(ns, [r["detect_all"] for r in rows], "^--", label="strata detection (all survivors)")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("ranks (one host, 2 cores)")
-        ax.set_ylabel("ms (median)")
-        ax.set_title("Recovery time after a SIGKILL")
-        ax.grid(True, which="both", alpha=0.3)
+        log_axes(ax, "ranks (one host, 2 cores)", "ms (median)", "Recovery time after a SIGKILL")
         ax.legend(fontsize=8)
         png = os.path.join(os.path.dirname(a.out), "recovery_rto.png")
         fig.tight_layout()
         fig.savefig(png, dpi=110)
         L.append("![RTO vs ranks](recovery_rto.png)\n")
-    except ImportError:
+    else:
         L.append("(matplotlib is not installed: `scripts/install_bench_deps.sh` adds it; no plot.)\n")
     L.append("## Reading the figures\n")
     L.append("The machine has 2 cores, so every extra rank is another process competing for them: start-up "
@@ -176,9 +172,7 @@ def write_doc(a, rows):
              "attaching its new control block, one store counter and one flag (see `src/recovery/rebuild.cpp`). "
              "The replacement maps the peers it talks to (every control block of the world communicator, "
              "its donor's state) and that is what grows.\n")
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        f.write("\n".join(L))
+    write_lines(a.out, L)
     print(f"wrote {a.out}", file=sys.stderr)
 
 

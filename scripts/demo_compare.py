@@ -10,6 +10,9 @@ import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report_common import log_axes, pyplot  # noqa: E402
+
 N, MIN, MAX, FACTOR = 4, "8", "16M", "8"
 QUICK = ["--target-ms", "20", "--repeats", "3", "-q"]
 
@@ -73,23 +76,16 @@ def main():
             if r and n != "strata":
                 ups.append(f"{r['time_us'] / systems['strata'][size]['time_us']:.1f}x vs {n}")
         print(f"{human(size):>10}{cells}   {', '.join(ups)}")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         print("plot skipped: no matplotlib for this python (apt-get install python3-matplotlib)")
         return 0
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for n in names:
         pts = sorted(systems[n].items())
         ax.plot([s for s, _ in pts], [r["time_us"] for _, r in pts], marker="o", label=n)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("bytes per rank")
-    ax.set_ylabel("time per all_reduce (us)")
-    ax.set_title(f"all_reduce, {N} ranks on one host (make demo, quick sweep)")
-    ax.grid(True, which="both", alpha=0.3)
+    log_axes(ax, "bytes per rank", "time per all_reduce (us)",
+             f"all_reduce, {N} ranks on one host (make demo, quick sweep)")
     ax.legend()
     path = os.path.join(out_dir, "demo_all_reduce.png")
     fig.savefig(path, dpi=110, bbox_inches="tight")

@@ -11,6 +11,9 @@ import re
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report_common import between, md_row, md_rule, pyplot, read_text, replace_section, times, write_lines  # noqa: E402
+
 HEAD_BEGIN = "<!-- moe-headline -->"
 HEAD_END = "<!-- /moe-headline -->"
 SECTION = "## MoE dispatch/combine"
@@ -28,22 +31,14 @@ def load(results_dir):
     return rows
 
 
-def read(path, default=""):
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return default
-
-
 def machine():
     cpu = "?"
-    for line in read("/proc/cpuinfo").splitlines():
+    for line in read_text("/proc/cpuinfo").splitlines():
         if line.startswith("model name"):
             cpu = line.split(":", 1)[1].strip()
             break
     mem = "?"
-    m = re.search(r"MemTotal:\s+(\d+)", read("/proc/meminfo"))
+    m = re.search(r"MemTotal:\s+(\d+)", read_text("/proc/meminfo"))
     if m:
         mem = "%.1f GiB" % (int(m.group(1)) / 1048576)
     return "%s, %d CPUs, %s, Linux %s" % (cpu, os.cpu_count() or 0, mem, platform.release())
@@ -75,9 +70,8 @@ def index(rows):
 
 def headline(idx, ranks):
     """The R = `ranks` table: the schedule made for the phase vs Relay and Open MPI."""
-    L = ["| case | schedule | dispatch µs | combine µs | total µs | Relay total µs | Open MPI total µs "
-         "| × vs Relay (≥ %.1f) | × vs Open MPI (≥ %.1f) |" % (TARGET_RELAY, TARGET_MPI),
-         "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    L = [md_row(["case", "schedule", "dispatch µs", "combine µs", "total µs", "Relay total µs", "Open MPI total µs",
+                 "× vs Relay (≥ %.1f)" % TARGET_RELAY, "× vs Open MPI (≥ %.1f)" % TARGET_MPI]), md_rule("llrrrrrrr")]
     met = misses = 0
     for key in sorted((k for k in idx if k[0] == ranks), key=lambda k: (k[1] != "prefill", k[2])):
         m = idx[key]
@@ -92,39 +86,34 @@ def headline(idx, ranks):
                 ok = x >= target
                 met += ok
                 misses += not ok
-                cells.append("%.2f× %s" % (x, "✓" if ok else "✗"))
+                cells.append("%s %s" % (times(x), "✓" if ok else "✗"))
             else:
                 cells.append("–")
-        L.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            case_name(best), key[1], fmt_us(best["dispatch_us"]), fmt_us(best["combine_us"]), fmt_us(total(best)),
-            fmt_us(total(relay)) if relay else "–", fmt_us(total(mpi)) if mpi else "–", cells[0], cells[1]))
+        L.append(md_row([case_name(best), key[1], fmt_us(best["dispatch_us"]), fmt_us(best["combine_us"]),
+                         fmt_us(total(best)), fmt_us(total(relay)) if relay else "–",
+                         fmt_us(total(mpi)) if mpi else "–"] + cells))
     return L, met, misses
 
 
 def full_table(idx, ranks):
-    L = ["| case | method | dispatch µs | combine µs | total µs | dispatch GB/s | combine GB/s | × vs Relay "
-         "| × vs Open MPI |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    L = [md_row(["case", "method", "dispatch µs", "combine µs", "total µs", "dispatch GB/s", "combine GB/s",
+                 "× vs Relay", "× vs Open MPI"]), md_rule("llrrrrrrr")]
     order = ["strata-prefill", "strata-decode", "strata-relay", "openmpi"]
     for key in sorted((k for k in idx if k[0] == ranks), key=lambda k: (k[1] != "prefill", k[2])):
         m = idx[key]
         relay, mpi = m.get("strata-relay"), m.get("openmpi")
         for meth in sorted(m, key=lambda x: order.index(x) if x in order else 99):
             r = m[meth]
-            vr = "%.2f×" % (total(relay) / total(r)) if relay and total(r) > 0 else "–"
-            vm = "%.2f×" % (total(mpi) / total(r)) if mpi and total(r) > 0 else "–"
-            L.append("| %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s |" % (
-                case_name(r), meth, fmt_us(r["dispatch_us"]), fmt_us(r["combine_us"]), fmt_us(total(r)),
-                r["dispatch_gbs"], r["combine_gbs"], vr, vm))
+            vr = times(total(relay) / total(r)) if relay and total(r) > 0 else "–"
+            vm = times(total(mpi) / total(r)) if mpi and total(r) > 0 else "–"
+            L.append(md_row([case_name(r), meth, fmt_us(r["dispatch_us"]), fmt_us(r["combine_us"]), fmt_us(total(r)),
+                             "%.2f" % r["dispatch_gbs"], "%.2f" % r["combine_gbs"], vr, vm]))
     return L
 
 
 def plot(idx, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        sys.stderr.write("moe_report: no plot (%s); install python3-matplotlib\n" % e)
+    plt = pyplot("moe_report")
+    if plt is None:
         return False
     ranks = sorted({k[0] for k in idx})
     methods = ["strata-prefill", "strata-decode", "strata-relay", "openmpi"]
@@ -156,19 +145,7 @@ def plot(idx, path):
 
 def update_performance_md(docs, block):
     """Replaces (or appends) the MoE section of PERFORMANCE.md."""
-    path = os.path.join(docs, "PERFORMANCE.md")
-    text = read(path)
-    if not text:
-        return
-    section = "\n".join(block).rstrip() + "\n"
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip() + "\n\n" + section
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[nxt:] if nxt >= 0 else "")
-    with open(path, "w") as f:
-        f.write(text.rstrip() + "\n")
+    replace_section(os.path.join(docs, "PERFORMANCE.md"), block, SECTION)
 
 
 def section_for_performance_md(head_lines):
@@ -176,6 +153,16 @@ def section_for_performance_md(head_lines):
             "Relay-buffer-free dispatch/combine (`strata::moe`, issue 5) against its Relay baseline and Open MPI "
             "(Megatron-style all-to-all), R = 2, 4, 8: [PERFORMANCE_MOE.md](PERFORMANCE_MOE.md), measured by "
             "`scripts/bench_moe.sh`. Headline, 2 ranks:", ""] + head_lines + [""]
+
+
+def section_lines(docs):
+    """The MoE section of PERFORMANCE.md with the headline table read back from PERFORMANCE_MOE.md
+    (scripts/perf_report.py keeps the section this way without re-running the benchmark); [] when
+    there is no PERFORMANCE_MOE.md."""
+    path = os.path.join(docs, "PERFORMANCE_MOE.md")
+    if not os.path.exists(path):
+        return []
+    return section_for_performance_md(between(read_text(path), HEAD_BEGIN, HEAD_END).splitlines())
 
 
 def main():
@@ -197,8 +184,8 @@ def main():
          "Generated by `scripts/moe_report.py` from one run of:", "", "```sh", o.command, "```", "",
          "- Date: %s; machine: %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine()),
          "- Load average at start / end of the run: %s / %s (the machine is shared: compare ratios within "
-         "one run, not absolute figures)" % (read(os.path.join(o.results, "load_start"), "?"),
-                                              read(os.path.join(o.results, "load_end"), "?")), "",
+         "one run, not absolute figures)" % (read_text(os.path.join(o.results, "load_start"), "?"),
+                                              read_text(os.path.join(o.results, "load_end"), "?")), "",
          "## Method", "",
          "- Cases: prefill 4096 tokens/rank × hidden 4096; decode 1, 32, 128 tokens/rank × hidden 7168; "
          "bfloat16 rows, top-8 of 64 experts, uniform routing (the same tokens and routing on every side, "
@@ -229,8 +216,7 @@ def main():
     for n in ranks:
         L += ["## %d ranks" % n, ""] + full_table(idx, n) + [""]
     path = os.path.join(o.docs, "PERFORMANCE_MOE.md")
-    with open(path, "w") as f:
-        f.write("\n".join(L).rstrip() + "\n")
+    write_lines(path, L)
     update_performance_md(o.docs, section_for_performance_md(head))
     print("moe_report: wrote %s (%d of %d R=2 targets met)" % (path, met, met + misses))
     return 0

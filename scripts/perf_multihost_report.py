@@ -13,6 +13,10 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report_common import (between, human, log_axes, md_row, md_rule, pyplot, read_json, read_text,  # noqa: E402
+                           replace_section, times, write_lines)
+
 SUMMARY_BEGIN = "<!-- multihost-summary:begin -->"
 SUMMARY_END = "<!-- multihost-summary:end -->"
 SECTION_BEGIN = "<!-- multihost:begin -->"
@@ -22,13 +26,6 @@ TARGET_FROM = 1 << 20
 SYSTEMS = ("strata", "openmpi")
 
 
-def human(n):
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return "%d %s" % (n >> shift, unit)
-    return "%d B" % n
-
-
 def load(out):
     """{(system, coll): {size: best row over rounds}}, machine, link probe results."""
     best, rounds = {}, {}
@@ -36,9 +33,8 @@ def load(out):
         m = re.match(r"(strata|openmpi)_(\w+?)_r(\d+)\.json$", os.path.basename(path))
         if not m:
             continue
-        try:
-            doc = json.load(open(path))
-        except (OSError, ValueError):
+        doc = read_json(path)
+        if doc is None:
             continue
         key = (m.group(1), m.group(2))
         rounds.setdefault(key, set()).add(int(m.group(3)))
@@ -49,11 +45,7 @@ def load(out):
             old = rows.get(r["size"])
             if old is None or r["time_us"] < old["time_us"]:
                 rows[r["size"]] = r
-    machine = {}
-    try:
-        machine = json.load(open(os.path.join(out, "machine.json")))
-    except (OSError, ValueError):
-        pass
+    machine = read_json(os.path.join(out, "machine.json"), {})
     link = {}  # streams: [GB/s per round], one direction
     bidir = []  # [(h1 -> h0, h0 -> h1) GB/s per round], both directions at once
 
@@ -146,7 +138,7 @@ def main():
     L += ["## The link", ""]
     if link or bidir:
         L += ["TCP over the same veth and bridge, iperf3 between h1 and h0 (%s), once per round:"
-              % machine.get("iperf3", "iperf3"), "", "| probe | GB/s per round | best |", "|---|---|---|"]
+              % machine.get("iperf3", "iperf3"), "", md_row(["probe", "GB/s per round", "best"]), md_rule("lll")]
         for s in sorted(link):
             L.append("| %d stream%s, h1 → h0 | %s | %.2f |" % (s, "s" if s > 1 else "",
                                                             " / ".join("%.2f" % v for v in link[s]), max(link[s])))
@@ -172,9 +164,9 @@ def main():
         if not sizes:
             continue
         bound = link_bound_busbw(coll, link_gbs, hosts, per_host) if link_gbs else None
-        head = "| size | " + " | ".join("%s time (µs) | %s busbw (GB/s)" % (s, s) for s in SYSTEMS) + \
-            " | strata ÷ Open MPI busbw |" + (" best busbw ÷ link bound |" if bound else "")
-        L += [head, "|" + "---|" * (head.count("|") - 1)]
+        head = ["size"] + ["%s %s" % (s, what) for s in SYSTEMS for what in ("time (µs)", "busbw (GB/s)")] + \
+            ["strata ÷ Open MPI busbw"] + (["best busbw ÷ link bound"] if bound else [])
+        L += [md_row(head), md_rule("l" * len(head))]
         met, missed = [], []
         for size in sizes:
             cells, bw = [], {}
@@ -186,11 +178,11 @@ def main():
                 else:
                     cells += ["–", "–"]
             ratio = bw["strata"] / bw["openmpi"] if bw.get("strata") and bw.get("openmpi") else None
-            cells.append("%.2f×" % ratio if ratio else "–")
+            cells.append(times(ratio) if ratio else "–")
             if bound:
                 top = max(bw.values()) if bw else 0
                 cells.append("%.0f%%" % (100 * top / bound) if top else "–")
-            L.append("| %s | " % human(size) + " | ".join(cells) + " |")
+            L.append(md_row([human(size)] + cells))
             if size >= TARGET_FROM and ratio is not None:
                 (met if ratio >= TARGET else missed).append((size, ratio))
         L.append("")
@@ -223,20 +215,15 @@ def main():
     L += ["## Summary", "", SUMMARY_BEGIN] + ["- " + s for s in summary] + [SUMMARY_END, ""]
 
     path = os.path.join(o.docs, "PERFORMANCE_MULTIHOST.md")
-    with open(path, "w") as f:
-        f.write("\n".join(L).rstrip() + "\n")
+    write_lines(path, L)
     print("perf_multihost_report: wrote %s" % path)
     refresh_performance_md(o.docs)
     return 0
 
 
 def plot_png(best, colls, link_gbs, hosts, per_host, docs):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        print("perf_multihost_report: no plot (%s); install python3-matplotlib" % e, file=sys.stderr)
+    plt = pyplot("perf_multihost_report")
+    if plt is None:
         return None
     fig, axes = plt.subplots(1, len(colls), figsize=(5.5 * len(colls), 4.2), squeeze=False)
     for ax, coll in zip(axes[0], colls):
@@ -248,11 +235,7 @@ def plot_png(best, colls, link_gbs, hosts, per_host, docs):
         if link_gbs:
             ax.axhline(link_bound_busbw(coll, link_gbs, hosts, per_host), color="grey", ls=":",
                        label="link bound (iperf3)")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("size (bytes per rank)")
-        ax.set_ylabel("busbw (GB/s)")
-        ax.set_title("%s, %d hosts x %d ranks" % (coll, hosts, per_host))
-        ax.grid(True, which="both", alpha=0.3)
+        log_axes(ax, "size (bytes per rank)", "busbw (GB/s)", "%s, %d hosts x %d ranks" % (coll, hosts, per_host))
         ax.legend()
     path = os.path.join(docs, "perf_multihost.png")
     fig.savefig(path, dpi=100, bbox_inches="tight")
@@ -265,30 +248,16 @@ def section_lines(docs):
          "strata vs Open MPI between network namespaces (2 hosts × 2 ranks, TCP between hosts, shared "
          "memory within), all_reduce and all_to_all 4 KiB–64 MiB, with the link's own TCP bandwidth: "
          "[PERFORMANCE_MULTIHOST.md](PERFORMANCE_MULTIHOST.md), measured by `scripts/bench_multihost.sh`.", ""]
-    try:
-        text = open(os.path.join(docs, "PERFORMANCE_MULTIHOST.md")).read()
-        m = re.search(re.escape(SUMMARY_BEGIN) + r"\n(.*?)\n?" + re.escape(SUMMARY_END), text, re.S)
-        if m and m.group(1).strip():
-            L += m.group(1).strip().splitlines() + [""]
-    except OSError:
-        pass
+    summary = between(read_text(os.path.join(docs, "PERFORMANCE_MULTIHOST.md")), SUMMARY_BEGIN, SUMMARY_END)
+    if summary:
+        L += summary.splitlines() + [""]
     return L + [SECTION_END]
 
 
 def refresh_performance_md(docs):
     path = os.path.join(docs, "PERFORMANCE.md")
-    try:
-        text = open(path).read()
-    except OSError:
-        return
-    block = "\n".join(section_lines(docs))
-    if SECTION_BEGIN in text and SECTION_END in text:
-        text = re.sub(re.escape(SECTION_BEGIN) + ".*?" + re.escape(SECTION_END), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(text)
-    print("perf_multihost_report: refreshed the 'Between hosts' section of %s" % path)
+    if replace_section(path, section_lines(docs), SECTION_BEGIN, SECTION_END):
+        print("perf_multihost_report: refreshed the 'Between hosts' section of %s" % path)
 
 
 if __name__ == "__main__":

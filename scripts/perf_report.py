@@ -13,44 +13,21 @@ Without matplotlib the tables are still written and the plots are named as missi
 
 import argparse
 import glob
-import json
 import os
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import moe_report  # noqa: E402
+import perf_multihost_report  # noqa: E402
+from report_common import (fb, fr, ft, human, log_axes, md_row, md_rule, md_table, pyplot, read_json,  # noqa: E402
+                           write_lines)
 
 ORDER = ["strata-heap", "strata-external", "strata-registered", "openmpi", "openmpi-malloc-tuned", "gloo"]
 SHORT = {"strata-heap": "strata heap", "strata-external": "strata external", "strata-registered": "strata registered",
          "openmpi": "Open MPI", "openmpi-malloc-tuned": "Open MPI malloc-tuned", "gloo": "gloo"}
 MPI = ["openmpi", "openmpi-malloc-tuned"]
 KiB, MiB = 1024, 1024 * 1024
-
-
-def human(b):
-    units, u = ["B", "KiB", "MiB", "GiB"], 0
-    while u < 3 and b >= 1024 and b % 1024 == 0:
-        b //= 1024
-        u += 1
-    return "%d %s" % (b, units[u])
-
-
-def ft(us):
-    if us is None:
-        return ""
-    if us >= 1000:
-        return "{:,.0f}".format(us)
-    return "%.3g" % us if us < 10 else "%.1f" % us
-
-
-def fb(gbs):
-    if gbs is None:
-        return ""
-    return "%.3g" % gbs if gbs < 1 else "%.2f" % gbs
-
-
-def fr(x):
-    if x is None:
-        return ""
-    return "%.2f×" % x if x < 100 else "{:,.0f}×".format(x)
 
 
 class Runs:
@@ -75,12 +52,9 @@ class Runs:
                     except (ValueError, IndexError):
                         pass
         for f in sorted(glob.glob(os.path.join(path, "*.json"))):
-            with open(f) as fh:
-                try:
-                    d = json.load(fh)
-                except ValueError as e:
-                    print("perf_report: %s does not parse: %s" % (f, e), file=sys.stderr)
-                    continue
+            d = read_json(f, who="perf_report")
+            if d is None:
+                continue
             base = os.path.basename(f)
             if base == "machine.json":
                 self.machine = d
@@ -220,16 +194,13 @@ def zero_copy_gain(runs):
             ser = ratio_series(runs, c, 2, MiB, 1 << 40, lambda s: runs.get("strata-heap", c, 2, s, "busbw_gbs"),
                                lambda s: runs.get(buf, c, 2, s, "busbw_gbs"))
             if ser:
-                lines.append("| %s | %s | %s | %s–%s |" % (
-                    c, SHORT[buf], fr(statistics.median(r for _, r in ser)), fr(min(r for _, r in ser)),
-                    fr(max(r for _, r in ser))))
+                lines.append(md_row([c, SHORT[buf], fr(statistics.median(r for _, r in ser)),
+                                     "%s–%s" % (fr(min(r for _, r in ser)), fr(max(r for _, r in ser)))]))
     return lines
 
 
 def plot(runs, coll, n, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.4))
     styles = {"strata-heap": "o-", "strata-external": "s--", "strata-registered": "^--", "openmpi": "v-",
               "openmpi-malloc-tuned": "D-", "gloo": "x-"}
@@ -244,11 +215,7 @@ def plot(runs, coll, n, path):
         xmin = min(s for s in runs.sizes(coll, n) if s > 0)
         a1.text(xmin, pt * 1.05, "memcpy per process, 2 at once (%.1f GB/s)" % pt, color="gray", fontsize=8)
     for a, yl in ((a1, "busbw (GB/s)"), (a2, "median time (µs)")):
-        a.set_xscale("log", base=2)
-        a.set_yscale("log")
-        a.set_xlabel("size (bytes)")
-        a.set_ylabel(yl)
-        a.grid(True, which="both", alpha=0.3)
+        log_axes(a, "size (bytes)", yl)
     a1.legend(fontsize=8)
     fig.suptitle("%s, %d ranks, float32 (one run of scripts/bench_all.sh)" % (coll, n))
     fig.tight_layout()
@@ -258,16 +225,15 @@ def plot(runs, coll, n, path):
 
 def table(runs, coll, n, field, fmt):
     labels = runs.labels(coll, n)
-    out = ["| size | " + " | ".join(SHORT.get(l, l) for l in labels) + " |",
-           "|---:|" + "---:|" * len(labels)]
+    rows = []
     for s in runs.sizes(coll, n):
-        cells = []
+        cells = [human(s)]
         for l in labels:
             v = runs.get(l, coll, n, s, field)
             chk = runs.get(l, coll, n, s, "check")
             cells.append(fmt(v) + (" FAIL" if chk == "FAIL" else ""))
-        out.append("| %s | %s |" % (human(s), " | ".join(cells)))
-    return out
+        rows.append(cells)
+    return md_table(["size"] + [SHORT.get(l, l) for l in labels], rows, "r" * (len(labels) + 1))
 
 
 def ratio_table(runs, coll, n):
@@ -277,15 +243,15 @@ def ratio_table(runs, coll, n):
              if l in labels]
     if "strata-heap" not in labels or not cols:
         return []
-    out = ["| size | " + " | ".join(c[1] for c in cols) + " |", "|---:|" + "---:|" * len(cols)]
+    rows = []
     for s in runs.sizes(coll, n):
         th = runs.get("strata-heap", coll, n, s, "time_us")
-        cells = []
+        cells = [human(s)]
         for l, _ in cols:
             tp = runs.get(l, coll, n, s, "time_us")
             cells.append(fr(tp / th) if th and tp else "")
-        out.append("| %s | %s |" % (human(s), " | ".join(cells)))
-    return out
+        rows.append(cells)
+    return md_table(["size"] + [c[1] for c in cols], rows, "r" * (len(cols) + 1))
 
 
 def main():
@@ -298,11 +264,8 @@ def main():
         print("perf_report: no results in %s" % o.results, file=sys.stderr)
         return 1
     os.makedirs(o.docs, exist_ok=True)
-    try:
-        import matplotlib  # noqa: F401
-        have_mpl = True
-    except ImportError:
-        have_mpl = False
+    have_mpl = pyplot() is not None
+    if not have_mpl:
         print("perf_report: matplotlib is missing for %s: no plots (scripts/install_bench_deps.sh)" % sys.executable,
               file=sys.stderr)
 
@@ -363,11 +326,9 @@ def main():
     L += ["## Targets (issue 3)", "",
           "2 ranks, float32, strata on heap buffers unless the row says otherwise. \"Open MPI (faster variant)\" "
           "is, per size, the faster of Open MPI default and Open MPI with the malloc settings, so the comparison "
-          "is against Open MPI's best. A ratio's worst case is over every size of the range.", "",
-          "| target | wanted | measured | verdict |", "|---|---|---|---|"]
+          "is against Open MPI's best. A ratio's worst case is over every size of the range.", ""]
     trows = targets(runs)
-    for name, want, text, v in trows:
-        L.append("| %s | %s | %s | %s |" % (name, want, text, v))
+    L += md_table(["target", "wanted", "measured", "verdict"], trows)
     misses = sum(1 for r in trows if "MISS" in r[3])
     L += ["", "%d of %d targets met." % (len(trows) - misses, len(trows)), ""]
     if misses:
@@ -376,7 +337,7 @@ def main():
     zc = zero_copy_gain(runs)
     if zc:
         L += ["Zero-copy gain (busbw of heap buffers ÷ busbw of external buffers, sizes ≥ 1 MiB):", "",
-              "| collective | external kind | median | range |", "|---|---|---:|---:|"] + zc + [""]
+              md_row(["collective", "external kind", "median", "range"]), md_rule("llrr")] + zc + [""]
 
     L += ["## Method", "",
           "- **Time** per size: after %s warm-up calls, one timed call sizes a loop of `iters` back-to-back calls "
@@ -411,19 +372,20 @@ def main():
         mc = runs.memcpy
         runs.memcpys.sort(key=lambda x: (0 if "start" in x[0] else 1, x[0]))
         names = [nm for nm, _ in runs.memcpys]
+        probes = [d for _, d in runs.memcpys]
         L += ["## memcpy probe", "",
               "%s buffers, warm pages, GB/s = bytes copied ÷ time, median of %d repeats; run at %s. The "
               "targets use the faster probe's per-process rate (%.2f GB/s)." % (
                   human(mc["bytes"]), mc["repeats"], " and ".join(n.replace("memcpy_", "the ") for n in names),
-                  mc["per_thread_mean_gbs"]), "",
-              "| copy | " + " | ".join(n.replace("memcpy_", "") for n in names) + " |",
-              "|---|" + "---:|" * len(names),
-              "| 1 thread alone | " + " | ".join("%.2f" % d["one_thread_gbs"] for _, d in runs.memcpys) + " |",
-              "| 2 threads at once, each (per process) | " + " | ".join(
-                  " / ".join("%.2f" % g for g in d["per_thread_gbs"]) for _, d in runs.memcpys) + " |",
-              "| 2 threads at once, total | " + " | ".join("%.2f" % d["total_gbs"] for _, d in runs.memcpys) + " |",
-              "| 1 MiB in cache, 1 thread | " + " | ".join("%.2f" % d["in_cache_1mib_gbs"] for _, d in runs.memcpys)
-              + " |", "",
+                  mc["per_thread_mean_gbs"]), ""]
+        L += md_table(["copy"] + [n.replace("memcpy_", "") for n in names], [
+            ["1 thread alone"] + ["%.2f" % d["one_thread_gbs"] for d in probes],
+            ["2 threads at once, each (per process)"] + [" / ".join("%.2f" % g for g in d["per_thread_gbs"])
+                                                         for d in probes],
+            ["2 threads at once, total"] + ["%.2f" % d["total_gbs"] for d in probes],
+            ["1 MiB in cache, 1 thread"] + ["%.2f" % d["in_cache_1mib_gbs"] for d in probes],
+        ], "l" + "r" * len(names))
+        L += ["",
               "A two-shot all_reduce on 2 ranks moves 1.25× the bytes of a memcpy per process, so busbw ≤ 0.8× "
               "the per-process copy rate with both cores busy.", ""]
 
@@ -453,8 +415,7 @@ def main():
     L += moe_section(o.docs)
 
     path = os.path.join(o.docs, "PERFORMANCE.md")
-    with open(path, "w") as f:
-        f.write("\n".join(L).rstrip() + "\n")
+    write_lines(path, L)
     print("perf_report: wrote %s (%d of %d targets met)" % (path, len(trows) - misses, len(trows)))
     return 0
 
@@ -462,27 +423,13 @@ def main():
 def multihost_section(docs):
     """The "Between hosts" section: a link to PERFORMANCE_MULTIHOST.md and the summary of its
     last run, written by the same code that scripts/bench_multihost.sh uses to refresh it."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import perf_multihost_report
     return perf_multihost_report.section_lines(docs)
 
 
 def moe_section(docs):
     """The MoE section: a link to PERFORMANCE_MOE.md (scripts/bench_moe.sh) and its headline table,
     read back from there so that this report keeps it without re-running the MoE benchmark."""
-    path = os.path.join(docs, "PERFORMANCE_MOE.md")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        text = f.read()
-    head = []
-    b, e = text.find("<!-- moe-headline -->"), text.find("<!-- /moe-headline -->")
-    if 0 <= b < e:
-        head = text[b + len("<!-- moe-headline -->"):e].strip().splitlines()
-    return ["## MoE dispatch/combine", "",
-            "Relay-buffer-free dispatch/combine (`strata::moe`, issue 5) against its Relay baseline and Open MPI "
-            "(Megatron-style all-to-all), R = 2, 4, 8: [PERFORMANCE_MOE.md](PERFORMANCE_MOE.md), measured by "
-            "`scripts/bench_moe.sh`. Headline, 2 ranks:", ""] + head + [""]
+    return moe_report.section_lines(docs)
 
 
 def _timing(runs, key):

@@ -1,0 +1,400 @@
+#!/usr/bin/env python3
+"""The report scripts and the module they share (scripts/report_common.py) still work.
+
+Builds small result directories like the ones scripts/bench_all.sh, bench_moe.sh and
+bench_multihost.sh leave, runs perf_multihost_report.py, moe_report.py and perf_report.py on them
+(in that order, then the first two again, as the bench scripts refresh PERFORMANCE.md) into a
+scratch docs directory, and checks the key lines of what they write: table headers, ratios,
+verdicts, the sections PERFORMANCE.md takes from the other two reports. bench_recovery.py and
+demo_compare.py are imported and fed fixed figures in place of their measurements. The PNGs are
+checked only where matplotlib is installed.
+
+usage: report_common_test.py [REPO_ROOT]     (ctest: ScriptsReportCommon)
+"""
+
+import contextlib
+import importlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import types
+
+ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", ".."))
+SCRIPTS = os.path.join(ROOT, "scripts")
+KiB, MiB = 1024, 1024 * 1024
+
+# ---- fixtures (also usable by hand: python3 -c 'import report_common_test as t; t.bench_all(...)') --------------
+
+# (label, system): time_us = LAT + size / BW (µs, bytes per µs = MB/s)
+SYSTEMS = {"strata-heap": ("strata", 2.0, 5000.0), "strata-external": ("strata", 2.5, 3000.0),
+           "strata-registered": ("strata", 2.5, 4000.0), "openmpi": ("openmpi", 5.0, 2000.0),
+           "openmpi-malloc-tuned": ("openmpi", 5.0, 2000.0), "gloo": ("gloo", 100.0, 400.0)}
+BUSBW = {"all_reduce": lambda n: 2.0 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+         "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n}
+
+
+def _write_json(path, doc):
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+def _bench_doc(label, coll, n, sizes, jitter=lambda: 1.0, fail_at=None, max_iters=200):
+    system, lat, bw = SYSTEMS.get(label, ("strata", 3.0, 1000.0))
+    rows = []
+    for s in sizes:
+        t = (lat + s / bw) * jitter()
+        algbw = s / t / 1e3
+        rows.append({"size": s, "count": s // 4, "iters": 10, "time_us": t, "time_min_us": t, "time_max_us": t,
+                     "algbw_gbs": algbw, "busbw_gbs": algbw * BUSBW[coll](n),
+                     "check": "FAIL" if s == fail_at else "ok", "wrong": 1 if s == fail_at else 0})
+    return {"format": "strata-bench/1", "system": system, "label": label, "collective": coll, "nranks": n,
+            "dtype": "float32", "op": "sum", "root": -1, "inplace": False,
+            "timing": {"method": "median", "warmup": 5, "repeats": 7, "iters": "auto", "target_ms": 20,
+                       "max_iters": max_iters},
+            "results": rows}
+
+
+def bench_all(out, full=False, rng=None, busy=False, quick=False, memcpy=True, load=True):
+    """A result directory of scripts/bench_all.sh: machine.json, load.tsv, memcpy_*.json and one
+    strata-bench/1 document per system, collective, rank count and round."""
+    os.makedirs(out, exist_ok=True)
+    jitter = (lambda: rng.uniform(0.8, 1.25)) if rng else (lambda: 1.0)
+    pow2 = lambda lo, hi, f: [lo * f ** i for i in range(64) if lo * f ** i <= hi]
+    ar = pow2(8, 256 * MiB, 2 if full else 16)
+    coll_sizes = pow2(KiB, 64 * MiB, 4 if full else 32)
+    extra = pow2(8, 64 * MiB, 4 if full else 64)
+    colls = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"] if full else ["all_reduce"]
+    names = []
+    for rnd in (1, 2):
+        for coll in colls:
+            sizes = ar if coll == "all_reduce" else coll_sizes
+            for label in SYSTEMS:
+                if label == "gloo" and rnd == 2:
+                    continue
+                fail = sizes[1] if (full and label == "strata-external" and coll == "all_to_all") else None
+                s = sizes[::4] if label == "gloo" else sizes
+                tag = "%s_%s_n2_r%d" % (label, coll, rnd)
+                _write_json(os.path.join(out, tag + ".json"),
+                            _bench_doc(label, coll, 2, s, jitter, fail, 20 if label == "gloo" else 200))
+                names.append(tag)
+        for n in (4, 8) if full else (4,):
+            for label in ("strata-heap", "openmpi", "openmpi-malloc-tuned"):
+                tag = "%s_all_reduce_n%d_r%d" % (label, n, rnd)
+                doc = _bench_doc(label, "all_reduce", n, extra, jitter)
+                if label == "strata-heap" and n == 4:  # a size where the time explodes
+                    doc["results"][-1]["time_us"] *= 40
+                _write_json(os.path.join(out, tag + ".json"), doc)
+                names.append(tag)
+    if full:
+        _write_json(os.path.join(out, "custom_all_reduce_n2_r1.json"),
+                    _bench_doc("strata-custom", "all_reduce", 2, ar[::3], jitter))
+        with open(os.path.join(out, "broken.json"), "w") as f:
+            f.write("{ not json")
+    if memcpy:
+        for name, pt in (("memcpy_start", 9.5), ("memcpy_end", 10.0)):
+            _write_json(os.path.join(out, name + ".json"), {
+                "format": "strata-bench/1", "system": "memcpy", "label": "memcpy", "bytes": 256 * MiB, "repeats": 7,
+                "one_thread_gbs": 12.25, "threads": 2, "per_thread_gbs": [pt - 0.25, pt + 0.25],
+                "per_thread_mean_gbs": pt, "total_gbs": 2 * pt, "in_cache_1mib_gbs": 30.5})
+    if load:
+        with open(os.path.join(out, "load.tsv"), "w") as f:
+            for i, name in enumerate(names):
+                f.write("%s\t%.2f\t%d\n" % (name, 1.0 + (i % 7) * 0.25, (60 if busy else 2) + i % 5))
+            f.write("garbage line\n")
+    _write_json(os.path.join(out, "machine.json"), {
+        "date": "2026-01-02T03:04:05Z", "nproc": 2, "cpu": "AMD EPYC", "kernel": "6.1.0-test", "mem_gib": 23.5,
+        "loadavg_start": "1.00 1.10 1.20", "git": "abc1234", "openmpi": "mpirun (Open MPI) 4.1.4",
+        "torch": "1.13.0", "loadavg_end": "2.00 2.10 2.20", "seconds": 444, "quick": 1 if quick else 0})
+
+
+def moe(out, rng=None, ranks=(2, 4), openmpi=True):
+    """A result directory of scripts/bench_moe.sh: results.jsonl, load_start, load_end."""
+    os.makedirs(out, exist_ok=True)
+    jitter = (lambda: rng.uniform(0.7, 1.4)) if rng else (lambda: 1.0)
+    # total = dispatch + combine; base time per case, then a factor per method
+    cases = [("prefill", 4096, 4096, 1000.0), ("decode", 1, 7168, 10.0), ("decode", 32, 7168, 100.0),
+             ("decode", 128, 7168, 400.0)]
+    factor = {"strata-prefill": 1.0, "strata-decode": 1.0, "strata-relay": 2.0, "openmpi": 3.0}
+    with open(os.path.join(out, "results.jsonl"), "w") as f:
+        for n in ranks:
+            for phase, tokens, hidden, base in cases:
+                for meth in ("strata-" + phase, "strata-relay", "openmpi"):
+                    if meth == "openmpi" and not openmpi:
+                        continue
+                    t = base * factor[meth] * n / 2 * jitter()
+                    d, c = 0.4 * t, 0.6 * t
+                    gb = tokens * 8 * hidden * 2 / 1e3
+                    f.write(json.dumps({"phase": phase, "ranks": n, "tokens": tokens, "hidden": hidden, "topk": 8,
+                                        "experts": 64, "dtype": "bfloat16", "method": meth, "dispatch_us": d,
+                                        "combine_us": c, "dispatch_gbs": gb / d, "combine_gbs": gb / c}) + "\n")
+            f.write("\n")
+    for name, v in (("load_start", "1.00 1.10 1.20"), ("load_end", "2.00 2.10 2.20")):
+        with open(os.path.join(out, name), "w") as f:
+            f.write(v + "\n")
+
+
+def multihost(out, rng=None, rounds=2, link=True, strata_fails=False):
+    """A result directory of scripts/bench_multihost.sh: machine.json, {strata,openmpi}_<coll>_r<N>.json,
+    link_* iperf3 documents, logs."""
+    os.makedirs(out, exist_ok=True)
+    jitter = (lambda: rng.uniform(0.8, 1.25)) if rng else (lambda: 1.0)
+    sizes = [4 * KiB * 4 ** i for i in range(8)] if rng else [4 * KiB, MiB, 16 * MiB]
+    speed = {"strata": 1500.0, "openmpi": 1000.0}  # bytes per µs at large sizes
+    for rnd in range(1, rounds + 1):
+        for system in ("strata", "openmpi"):
+            for coll in ("all_reduce", "all_to_all"):
+                name = "%s_%s_r%d" % (system, coll, rnd)
+                if system == "strata" and strata_fails and coll == "all_to_all":
+                    with open(os.path.join(out, name + ".log"), "w") as f:
+                        f.write("out| [h0:0] starting\nerr| [h1:1] strata: connection refused (Error 111)\n")
+                    continue
+                rows = []
+                for s in sizes:
+                    t = (50.0 + s / speed[system]) * jitter()
+                    rows.append({"size": s, "time_us": t, "busbw_gbs": s / t / 1e3 * 1.5})
+                _write_json(os.path.join(out, name + ".json"), {"format": "strata-bench/1", "results": rows})
+        if link:
+            for streams, name in ((1, "link_1stream_r%d.json"), (2, "link_2streams_r%d.json")):
+                gbs = (1.5 + 0.5 * streams) * jitter()
+                _write_json(os.path.join(out, name % rnd),
+                            {"end": {"sum_received": {"bits_per_second": gbs * 8e9}}})
+            for d, gbs in (("fwd", 1.75), ("rev", 1.65)):
+                _write_json(os.path.join(out, "link_both_r%d_%s.json" % (rnd, d)),
+                            {"end": {"sum_received": {"bits_per_second": gbs * jitter() * 8e9}}})
+    _write_json(os.path.join(out, "machine.json"), {
+        "date": "2026-01-02T03:04:05Z", "command": "BUILD_DIR=build scripts/bench_multihost.sh", "nproc": 2,
+        "cpu": "AMD EPYC", "kernel": "6.1.0-test", "hosts": 2, "per_host": 2, "loadavg_start": "1.00 1.10 1.20",
+        "git": "abc1234", "openmpi": "mpirun (Open MPI) 4.1.4", "iperf3": "iperf 3.12", "quick": 0,
+        "loadavg_end": "2.00 2.10 2.20", "seconds": 73})
+
+
+RECOVERY_ROWS = [
+    {"n": 4, "detect_all": 2.5, "rto": 100.0, "detect": 1.5, "spawn": 3.0, "replacement_start": 20.0, "join": 40.0,
+     "rebuild": 5.0, "state": 2.0, "redo": 10.0, "bytes": 8 * MiB, "base_rto": 400.0, "base_reload": 300.0,
+     "lost": 3},
+    {"n": 8, "detect_all": 3.5, "rto": 150.0, "detect": 1.5, "spawn": 3.0, "replacement_start": 30.0, "join": 60.0,
+     "rebuild": 6.0, "state": 2.0, "redo": 12.0, "bytes": 8 * MiB, "base_rto": 900.0, "base_reload": 700.0,
+     "lost": 3},
+]
+
+DEMO = {"strata": {8: 2.0, 4096: 4.0, MiB: 100.0}, "Open MPI": {8: 4.0, 4096: 12.0, MiB: 150.0},
+        "gloo": {8: 200.0, MiB: 1000.0}}
+
+
+def demo_results(name, cmd, out):
+    """In place of demo_compare.run: the figures of DEMO, as the JSON results it reads back."""
+    figures = DEMO.get(name)
+    return None if figures is None else {s: {"size": s, "time_us": t} for s, t in figures.items()}
+
+
+# ---- running the scripts -----------------------------------------------------------------------
+
+
+def run_script(name, *args, cwd=None):
+    p = subprocess.run([sys.executable, os.path.join(SCRIPTS, name)] + list(args), capture_output=True, text=True,
+                       cwd=cwd, timeout=120)
+    if p.returncode != 0:
+        raise AssertionError("%s %s failed (exit %d):\n%s%s" % (name, " ".join(args), p.returncode, p.stdout,
+                                                                  p.stderr))
+    return p.stdout + p.stderr
+
+
+def run_main(name, *args, plots=True):
+    """Runs a script's main() in this process (faster than a new interpreter for each run);
+    plots=False runs it as if matplotlib were missing (plots are what takes the time)."""
+    mod = import_script(name)
+    saved, out = (sys.argv, mod.pyplot), io.StringIO()
+    sys.argv = [name + ".py"] + list(args)
+    if not plots:
+        mod.pyplot = lambda who=None: None
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            rc = mod.main()
+    finally:
+        sys.argv, mod.pyplot = saved
+    if rc:
+        raise AssertionError("%s.main %s returned %d:\n%s" % (name, " ".join(args), rc, out.getvalue()))
+    return out.getvalue()
+
+
+def import_script(name):
+    if SCRIPTS not in sys.path:
+        sys.path.insert(0, SCRIPTS)
+    return importlib.import_module(name)
+
+
+def recovery_doc(out):
+    """bench_recovery.py's document for RECOVERY_ROWS, written to out (as write_doc does after a run)."""
+    br = import_script("bench_recovery")
+    a = types.SimpleNamespace(ranks="4,8", repeats=3, hidden=1024, steps=12, fail_step=8, checkpoint_every=5,
+                              out=out)
+    with contextlib.redirect_stderr(io.StringIO()):
+        br.write_doc(a, RECOVERY_ROWS)
+
+
+def demo_output(out_dir):
+    """What demo_compare.py prints with the figures of DEMO in place of the measurements."""
+    dc = import_script("demo_compare")
+    saved = dc.run, dc.shutil.which, dc.os.access, sys.argv
+    dc.run = demo_results
+    dc.shutil.which = lambda _: "/usr/bin/mpirun"
+    dc.os.access = lambda path, mode: True
+    sys.argv = ["demo_compare.py", "build", out_dir]
+    real_run = dc.subprocess.run
+    dc.subprocess.run = lambda *a, **k: types.SimpleNamespace(returncode=0)  # "torch is there"
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            rc = dc.main()
+    finally:
+        dc.run, dc.shutil.which, dc.os.access, sys.argv = saved
+        dc.subprocess.run = real_run
+    if rc != 0:
+        raise AssertionError("demo_compare.main returned %d:\n%s" % (rc, buf.getvalue()))
+    return buf.getvalue()
+
+
+# ---- checks ------------------------------------------------------------------------------------
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL: " + what)
+
+
+def has(text, line, where):
+    check(line in text, "%s lacks %r" % (where, line))
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def test_module():
+    rc = import_script("report_common")
+    for n, want in ((0, "0 B"), (8, "8 B"), (1536, "1536 B"), (4096, "4 KiB"), (1536 * KiB, "1536 KiB"),
+                    (64 * MiB, "64 MiB"), (2 << 30, "2 GiB"), (4096 << 30, "4096 GiB")):
+        check(rc.human(n) == want, "human(%d) = %r, want %r" % (n, rc.human(n), want))
+    check(rc.fr(2.259) == "2.26×" and rc.fr(1234.4) == "1,234×" and rc.fr(None) == "", "fr")
+    check(rc.ft(1.2345) == "1.23" and rc.ft(12.34) == "12.3" and rc.ft(12345.6) == "12,346", "ft")
+    check(rc.fb(0.12345) == "0.123" and rc.fb(3.14159) == "3.14", "fb")
+    check(rc.times(123.456) == "123.46×", "times")
+    check(rc.md_table(["a", "b"], [["1", ""]], "lr") == ["| a | b |", "|---|---:|", "| 1 |  |"], "md_table")
+    check(rc.between("x <!-- b -->\n one\n<!-- e --> y", "<!-- b -->", "<!-- e -->") == "one", "between")
+
+
+def test_reports(tmp, have_mpl):
+    res, docs = os.path.join(tmp, "bench-results"), os.path.join(tmp, "docs")
+    bench_all(res)
+    moe(os.path.join(tmp, "moe"))
+    multihost(os.path.join(tmp, "mh"))
+    os.makedirs(docs)
+    # The order of the bench scripts: each report refreshes its section of PERFORMANCE.md.
+    out = run_main("perf_multihost_report", os.path.join(tmp, "mh"), "--docs", docs)
+    has(out, "wrote " + os.path.join(docs, "PERFORMANCE_MULTIHOST.md"), "perf_multihost_report output")
+    run_main("moe_report", "--results", os.path.join(tmp, "moe"), "--docs", docs, "--command", "make bench-moe")
+    # A new interpreter in another working directory: the script finds report_common (and the
+    # reports it takes sections from) next to itself.
+    out = run_script("perf_report.py", res, "--docs", docs, cwd=tmp)
+    has(out, "perf_report: wrote", "perf_report output")
+    run_main("moe_report", "--results", os.path.join(tmp, "moe"), "--docs", docs, plots=False)
+    out = run_main("perf_multihost_report", os.path.join(tmp, "mh"), "--docs", docs, plots=False)
+    has(out, "refreshed the 'Between hosts' section", "perf_multihost_report output")
+
+    perf = read(os.path.join(docs, "PERFORMANCE.md"))
+    where = "PERFORMANCE.md"
+    has(perf, "| target | wanted | measured | verdict |\n|---|---|---|---|\n", where)
+    # heap busbw ÷ malloc-tuned busbw at 128 MiB = (5 + 2^27/2000) / (2 + 2^27/5000)
+    has(perf, "| all_reduce busbw 16–256 MiB ≥ 2× Open MPI malloc-tuned | ≥ 2× | worst 2.50× at 128 MiB, "
+        "median 2.50× over 1 sizes | PASS |", where)
+    has(perf, "| all_reduce 4 ranks: no size where the time explodes | none | 32 KiB → 2 MiB: 8.55 µs → 16,857 µs "
+        "| **MISS** |", where)
+    has(perf, "| copy | start | end |\n|---|---:|---:|\n| 1 thread alone | 12.25 | 12.25 |", where)
+    has(perf, "| size | strata heap | strata external | strata registered | Open MPI | Open MPI malloc-tuned | "
+        "gloo |\n|---:|---:|---:|---:|---:|---:|---:|\n| 8 B | 2 | 2.5 | 2.5 | 5 | 5 | 100.0 |", where)
+    has(perf, "| size | strata heap ÷ Open MPI | strata heap ÷ Open MPI malloc-tuned | strata heap ÷ gloo | "
+        "heap ÷ external | heap ÷ registered |\n|---:|---:|---:|---:|---:|---:|\n"
+        "| 8 B | 2.50× | 2.50× | 49.97× | 1.25× | 1.25× |", where)
+    has(perf, "| all_reduce | strata external | 1.67× | 1.67×–1.67× |", where)
+    check(perf.count("## Between hosts") == 1 and perf.count("<!-- multihost:begin -->") == 1,
+          "PERFORMANCE.md: one Between hosts section")
+    check(perf.count("## MoE dispatch/combine") == 1, "PERFORMANCE.md: one MoE section")
+    has(perf, "<!-- multihost:begin -->\n## Between hosts\n", where)
+    has(perf, "- all_reduce: strata ≥ 1.3× Open MPI busbw at ≥ 1 MiB in 2 of 2 sizes.\n", where)
+    has(perf, "| prefill 4096 tok/rank, H 4096 | prefill | 400 | 600 | 1000 | 2000 | 3000 | 2.00× ✓ | 3.00× ✓ |",
+        where)
+
+    mh = read(os.path.join(docs, "PERFORMANCE_MULTIHOST.md"))
+    where = "PERFORMANCE_MULTIHOST.md"
+    has(mh, "| size | strata time (µs) | strata busbw (GB/s) | openmpi time (µs) | openmpi busbw (GB/s) | "
+        "strata ÷ Open MPI busbw | best busbw ÷ link bound |\n|---|---|---|---|---|---|---|\n", where)
+    has(mh, "| 16 MiB | 11234.8 | 2.240 | 16827.2 | 1.496 | 1.50× |", where)
+    has(mh, "| 1 stream, h1 → h0 | 2.00 / 2.00 | 2.00 |", where)
+
+    moe_md = read(os.path.join(docs, "PERFORMANCE_MOE.md"))
+    where = "PERFORMANCE_MOE.md"
+    has(moe_md, "| case | schedule | dispatch µs | combine µs | total µs | Relay total µs | Open MPI total µs | "
+        "× vs Relay (≥ 1.4) | × vs Open MPI (≥ 2.0) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n", where)
+    has(moe_md, "8 of 8 targets met.", where)
+    has(moe_md, "| decode 1 tok/rank, H 7168 | strata-relay | 8.0 | 12.0 | 20.0 | 14.34 | 9.56 | 1.00× | 1.50× |",
+        where)
+
+    pngs = ["perf_all_reduce_n2.png", "perf_all_reduce_n4.png", "perf_moe.png", "perf_multihost.png"]
+    if have_mpl:
+        has(perf, "![all_reduce 2 ranks](perf_all_reduce_n2.png)", where)
+        for png in pngs:
+            path = os.path.join(docs, png)
+            check(os.path.exists(path) and read_png_magic(path), "%s is not a PNG" % png)
+    else:
+        has(perf, "(plot perf_all_reduce_n2.png not made: matplotlib is missing)", "PERFORMANCE.md")
+
+
+def read_png_magic(path):
+    with open(path, "rb") as f:
+        return f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_recovery_and_demo(tmp, have_mpl):
+    out = os.path.join(tmp, "rec", "RECOVERY.md")
+    recovery_doc(out)
+    rec = read(out)
+    has(rec, "| ranks | detection | RTO | detect | spawn | start | join | rebuild | state | redo | baseline RTO | "
+        "baseline / strata |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", "RECOVERY.md")
+    has(rec, "| 8 | 3.5 | 150 | 1.5 | 3.0 | 30.0 | 60.0 | 6.0 | 2.0 | 12.0 | 900 | 6.0× |", "RECOVERY.md")
+    has(rec, "RTO(8) / RTO(4) = 1.50;", "RECOVERY.md")
+    check(rec.endswith("grows.\n"), "RECOVERY.md ends with one newline")
+    text = demo_output(os.path.join(tmp, "demo"))
+    has(text, "   strata speed-up", "demo_compare output")
+    has(text, "     1 MiB       100.0       150.0      1000.0   1.5x vs Open MPI, 10.0x vs gloo", "demo_compare output")
+    if have_mpl:
+        check(read_png_magic(os.path.join(tmp, "rec", "recovery_rto.png")), "recovery_rto.png is not a PNG")
+        check(read_png_magic(os.path.join(tmp, "demo", "demo_all_reduce.png")), "demo_all_reduce.png is not a PNG")
+
+
+def main():
+    try:
+        import matplotlib  # noqa: F401
+        have_mpl = True
+    except ImportError as e:
+        have_mpl = False
+        print("report_common_test: PNG checks skipped: matplotlib is missing for %s (%s)" % (sys.executable, e))
+    test_module()
+    with tempfile.TemporaryDirectory(prefix="strata-report-test-") as tmp:
+        test_reports(tmp, have_mpl)
+        test_recovery_and_demo(tmp, have_mpl)
+    if failures:
+        print("report_common_test: %d check(s) failed" % len(failures))
+        return 1
+    print("report_common_test: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
