@@ -54,6 +54,8 @@ std::string hex64(uint64_t v) {
 }  // namespace
 
 Result<JobInfo> detect_job(const Env& env, const JobOverrides& overrides) {
+  // A rank refuses a setting it could not read rather than run with its default.
+  STRATA_RETURN_IF_ERROR(env.check());
   VarNames vars = var_names(env.launcher);
   Named rank = overrides.rank ? Named{overrides.rank, "InitOptions.rank"} : Named{env.rank, vars.rank};
   Named size =

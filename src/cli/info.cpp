@@ -213,6 +213,7 @@ int info_main(int argc, char** argv) {
   row("  store timeout", format_duration(env.store_connect_timeout) + " (STRATA_STORE_TIMEOUT)");
   row("  one-shot max", format_bytes(env.oneshot_max_bytes) + " (STRATA_ONESHOT_MAX_BYTES)");
   row("  log level", env.log_level + " (STRATA_LOG)");
+  for (const auto& bad : env.invalid) row("  refused", bad + " (strata run and init() stop on it)");
   row("job", job_placement(env));
   std::fflush(stdout);
   return 0;

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "cli/commands.hpp"
+#include "common/env.hpp"
 
 namespace strata::cli {
 namespace {
@@ -54,8 +55,17 @@ int main(int argc, char** argv) {
     std::printf("strata %s\n", STRATA_VERSION);
     return 0;
   }
-  for (const auto& s : kSubcommands)
-    if (cmd == s.name) return s.main(argc - 1, argv + 1);
+  for (const auto& s : kSubcommands) {
+    if (cmd != s.name) continue;
+    // A setting that does not parse ends every command but `info` (which shows the settings)
+    // before anything starts: the ranks would refuse it anyway, one by one.
+    if (cmd != "info")
+      if (strata::Status st = strata::Env::get().check(); !st.is_ok()) {
+        print_error("strata " + std::string(cmd), st.message());
+        return kUsageError;
+      }
+    return s.main(argc - 1, argv + 1);
+  }
   print_error("strata", "unknown command '" + std::string(cmd) + "' (try 'strata --help')");
   return kUsageError;
 }

@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "common/parse.hpp"
 
@@ -10,42 +12,79 @@ namespace env_detail {
 
 namespace {
 
-// A malformed or out-of-range value leaves the setting unset (the default stays).
-std::optional<int> to_int(const std::optional<std::string>& s) {
-  if (!s) return std::nullopt;
-  auto v = parse_int(*s, std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
-  if (!v.is_ok()) return std::nullopt;
+// A variable as the environment holds it, with its name and where to report a value that
+// does not parse: the setting keeps its default and Env::invalid names the variable, so that
+// init() and the launcher refuse to start rather than run with a setting the user did not ask
+// for (STRATA_RANK=4294967297 must not become rank 1, nor STRATA_TIMEOUT=soon 5 minutes).
+struct Var : std::optional<std::string> {
+  const char* key = "";
+  std::vector<std::string>* invalid = nullptr;
+  void reject(const std::string& why) const {
+    if (invalid) invalid->push_back(std::string(key) + "=" + **this + ": " + why);
+  }
+};
+
+std::optional<int> to_int(const Var& s, int lo = std::numeric_limits<int>::min(),
+                          int hi = std::numeric_limits<int>::max()) {
+  if (!s || s->empty()) return std::nullopt;  // exported but empty: unset
+  auto v = parse_int(*s, lo, hi);
+  if (!v.is_ok()) {
+    s.reject(v.status().message());
+    return std::nullopt;
+  }
   return static_cast<int>(*v);
 }
 
-std::optional<size_t> to_size(const std::optional<std::string>& s) {
-  if (!s) return std::nullopt;
+std::optional<size_t> to_size(const Var& s) {
+  if (!s || s->empty()) return std::nullopt;  // exported but empty: unset
   auto v = parse_size(*s);
-  if (!v.is_ok()) return std::nullopt;
+  if (!v.is_ok()) {
+    s.reject(v.status().message());
+    return std::nullopt;
+  }
   return *v;
 }
 
-// Durations count milliseconds when no unit is given (STRATA_TIMEOUT=1500).
-std::optional<std::chrono::milliseconds> to_duration(const std::optional<std::string>& s) {
-  if (!s) return std::nullopt;
+// Durations count milliseconds when no unit is given (STRATA_TIMEOUT=1500). `positive`: zero
+// is rejected too (an interval of 0 would spin).
+std::optional<std::chrono::milliseconds> to_duration(const Var& s, bool positive = false) {
+  if (!s || s->empty()) return std::nullopt;  // exported but empty: unset
   auto v = parse_duration(*s, BareDuration::Milliseconds);
-  if (!v.is_ok()) return std::nullopt;
+  if (!v.is_ok()) {
+    s.reject(v.status().message());
+    return std::nullopt;
+  }
+  if (positive && v->count() <= 0) {
+    s.reject("must be longer than 0 ms");
+    return std::nullopt;
+  }
   return *v;
 }
 
-bool to_bool(const std::optional<std::string>& s, bool dflt) {
+bool to_bool(const Var& s, bool dflt) {
   if (!s || s->empty()) return dflt;
-  return !(*s == "0" || *s == "false" || *s == "no" || *s == "off");
+  for (const char* off : {"0", "false", "no", "off"})
+    if (*s == off) return false;
+  for (const char* on : {"1", "true", "yes", "on"})
+    if (*s == on) return true;
+  s.reject("not a boolean (1/0, true/false, yes/no, on/off)");
+  return dflt;
 }
 
 }  // namespace
 
 Env parse(Lookup lookup, void* ctx) {
-  auto get = [&](const char* k) { return lookup(k, ctx); };
   Env e;
+  auto get = [&](const char* k) {
+    Var v;
+    static_cast<std::optional<std::string>&>(v) = lookup(k, ctx);
+    v.key = k;
+    v.invalid = &e.invalid;
+    return v;
+  };
   auto first_int = [&](std::initializer_list<const char*> keys) -> std::optional<int> {
     for (const char* k : keys)
-      if (auto v = to_int(get(k))) return v;
+      if (auto v = to_int(get(k), 0)) return v;
     return std::nullopt;
   };
   if (get("STRATA_RANK")) e.launcher = "strata";
@@ -86,19 +125,26 @@ Env parse(Lookup lookup, void* ctx) {
   else if (auto t = get("TORCHELASTIC_RUN_ID")) e.job_id = *t;
   else if (auto t = get("SLURM_JOB_ID")) e.job_id = *t;
   if (auto s = get("STRATA_HOST_ID")) e.host_id = *s;
-  e.node_rank = to_int(get("STRATA_NODE_RANK"));
-  if (!e.node_rank && e.launcher == "torchrun") e.node_rank = to_int(get("GROUP_RANK"));
-  e.nnodes = to_int(get("STRATA_NNODES"));
+  e.node_rank = to_int(get("STRATA_NODE_RANK"), 0);
+  if (!e.node_rank && e.launcher == "torchrun") e.node_rank = to_int(get("GROUP_RANK"), 0);
+  e.nnodes = to_int(get("STRATA_NNODES"), 1);
 
   if (auto d = to_duration(get("STRATA_TIMEOUT"))) e.timeout = *d;
   if (auto d = to_duration(get("STRATA_STORE_TIMEOUT"))) e.store_connect_timeout = *d;
-  if (auto d = to_duration(get("STRATA_AGENT_TIMEOUT")); d && d->count() > 0) e.agent_timeout = *d;
-  if (auto v = to_int(get("STRATA_SPIN_US")); v && *v >= 0) e.spin_us = static_cast<uint32_t>(*v);
-  if (auto s = get("STRATA_OVERSUBSCRIBED"); s && *s != "auto" && !s->empty())
-    e.oversubscribed = to_bool(s, false) ? 1 : 0;
+  if (auto d = to_duration(get("STRATA_AGENT_TIMEOUT"), true)) e.agent_timeout = *d;
+  if (auto v = to_int(get("STRATA_SPIN_US"), 0)) e.spin_us = static_cast<uint32_t>(*v);
+  if (auto s = get("STRATA_OVERSUBSCRIBED"); s && *s != "auto" && !s->empty()) {
+    const size_t before = e.invalid.size();
+    const bool on = to_bool(s, false);
+    if (e.invalid.size() == before) e.oversubscribed = on ? 1 : 0;
+  }
   if (auto v = to_size(get("STRATA_ONESHOT_MAX_BYTES"))) e.oneshot_max_bytes = *v;
   if (auto v = to_size(get("STRATA_CMA_MIN_BYTES"))) e.cma_min_bytes = *v;
-  if (auto s = get("STRATA_LOG")) e.log_level = *s;
+  if (auto s = get("STRATA_LOG"); s && !s->empty()) {
+    if (*s == "error" || *s == "warn" || *s == "info" || *s == "debug") e.log_level = *s;
+    else s.reject("not one of error, warn, info, debug");
+  }
+  // Checked where the kernels are chosen (common/reduce.cpp), which falls back with a warning.
   if (auto s = get("STRATA_KERNELS")) e.kernels = *s;
   if (auto v = to_size(get("STRATA_HEAP_SEGMENT_SIZE"))) e.heap_segment_size = *v;
   if (auto v = to_size(get("STRATA_HEAP_MAX_SIZE"))) e.heap_max_size = *v;
@@ -107,14 +153,17 @@ Env parse(Lookup lookup, void* ctx) {
   e.heap_prefault = to_bool(get("STRATA_HEAP_PREFAULT"), false);
   e.cma = to_bool(get("STRATA_CMA"), true);
   e.ft = to_bool(get("STRATA_FT"), false);
-  if (auto v = to_int(get("STRATA_EPOCH")); v && *v >= 0) e.epoch = static_cast<uint64_t>(*v);
-  if (auto d = to_duration(get("STRATA_HEARTBEAT_INTERVAL")); d && d->count() > 0) e.heartbeat_interval = *d;
-  if (auto d = to_duration(get("STRATA_HEARTBEAT_TIMEOUT")); d && d->count() > 0) e.heartbeat_timeout = *d;
+  if (auto v = to_int(get("STRATA_EPOCH"), 0)) e.epoch = static_cast<uint64_t>(*v);
+  if (auto d = to_duration(get("STRATA_HEARTBEAT_INTERVAL"), true)) e.heartbeat_interval = *d;
+  if (auto d = to_duration(get("STRATA_HEARTBEAT_TIMEOUT"), true)) e.heartbeat_timeout = *d;
   if (auto s = get("STRATA_UCX_TLS")) e.ucx_tls = *s;
   if (auto s = get("STRATA_UCX_NET_DEVICES")) e.ucx_net_devices = *s;
   if (auto s = get("STRATA_UCX_RNDV_THRESH")) e.ucx_rndv_thresh = *s;
   else if (get("UCX_RNDV_THRESH")) e.ucx_rndv_thresh.clear();  // tuned through UCX itself
-  if (auto s = get("STRATA_UCX_DATAPATH"); s && (*s == "auto" || *s == "tag" || *s == "put")) e.ucx_datapath = *s;
+  if (auto s = get("STRATA_UCX_DATAPATH"); s && !s->empty()) {
+    if (*s == "auto" || *s == "tag" || *s == "put") e.ucx_datapath = *s;
+    else s.reject("not one of auto, tag, put");
+  }
   return e;
 }
 
@@ -126,6 +175,13 @@ Env Env::from_process() {
     if (!v) return std::nullopt;
     return std::string(v);
   });
+}
+
+Status Env::check() const {
+  if (invalid.empty()) return Status::ok();
+  std::string msg = "invalid environment setting" + std::string(invalid.size() > 1 ? "s" : "") + ": ";
+  for (size_t i = 0; i < invalid.size(); ++i) msg += (i ? "; " : "") + invalid[i];
+  return invalid_argument(msg);
 }
 
 const Env& Env::get() {

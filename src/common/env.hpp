@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "common/status.hpp"
 
 namespace strata {
 
@@ -59,6 +62,13 @@ struct Env {
   // (sets UCX RNDV_THRESH; empty when UCX_RNDV_THRESH is set and this is not). Over TCP the
   // rendezvous handshake costs a round trip of wake-ups, so medium messages go eagerly.
   std::string ucx_rndv_thresh = "256k";
+
+  /// Every variable whose value did not parse or lies out of range ("STRATA_TIMEOUT=soon: ...");
+  /// such a setting keeps its default here, and check() refuses it.
+  std::vector<std::string> invalid;
+  /// InvalidArgument naming every entry of `invalid`; ok when there is none. Checked where a
+  /// rank or the launcher starts, so a typo ends the job at once instead of changing it.
+  [[nodiscard]] Status check() const;
 
   /// Reads the process environment.
   static Env from_process();

@@ -178,6 +178,24 @@ TEST(JobInfoTest, MissingOrMalformedVariablesAreNamed) {
   EXPECT_NE(error_of({}, o).find("STRATA_RANK is missing"), std::string::npos);
 }
 
+// A number that does not fit is refused and named, never wrapped: 4294967297 is 2^32 + 1,
+// which a 32-bit conversion would read as rank 1 (issue 18 item 12).
+TEST(JobInfoTest, OutOfRangeOrMalformedSettingsAreRefusedByName) {
+  const std::string big =
+      error_of({{"STRATA_RANK", "4294967297"}, {"STRATA_WORLD_SIZE", "2"}, {"STRATA_STORE", "h:1"}});
+  EXPECT_NE(big.find("STRATA_RANK=4294967297"), std::string::npos) << big;
+  EXPECT_NE(big.find("out of range"), std::string::npos) << big;
+  // Not only placement: any setting the rank could not read ends it before it joins.
+  const std::string t = error_of({{"STRATA_RANK", "0"}, {"STRATA_WORLD_SIZE", "1"}, {"STRATA_TIMEOUT", "soon"}});
+  EXPECT_NE(t.find("STRATA_TIMEOUT=soon"), std::string::npos) << t;
+  const std::string two = error_of({{"STRATA_RANK", "0"},
+                                    {"STRATA_WORLD_SIZE", "1"},
+                                    {"STRATA_HEAP_MAX_SIZE", "12X"},
+                                    {"STRATA_HEARTBEAT_INTERVAL", "0"}});
+  EXPECT_NE(two.find("STRATA_HEAP_MAX_SIZE=12X"), std::string::npos) << two;
+  EXPECT_NE(two.find("STRATA_HEARTBEAT_INTERVAL=0"), std::string::npos) << two;
+}
+
 TEST(JobInfoTest, HostIdentityIsForcedByStrataHostIdOrBuiltFromHostnameAndBootId) {
   EXPECT_EQ(host_identity(env_of({{"STRATA_HOST_ID", "ns1"}})), "ns1");
   std::string id = host_identity(env_of({}));

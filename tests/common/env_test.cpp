@@ -180,6 +180,30 @@ TEST(EnvParse, InvalidValuesKeepDefaults) {
   EXPECT_EQ(e.heap_max_size, size_t{64} << 30);
 }
 
+// ...and names each such variable, so that init() and the launcher refuse to start with it.
+TEST(EnvParse, InvalidValuesAreNamedAndChecked) {
+  const Env e = env_of({{"STRATA_TIMEOUT", "soon"},
+                        {"STRATA_ONESHOT_MAX_BYTES", "12X"},
+                        {"STRATA_SPIN_US", "-5"},
+                        {"STRATA_RANK", "4294967297"},
+                        {"STRATA_CMA", "maybe"},
+                        {"STRATA_UCX_DATAPATH", "rdma"},
+                        {"STRATA_LOG", "loud"},
+                        {"STRATA_HEARTBEAT_TIMEOUT", "0ms"},
+                        {"STRATA_HEAP_MAX_SIZE", ""}});
+  std::string all;
+  for (const auto& s : e.invalid) all += s + "\n";
+  for (const char* want :
+       {"STRATA_TIMEOUT=soon", "STRATA_ONESHOT_MAX_BYTES=12X", "STRATA_SPIN_US=-5", "STRATA_RANK=4294967297",
+        "STRATA_CMA=maybe", "STRATA_UCX_DATAPATH=rdma", "STRATA_LOG=loud", "STRATA_HEARTBEAT_TIMEOUT=0ms"})
+    EXPECT_NE(all.find(want), std::string::npos) << want << " missing from:\n" << all;
+  EXPECT_EQ(e.invalid.size(), 8u) << "an empty value is unset, not invalid:\n" << all;
+  Status st = e.check();
+  EXPECT_EQ(st.code(), Code::InvalidArgument);
+  EXPECT_NE(st.message().find("STRATA_RANK=4294967297"), std::string::npos) << st.message();
+  EXPECT_TRUE(env_of({{"STRATA_TIMEOUT", "2s"}, {"STRATA_CMA", "off"}}).check().is_ok());
+}
+
 // The size and duration syntax itself is tested in parse_test.cpp (common/parse.hpp).
 TEST(EnvParse, SizesAreBinaryAndDurationsDefaultToMilliseconds) {
   const Env e = env_of({{"STRATA_ONESHOT_MAX_BYTES", "64KB"},
