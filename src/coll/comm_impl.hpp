@@ -21,6 +21,7 @@
 
 #include "coll/context_impl.hpp"
 #include "coll/ctrl_block.hpp"
+#include "coll/membership.hpp"
 #include "coll/op.hpp"
 #include "coll/work_state.hpp"
 #include "common/deadline.hpp"
@@ -124,7 +125,7 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   /// Stops the copy engine (waits for the operation it runs).
   void shutdown();
 
-  // ---- rebuild hooks (context.cpp), used through coll/membership.hpp ------------------------
+  // ---- rebuild hooks (context.cpp), used by the recovery layer through coll/membership.hpp --
   // Callers hold exec_mu, so nothing else runs on this communicator meanwhile.
   /// Zeroes this rank's sequence counters and its control block's sync state, keeping its
   /// identity (and every peer's mapping of it).
@@ -135,29 +136,19 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   void clear_broken();
 };
 
-/// Builds the world communicator of an initialised context. A replacement rank (epoch > 0)
-/// joins the survivors through the recovery layer's rebuild instead.
-Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>& ctx);
-/// This rank's record in the store for the world communicator: host, pid, control block.
+/// This rank's record in the store for the world communicator: host, pid, control block
+/// (parse_world_record in coll/membership.hpp reads it).
 std::string world_record(const ContextImpl& ctx, const memory::SegRef& ctrl);
-struct WorldRecord {
-  std::string host;
-  long pid = 0;
-  memory::SegRef ctrl{};
-};
-Result<WorldRecord> parse_world_record(const std::string& v);
+/// Key of global rank `rank`'s world record in the store.
+std::string world_key(const ContextImpl& ctx, int rank);
 /// Allocates and initialises this rank's control block for a communicator of n ranks.
 Result<void*> new_ctrl_block(ContextImpl& ctx, int rank, int n);
 /// The communicator object without any peer attached (the rebuild attaches them).
 std::shared_ptr<CommImpl> new_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id, std::vector<int> members,
                                    int rank, void* ctrl_mem);
-
-// Implemented by the recovery layer (src/recovery/).
-/// Starts the failure monitor when the job runs under a recovery controller (no-op otherwise).
-Status start_recovery_services(const std::shared_ptr<ContextImpl>& ctx);
-/// Rebuilds the world communicator in the newest epoch: survivors keep everything that did
-/// not touch a failed rank; `fresh` is a replacement joining for the first time.
-Status rebuild_world(CommImpl& c, bool fresh);
+/// Whether this rank can read every peer's control block with process_vm_readv (and the Env
+/// allows single-copy reads at all).
+bool probe_cma(const CommImpl& c);
 /// Creates a communicator over `members` (global ranks) given every member's control block.
 Result<std::shared_ptr<CommImpl>> make_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id,
                                             std::vector<int> members, int rank, void* ctrl_mem,

@@ -1,9 +1,9 @@
 #pragma once
 // One rank's process-level state behind every communicator and buffer it creates: where the
 // rank sits in the job, the store, the heap, the transport between hosts, and what the
-// recovery layer keeps per process (failure epochs, the monitor).
+// recovery layer keeps per process (failure epochs and the monitor: their types are part of
+// coll/membership.hpp, the interface the recovery layer uses).
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -16,6 +16,7 @@
 
 #include "bootstrap/job_info.hpp"
 #include "bootstrap/store.hpp"
+#include "coll/membership.hpp"
 #include "common/env.hpp"
 #include "common/status.hpp"
 #include "memory/heap.hpp"
@@ -24,22 +25,6 @@
 namespace strata::detail {
 
 struct CommImpl;
-
-/// A process-wide service the recovery layer attaches to a context (the failure monitor);
-/// the context only owns it, so the collectives never depend on recovery.
-struct ContextService {
-  virtual ~ContextService() = default;
-};
-
-/// What this process knows about the job's failure epochs (all times CLOCK_REALTIME ns, so
-/// they compare across processes).
-struct EpochState {
-  std::atomic<uint64_t> latest{0};  // newest epoch announced by the controller
-  std::atomic<int64_t> seen_ns{0};  // when this process saw `latest` announced
-  uint64_t joined = 0;              // epoch the world communicator was last built for
-  std::mutex mu;
-  recovery::Report report;  // the last recovery, for recovery::last_report
-};
 
 /// One rank's process-level state, shared by all its communicators and buffers.
 struct ContextImpl {
