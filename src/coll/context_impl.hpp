@@ -12,8 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include <strata/recovery.hpp>
-
 #include "bootstrap/job_info.hpp"
 #include "bootstrap/store.hpp"
 #include "coll/membership.hpp"

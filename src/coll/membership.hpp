@@ -59,6 +59,7 @@ Result<WorldRecord> parse_world_record(const std::string& v);
 /// Holds a reference to the context (the monitor thread keeps one only while it acts).
 class ContextRef {
  public:
+  /// A reference to `ctx` (kept alive while this ContextRef lives).
   explicit ContextRef(std::shared_ptr<ContextImpl> ctx);
 
   /// Where this rank sits in the job (rank, size, job id, host, store address, token).
@@ -91,9 +92,12 @@ class ContextRef {
 /// that quiesce() returns.
 class Membership {
  public:
+  /// A view of `comm`, which must stay alive as long as the view is used.
   explicit Membership(const std::shared_ptr<CommImpl>& comm);
 
+  /// This rank in the communicator.
   int rank() const;
+  /// The number of members.
   int size() const;
   /// The communicator's name ("world" for the world communicator).
   const std::string& id() const;
