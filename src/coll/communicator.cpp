@@ -729,37 +729,4 @@ void Communicator::destroy() {
   impl_.reset();
 }
 
-// ---- init ------------------------------------------------------------------------------------
-
-Communicator init(const InitOptions& opts) {
-  auto ctx = std::make_shared<detail::ContextImpl>();
-  ctx->env = Env::get();
-  bootstrap::JobOverrides ov;
-  ov.rank = opts.rank;
-  ov.world_size = opts.size;
-  ov.store = opts.store;
-  ov.token = opts.token;
-  ov.job_id = opts.job_id;
-  ov.host_id = opts.host_id;
-  ctx->job = value_or_throw(bootstrap::detect_job(ctx->env, ov));
-  const int rank = ctx->job.rank;
-  ctx->timeout = opts.timeout.count() > 0 ? opts.timeout : ctx->env.timeout;
-  if (!ctx->job.store.empty()) {
-    auto addr = value_or_throw(bootstrap::StoreAddress::parse(ctx->job.store), rank);
-    auto client =
-        bootstrap::StoreClient::connect(addr, ctx->job.token, Deadline::after(ctx->env.store_connect_timeout));
-    ctx->store = std::shared_ptr<bootstrap::StoreClient>(value_or_throw(std::move(client), rank));
-    ctx->store->set_reconnect_timeout(ctx->env.store_connect_timeout);
-  } else if (ctx->job.world_size > 1) {
-    throw Error(Code::InvalidArgument,
-                "init: a job of " + std::to_string(ctx->job.world_size) +
-                    " ranks needs a store (STRATA_STORE or MASTER_ADDR/MASTER_PORT)",
-                rank);
-  }
-  ctx->heap =
-      value_or_throw(memory::Heap::create(memory::HeapOptions::from_env(ctx->env), ctx->job.job_id, rank), rank);
-  throw_if_error(detail::start_recovery_services(ctx), rank);
-  return Communicator(value_or_throw(detail::make_world(ctx), rank));
-}
-
 }  // namespace strata

@@ -1,4 +1,5 @@
-// Joining a job: the per-rank context (store, heap) and communicator construction.
+// Joining a job: the per-rank context (store, heap), communicator construction, and the
+// hooks a rebuild uses (reset_sync_state, attach_peer, clear_broken; see coll/membership.hpp).
 
 #include <poll.h>
 #include <sched.h>
@@ -49,11 +50,9 @@ int open_pidfd(int pid) {
 #endif
 }
 
-std::string world_key(const ContextImpl& ctx, int rank) {
-  return "strata/" + ctx.job.job_id + "/world/" + std::to_string(rank);
-}
-
 }  // namespace
+
+std::string world_key(const ContextImpl& ctx, int rank) { return ctx.key("world/" + std::to_string(rank)); }
 
 void CommImpl::set_broken(const Status& s) {
   std::lock_guard<std::mutex> g(err_mu);
@@ -225,8 +224,7 @@ std::shared_ptr<CommImpl> new_comm(const std::shared_ptr<ContextImpl>& ctx, std:
   return c;
 }
 
-/// Whether process `pid` can be read with process_vm_readv at `addr` (the CMA probe).
-static bool probe_cma(const CommImpl& c) {
+bool probe_cma(const CommImpl& c) {
   bool ok = c.ctx->env.cma;
   for (int r = 0; r < c.size && ok; ++r) {
     if (r == c.rank) continue;
@@ -271,14 +269,6 @@ std::string world_record(const ContextImpl& ctx, const memory::SegRef& ctrl) {
   std::ostringstream os;
   os << ctx.job.host_id << "\n" << getpid() << "\n" << ctrl.seg << "\n" << ctrl.offset;
   return os.str();
-}
-
-Result<WorldRecord> parse_world_record(const std::string& v) {
-  WorldRecord w;
-  std::istringstream is(v);
-  std::getline(is, w.host);
-  if (!(is >> w.pid >> w.ctrl.seg >> w.ctrl.offset)) return internal_error("malformed world record '" + v + "'");
-  return w;
 }
 
 namespace {
@@ -344,6 +334,34 @@ Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImp
   return c;
 }
 
+Result<ContextRef> make_context(const Env& env, const bootstrap::JobInfo& job, std::chrono::milliseconds timeout) {
+  auto ctx = std::make_shared<ContextImpl>();
+  ctx->env = env;
+  ctx->job = job;
+  ctx->timeout = timeout.count() > 0 ? timeout : env.timeout;
+  if (!job.store.empty()) {
+    STRATA_ASSIGN_OR_RETURN(auto addr, bootstrap::StoreAddress::parse(job.store));
+    STRATA_ASSIGN_OR_RETURN(
+        auto client, bootstrap::StoreClient::connect(addr, job.token, Deadline::after(env.store_connect_timeout)));
+    ctx->store = std::shared_ptr<bootstrap::StoreClient>(std::move(client));
+    ctx->store->set_reconnect_timeout(env.store_connect_timeout);
+  } else if (job.world_size > 1) {
+    return invalid_argument("init: a job of " + std::to_string(job.world_size) +
+                            " ranks needs a store (STRATA_STORE or MASTER_ADDR/MASTER_PORT)");
+  }
+  STRATA_ASSIGN_OR_RETURN(ctx->heap, memory::Heap::create(memory::HeapOptions::from_env(env), job.job_id, job.rank));
+  return ContextRef(std::move(ctx));
+}
+
+Result<std::shared_ptr<CommImpl>> new_world(const std::shared_ptr<ContextImpl>& ctx) {
+  const int n = ctx->job.world_size, me = ctx->job.rank;
+  STRATA_ASSIGN_OR_RETURN(void* ctrl, new_ctrl_block(*ctx, me, n));
+  if (!ctx->heap->locate(ctrl, 1)) return internal_error("control block is not in the heap");
+  std::vector<int> members(n);
+  for (int r = 0; r < n; ++r) members[r] = r;
+  return new_comm(ctx, "world", std::move(members), me, ctrl);
+}
+
 Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>& ctx) {
   const int n = ctx->job.world_size, me = ctx->job.rank;
   Deadline d = Deadline::after(ctx->timeout);
@@ -352,15 +370,6 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
   if (!ref) return internal_error("control block is not in the heap");
   std::vector<int> members(n);
   for (int r = 0; r < n; ++r) members[r] = r;
-  if (ctx->env.epoch > 0 && n > 1) {
-    // A replacement: the survivors keep their blocks; meet them in the newest epoch.
-    auto c = new_comm(ctx, "world", std::move(members), me, ctrl);
-    std::unique_lock<std::mutex> ex(c->exec_mu);
-    STRATA_RETURN_IF_ERROR(rebuild_world(*c, /*fresh=*/true));
-    c->self.hdr()->cma_ok = probe_cma(*c) ? 1 : 0;
-    c->cma_all = c->self.hdr()->cma_ok != 0;
-    return c;
-  }
   std::vector<memory::SegRef> refs(n);
   refs[me] = *ref;
   ctx->hosts.assign(n, ctx->job.host_id);

@@ -3,11 +3,14 @@
 // epoch's notice (so a failure anywhere revokes this process's communicators within
 // milliseconds, without waiting for an operation to time out).
 
+#include "recovery/monitor.hpp"
+
 #include <time.h>
 
 #include <thread>
 
-#include "coll/comm_impl.hpp"
+#include "bootstrap/store.hpp"
+#include "coll/membership.hpp"
 #include "common/log.hpp"
 #include "recovery/keys.hpp"
 
@@ -54,16 +57,17 @@ struct MonitorLoop {
   }
 
   void announce(uint64_t e, const std::string& failed) {
-    auto c = ctx.lock();
-    if (!c) return;
-    c->epochs.seen_ns.store(recovery::now_ns(), std::memory_order_relaxed);
-    c->epochs.latest.store(e, std::memory_order_release);
+    auto alive = ctx.lock();
+    if (!alive) return;
+    const ContextRef c(std::move(alive));
+    c.epochs().seen_ns.store(recovery::now_ns(), std::memory_order_relaxed);
+    c.epochs().latest.store(e, std::memory_order_release);
     auto ranks = recovery::keys::parse_ranks(failed);
     STRATA_LOG(Info,
                "rank " << rank << ": the controller announced epoch " << e << " (replacing rank(s) " << failed << ")");
-    c->revoke_all(peer_failed("rank(s) " + failed + " failed and the job moved to epoch " + std::to_string(e) +
-                                  " (seen by rank " + std::to_string(rank) + "); call recover()",
-                              ranks.empty() ? -1 : ranks.front()));
+    c.revoke_all(peer_failed("rank(s) " + failed + " failed and the job moved to epoch " + std::to_string(e) +
+                                 " (seen by rank " + std::to_string(rank) + "); call recover()",
+                             ranks.empty() ? -1 : ranks.front()));
   }
 };
 
@@ -90,25 +94,27 @@ class Monitor final : public ContextService {
 
 }  // namespace
 
-Status start_recovery_services(const std::shared_ptr<ContextImpl>& ctx) {
-  if (!ctx->env.ft || !ctx->store) return Status::ok();
+Status start_recovery_services(const ContextRef& ctx) {
+  const Env& env = ctx.env();
+  if (!env.ft || !ctx.store()) return Status::ok();
   // A connection of its own: the monitor's long waits must not hold up the rank's requests.
-  STRATA_ASSIGN_OR_RETURN(auto addr, bootstrap::StoreAddress::parse(ctx->job.store));
-  STRATA_ASSIGN_OR_RETURN(auto client, bootstrap::StoreClient::connect(
-                                           addr, ctx->job.token, Deadline::after(ctx->env.store_connect_timeout)));
-  client->set_reconnect_timeout(ctx->env.store_connect_timeout);
-  const uint64_t epoch = ctx->env.epoch;
-  ctx->epochs.latest.store(epoch);
-  ctx->epochs.joined = epoch;
-  if (epoch > 0) ctx->epochs.seen_ns.store(recovery::now_ns());
+  STRATA_ASSIGN_OR_RETURN(auto addr, bootstrap::StoreAddress::parse(ctx.job().store));
+  STRATA_ASSIGN_OR_RETURN(
+      auto client, bootstrap::StoreClient::connect(addr, ctx.job().token, Deadline::after(env.store_connect_timeout)));
+  client->set_reconnect_timeout(env.store_connect_timeout);
+  const uint64_t epoch = env.epoch;
+  EpochState& epochs = ctx.epochs();
+  epochs.latest.store(epoch);
+  epochs.joined = epoch;
+  if (epoch > 0) epochs.seen_ns.store(recovery::now_ns());
   auto loop = std::make_shared<MonitorLoop>();
-  loop->ctx = ctx;
+  loop->ctx = ctx.impl();
   loop->client = std::move(client);
-  loop->job = ctx->job.job_id;
-  loop->rank = ctx->job.rank;
-  loop->interval = ctx->env.heartbeat_interval;
+  loop->job = ctx.job().job_id;
+  loop->rank = ctx.job().rank;
+  loop->interval = env.heartbeat_interval;
   loop->next = epoch + 1;
-  ctx->monitor = std::make_unique<Monitor>(std::move(loop));
+  ctx.set_monitor(std::make_unique<Monitor>(std::move(loop)));
   return Status::ok();
 }
 

@@ -9,11 +9,13 @@
 // rebuild moves the job to a newer epoch; everyone notices while waiting and starts over
 // with the (cumulative) set of ranks being replaced.
 
+#include "recovery/rebuild.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <thread>
 
-#include "coll/comm_impl.hpp"
+#include "coll/membership.hpp"
 #include "common/log.hpp"
 #include "recovery/keys.hpp"
 
@@ -25,15 +27,15 @@ constexpr auto kSlice = std::chrono::milliseconds(20);
 
 // Waits for `key` while the job stays in epoch `e`: the value, nullopt when a newer epoch
 // was announced meanwhile, or Timeout at the deadline.
-Result<std::optional<std::string>> wait_in_epoch(ContextImpl& ctx, const std::string& key, uint64_t e, Deadline d,
+Result<std::optional<std::string>> wait_in_epoch(const ContextRef& ctx, const std::string& key, uint64_t e, Deadline d,
                                                  const std::string& what) {
   for (;;) {
-    auto v = ctx.store->get(key, kSlice);
+    auto v = ctx.store()->get(key, kSlice);
     if (v.is_ok()) return std::optional<std::string>(std::move(v.value()));
     if (v.status().code() != Code::Timeout) return v.status();
-    if (ctx.epochs.latest.load(std::memory_order_acquire) > e) return std::optional<std::string>();
+    if (ctx.epochs().latest.load(std::memory_order_acquire) > e) return std::optional<std::string>();
     if (d.expired())
-      return timeout_error("recovery of epoch " + std::to_string(e) + " on rank " + std::to_string(ctx.job.rank) +
+      return timeout_error("recovery of epoch " + std::to_string(e) + " on rank " + std::to_string(ctx.job().rank) +
                            " timed out waiting for " + what);
   }
 }
@@ -42,33 +44,35 @@ bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.
 
 }  // namespace
 
-Status rebuild_world(CommImpl& c, bool fresh) {
-  ContextImpl& ctx = *c.ctx;
-  if (!ctx.monitor)
-    return unavailable("recover() on rank " + std::to_string(c.rank) +
+Status rebuild_world(Membership& m, bool fresh) {
+  const ContextRef ctx = m.context();
+  if (!ctx.has_monitor())
+    return unavailable("recover() on rank " + std::to_string(m.rank()) +
                        ": this job does not run under a recovery controller (start it with `strata run --ft`)");
-  if (c.net != nullptr)
-    return unavailable("recover() on rank " + std::to_string(c.rank) +
+  if (m.spans_hosts())
+    return unavailable("recover() on rank " + std::to_string(m.rank()) +
                        ": the communicator spans hosts; recovery is implemented within one host so far");
-  if (c.id != "world")
-    return invalid_argument("recover() on rank " + std::to_string(c.rank) + ": communicator '" + c.id +
+  if (m.id() != "world")
+    return invalid_argument("recover() on rank " + std::to_string(m.rank()) + ": communicator '" + m.id() +
                             "' is a sub-communicator; recover the world communicator, then split again");
-  const std::string& job = ctx.job.job_id;
-  const int me = c.rank, n = c.size;
-  const Deadline d = Deadline::after(c.timeout);
+  EpochState& epochs = ctx.epochs();
+  bootstrap::StoreClient& store = *ctx.store();  // the monitor runs only with a store
+  const std::string& job = ctx.job().job_id;
+  const int me = m.rank(), n = m.size();
+  const Deadline d = Deadline::after(m.timeout());
   const int64_t start_ns = recovery::now_ns();
-  const uint64_t prev_joined = fresh ? 0 : ctx.epochs.joined;
+  const uint64_t prev_joined = fresh ? 0 : epochs.joined;
   std::vector<bool> attached(n, !fresh);
   attached[me] = true;
 
   for (;;) {
-    uint64_t e = ctx.epochs.latest.load(std::memory_order_acquire);
-    if (!fresh && e == ctx.epochs.joined) {
+    uint64_t e = epochs.latest.load(std::memory_order_acquire);
+    if (!fresh && e == epochs.joined) {
       // The failure was seen locally (a pidfd, a deadline) before the controller's notice
       // arrived: wait for the notice.
       if (d.expired())
         return timeout_error("recover() on rank " + std::to_string(me) + ": no new epoch was announced within " +
-                             std::to_string(c.timeout.count()) + " ms (is the controller alive?)");
+                             std::to_string(m.timeout().count()) + " ms (is the controller alive?)");
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       continue;
     }
@@ -78,19 +82,16 @@ Status rebuild_world(CommImpl& c, bool fresh) {
     STRATA_LOG(Info, "rank " << me << ": rebuilding the world communicator in epoch " << e << " (replacing " << *notice
                              << ")");
 
-    c.reset_sync_state();
+    m.reset_sync_state();
     for (int f : failed) {
       if (f == me || f < 0 || f >= n) continue;
-      c.peers[f] = CtrlView();
-      ctx.heap->drop_peer(c.members[f]);
+      m.drop_peer(f);
       attached[f] = false;
     }
     if (contains(failed, me)) {
-      auto ref = ctx.heap->locate(c.ctrl_mem, 1);
-      if (!ref) return internal_error("control block is not in the heap");
-      std::string rec = world_record(ctx, *ref);
-      STRATA_RETURN_IF_ERROR(ctx.store->set(ctx.key("world/" + std::to_string(me)), rec));
-      STRATA_RETURN_IF_ERROR(ctx.store->set(recovery::keys::join(job, e, me), rec));
+      STRATA_ASSIGN_OR_RETURN(std::string rec, m.world_record());
+      STRATA_RETURN_IF_ERROR(store.set(ctx.world_key(m.global_rank(me)), rec));
+      STRATA_RETURN_IF_ERROR(store.set(recovery::keys::join(job, e, me), rec));
     }
 
     // Records first, then the mappings in parallel: a replacement attaches every peer, and
@@ -102,16 +103,16 @@ Status rebuild_world(CommImpl& c, bool fresh) {
     for (int r = 0; r < n && !moved; ++r) {
       if (attached[r]) continue;
       bool replaced = contains(failed, r);
-      std::string key = replaced ? recovery::keys::join(job, e, r) : ctx.key("world/" + std::to_string(r));
+      std::string key = replaced ? recovery::keys::join(job, e, r) : ctx.world_key(m.global_rank(r));
       STRATA_ASSIGN_OR_RETURN(auto v, wait_in_epoch(ctx, key, e, d, "rank " + std::to_string(r) + " to join"));
       if (!v) {
         moved = true;
         break;
       }
       STRATA_ASSIGN_OR_RETURN(recs[r], parse_world_record(*v));
-      if (recs[r].host != ctx.job.host_id)
+      if (recs[r].host != ctx.job().host_id)
         return unavailable("rank " + std::to_string(r) + " rejoined on host '" + recs[r].host + "' but rank " +
-                           std::to_string(me) + " is on '" + ctx.job.host_id + "'");
+                           std::to_string(me) + " is on '" + ctx.job().host_id + "'");
       to_attach.push_back(r);
     }
     if (moved) continue;
@@ -120,7 +121,7 @@ Status rebuild_world(CommImpl& c, bool fresh) {
       auto map_some = [&] {
         for (size_t i = next++; i < to_attach.size(); i = next++) {
           int r = to_attach[i];
-          (void)ctx.heap->peer_ptr(c.members[r], recs[r].ctrl, CtrlView::bytes(n), d);  // errors: below
+          (void)m.map_peer(r, recs[r].ctrl, d);  // errors: attach_peer below meets them again
         }
       };
       std::vector<std::thread> workers;
@@ -129,12 +130,12 @@ Status rebuild_world(CommImpl& c, bool fresh) {
       for (auto& w : workers) w.join();
     }
     for (int r : to_attach) {
-      Status a = c.attach_peer(r, recs[r].ctrl, d);
+      Status a = m.attach_peer(r, recs[r].ctrl, d);
       if (!a.is_ok()) {
         // A peer that cannot be reached now has most likely just failed too: its notice
         // (a newer epoch) is on the way. Only a deadline without one is an error.
         while (!moved && !d.expired()) {
-          moved = ctx.epochs.latest.load(std::memory_order_acquire) > e;
+          moved = epochs.latest.load(std::memory_order_acquire) > e;
           if (!moved) std::this_thread::sleep_for(std::chrono::milliseconds(2));
         }
         if (!moved) return a;
@@ -146,25 +147,24 @@ Status rebuild_world(CommImpl& c, bool fresh) {
 
     // Every rank has zeroed its sync state and attached the new blocks before anyone
     // proceeds: the last arrival raises the flag.
-    STRATA_ASSIGN_OR_RETURN(int64_t arrived, ctx.store->add(recovery::keys::arrived(job, e), 1));
-    if (arrived == n) STRATA_RETURN_IF_ERROR(ctx.store->set(recovery::keys::ready(job, e), "1"));
+    STRATA_ASSIGN_OR_RETURN(int64_t arrived, store.add(recovery::keys::arrived(job, e), 1));
+    if (arrived == n) STRATA_RETURN_IF_ERROR(store.set(recovery::keys::ready(job, e), "1"));
     STRATA_ASSIGN_OR_RETURN(auto ready,
                             wait_in_epoch(ctx, recovery::keys::ready(job, e), e, d, "every rank to arrive"));
     if (!ready) continue;
     const int64_t joined_ns = recovery::now_ns();
 
-    c.clear_broken();
-    if (ctx.epochs.latest.load(std::memory_order_acquire) != e) {
+    m.clear_broken();
+    if (epochs.latest.load(std::memory_order_acquire) != e) {
       // Another failure was announced in the meantime: that revoke must stand.
-      c.set_broken(peer_failed("another failure was announced during recovery", -1));
-      c.abort_flag.store(true);
+      m.revoke(peer_failed("another failure was announced during recovery", -1));
       continue;
     }
-    ctx.epochs.joined = e;
-    STRATA_RETURN_IF_ERROR(c.sync(d, "recovery"));
+    epochs.joined = e;
+    STRATA_RETURN_IF_ERROR(m.sync(d, "recovery"));
 
     auto get_ns = [&](const std::string& key) -> int64_t {
-      auto v = ctx.store->try_get(key);
+      auto v = store.try_get(key);
       if (!v.is_ok() || !v.value()) return 0;
       try {
         return std::stoll(*v.value());
@@ -172,8 +172,8 @@ Status rebuild_world(CommImpl& c, bool fresh) {
         return 0;
       }
     };
-    std::lock_guard<std::mutex> g(ctx.epochs.mu);
-    recovery::Report& rep = ctx.epochs.report;
+    std::lock_guard<std::mutex> g(epochs.mu);
+    recovery::Report& rep = epochs.report;
     rep = recovery::Report{};
     rep.epoch = e;
     rep.failed = failed;
@@ -185,7 +185,7 @@ Status rebuild_world(CommImpl& c, bool fresh) {
       if (int64_t t = get_ns(recovery::keys::detected(job, k))) rep.detected_ns = t;
       if (int64_t t = get_ns(recovery::keys::spawned(job, k))) rep.spawned_ns = t;
     }
-    rep.seen_ns = ctx.epochs.seen_ns.load();
+    rep.seen_ns = epochs.seen_ns.load();
     rep.rebuild_start_ns = start_ns;
     rep.joined_ns = joined_ns;
     rep.rebuilt_ns = recovery::now_ns();
@@ -197,45 +197,39 @@ Status rebuild_world(CommImpl& c, bool fresh) {
 
 namespace {
 
-detail::CommImpl& impl_or_throw(const std::shared_ptr<detail::CommImpl>& impl) {
+detail::Membership membership_or_throw(const std::shared_ptr<detail::CommImpl>& impl) {
   if (!impl)
     throw Error(Code::InvalidArgument, "operation on an invalid (default-constructed or destroyed) communicator");
-  return *impl;
+  return detail::Membership(impl);
 }
 
 }  // namespace
 
 void Communicator::recover() {
-  auto& c = impl_or_throw(impl_);
+  detail::Membership m = membership_or_throw(impl_);
   // Nothing runs on this communicator while it is rebuilt; what was queued before the
   // failure belongs to the old epoch and fails.
-  std::unique_lock<std::mutex> ex(c.exec_mu);
-  std::deque<std::shared_ptr<detail::WorkState>> stale;
-  {
-    std::lock_guard<std::mutex> g(c.q_mu);
-    stale.swap(c.queue);
-  }
-  for (auto& w : stale)
-    w->finish(peer_failed("operation issued before recovery on rank " + std::to_string(c.rank) + " was discarded"));
-  Status s = detail::rebuild_world(c, /*fresh=*/false);
-  if (!s.is_ok()) throw Error(s.code(), s.message(), c.rank, s.peer());
+  auto quiet =
+      m.quiesce(peer_failed("operation issued before recovery on rank " + std::to_string(m.rank()) + " was discarded"));
+  Status s = detail::rebuild_world(m, /*fresh=*/false);
+  if (!s.is_ok()) throw Error(s.code(), s.message(), m.rank(), s.peer());
 }
 
-uint64_t Communicator::epoch() const { return impl_or_throw(impl_).ctx->epochs.joined; }
+uint64_t Communicator::epoch() const { return membership_or_throw(impl_).context().epochs().joined; }
 
 namespace recovery {
 
 Report last_report(const Communicator& comm) {
-  auto& ctx = *impl_or_throw(comm.impl()).ctx;
-  std::lock_guard<std::mutex> g(ctx.epochs.mu);
-  return ctx.epochs.report;
+  detail::EpochState& epochs = membership_or_throw(comm.impl()).context().epochs();
+  std::lock_guard<std::mutex> g(epochs.mu);
+  return epochs.report;
 }
 
 void mark_failure(const Communicator& comm) {
-  auto& ctx = *impl_or_throw(comm.impl()).ctx;
-  if (!ctx.store) return;
-  uint64_t next = ctx.epochs.latest.load() + 1;
-  (void)ctx.store->set(keys::injected(ctx.job.job_id, next), std::to_string(now_ns()));
+  const detail::ContextRef ctx = membership_or_throw(comm.impl()).context();
+  if (!ctx.store()) return;
+  uint64_t next = ctx.epochs().latest.load() + 1;
+  (void)ctx.store()->set(keys::injected(ctx.job().job_id, next), std::to_string(now_ns()));
 }
 
 }  // namespace recovery

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "coll/comm_impl.hpp"
+#include "coll/membership.hpp"
 
 namespace strata::recovery {
 namespace {
@@ -171,10 +171,10 @@ void State::restore() {
     }
   }
   impl_->restored = true;
-  auto& ctx = *comm.impl()->ctx;
-  std::lock_guard<std::mutex> g(ctx.epochs.mu);
-  ctx.epochs.report.restored_ns = now_ns();
-  ctx.epochs.report.restored_bytes = moved;
+  detail::EpochState& epochs = detail::Membership(comm.impl()).context().epochs();
+  std::lock_guard<std::mutex> g(epochs.mu);
+  epochs.report.restored_ns = now_ns();
+  epochs.report.restored_bytes = moved;
 }
 
 void run(Communicator& comm, State& state, uint64_t total_steps, const StepFunctions& fns, const RunOptions& opts) {

@@ -1,0 +1,56 @@
+#pragma once
+// One rank's process-level state behind every communicator and buffer it creates: where the
+// rank sits in the job, the store, the heap, the transport between hosts, and what the
+// recovery layer keeps per process (failure epochs and the monitor: their types are part of
+// coll/membership.hpp, the interface the recovery layer uses).
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bootstrap/job_info.hpp"
+#include "bootstrap/store.hpp"
+#include "coll/membership.hpp"
+#include "common/env.hpp"
+#include "common/status.hpp"
+#include "memory/heap.hpp"
+#include "transport/net.hpp"
+
+namespace strata::detail {
+
+struct CommImpl;
+
+/// One rank's process-level state, shared by all its communicators and buffers.
+struct ContextImpl {
+  bootstrap::JobInfo job;
+  Env env;
+  std::chrono::milliseconds timeout{0};
+  std::shared_ptr<bootstrap::StoreClient> store;  // null for a single rank without a store
+  std::unique_ptr<memory::Heap> heap;
+  std::mutex mu;
+  std::vector<std::pair<void*, bool>> retired_ctrl;  // control blocks of destroyed comms
+  // External buffers registered for single-copy (CMA) access: base -> bytes.
+  std::vector<std::pair<uintptr_t, size_t>> registered;
+  /// True when [p, p + bytes) lies inside one registered external buffer.
+  bool is_registered(const void* p, size_t bytes);
+
+  // Failure handling: every live communicator, so a failure notice can revoke them all.
+  std::vector<std::weak_ptr<CommImpl>> comms;
+  EpochState epochs;
+  std::unique_ptr<ContextService> monitor;  // null unless the job runs under `strata run --ft`
+  /// Fails every pending and later operation of every communicator with `why` (sticky).
+  void revoke_all(const Status& why);
+  /// Key under the job's store namespace ("strata/<job>/<suffix>").
+  std::string key(const std::string& suffix) const { return "strata/" + job.job_id + "/" + suffix; }
+  std::vector<std::string> hosts;  // global rank -> host id (filled by make_world)
+  // Between hosts; created when the job spans hosts. Declared after heap: it unmaps the
+  // heap's segments and removes its listener before the heap goes.
+  std::unique_ptr<transport::Net> net;
+  ~ContextImpl();
+};
+
+}  // namespace strata::detail

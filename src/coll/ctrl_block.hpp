@@ -1,0 +1,101 @@
+#pragma once
+// The layout of a communicator's control block: the per-rank area in the shared heap through
+// which the ranks of one host synchronise, publish their operations and hand over
+// point-to-point messages. Every member maps every other member's block.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "coll/op.hpp"
+#include "transport/shm_sync.hpp"
+
+namespace strata::detail {
+
+/// Written last when a block is initialised: a peer that maps a block without it is too early.
+inline constexpr uint64_t kCtrlMagic = 0x3143544152545353ull;  // "SSTRATC1"
+/// Point-to-point messages in flight per (sender, receiver) pair: the ring of P2pSlot.
+inline constexpr uint32_t kP2pDepth = 8;
+
+/// One posted send, as the receiver reads it: the message's sequence number, tag, type, count
+/// and where its bytes lie in the sender's heap.
+struct P2pSlot {
+  uint32_t seq = 0;
+  int32_t tag = 0;
+  uint8_t dtype = 0;
+  uint8_t pad[7] = {};
+  uint64_t count = 0;
+  uint32_t seg = 0;
+  uint32_t flags = 0;
+  uint64_t off = 0;
+};
+
+/// Largest all_reduce input (bytes per rank) that travels inline in the control block
+/// (all_reduce_inline in algorithms.cpp: one cache-line handshake, no heap buffer read).
+inline constexpr size_t kInlineBytes = 512;
+
+/// One operation's synchronisation word, descriptor and, for inline all_reduce, input. Two
+/// per rank, used by alternate sequence numbers. `ready` carries the rank's sync steps
+/// (CommImpl::phase) during the operation; the first step publishes the descriptor. Slot
+/// s % 2 is rewritten only at operation s + 2, after every peer has passed the first step of
+/// s + 1, so no peer still reads it; and a rank waiting on a peer's slot for s is never
+/// overtaken by that peer's writes for s + 2.
+struct alignas(64) OpSlot {
+  transport::Signal ready;
+  coll::OpDesc desc;
+  // The first 8 bytes share the cache line of `ready` and the descriptor: a peer's 8-byte
+  // all_reduce costs one miss.
+  unsigned char data[8 + kInlineBytes];
+};
+static_assert(offsetof(OpSlot, data) == 56, "ready + descriptor + 8 data bytes fill one cache line");
+
+/// The start of a control block: who owns it, and the two operation slots.
+struct alignas(64) CtrlHeader {
+  uint64_t magic = 0;
+  int32_t rank = 0;
+  int32_t size = 0;
+  int32_t pid = 0;
+  uint64_t self_addr = 0;  // the block's address in its owner's address space (CMA probe)
+  uint32_t cma_ok = 0;     // owner could read every peer with process_vm_readv
+  OpSlot slots[2];
+  /// The slot of operation `seq`.
+  OpSlot& slot(uint32_t seq) { return slots[seq & 1]; }
+};
+
+/// Typed view of a control block: header, then 4n size_t (v-collective arrays), then the
+/// point-to-point area (per peer: posted signal, done signal, error word, ring of slots).
+class CtrlView {
+ public:
+  CtrlView() = default;
+  CtrlView(void* base, int n) : base_(static_cast<char*>(base)), n_(n) {}
+  /// Size of the block of a communicator of n ranks.
+  static size_t bytes(int n) { return p2p_offset(n) + static_cast<size_t>(n) * per_peer(); }
+  CtrlHeader* hdr() const { return reinterpret_cast<CtrlHeader*>(base_); }
+  /// The v-collective arrays (counts and displacements of every rank).
+  uint64_t* vec() const { return reinterpret_cast<uint64_t*>(base_ + sizeof(CtrlHeader)); }
+  /// Raised by this block's owner when it posts a send to `peer`.
+  transport::Signal& send_posted(int peer) const { return *reinterpret_cast<transport::Signal*>(peer_area(peer)); }
+  /// Raised by this block's owner when it has received a message from `peer`.
+  transport::Signal& recv_done(int peer) const { return *reinterpret_cast<transport::Signal*>(peer_area(peer) + 64); }
+  /// Sequence number of the message from `peer` that did not match the receive posted for it.
+  std::atomic<uint32_t>& recv_error(int peer) const {
+    return *reinterpret_cast<std::atomic<uint32_t>*>(peer_area(peer) + 128);
+  }
+  /// The slot of this owner's send `seq` to `peer`.
+  P2pSlot& slot(int peer, uint32_t seq) const {
+    return reinterpret_cast<P2pSlot*>(peer_area(peer) + 192)[seq % kP2pDepth];
+  }
+  void* base() const { return base_; }
+
+ private:
+  static size_t align64(size_t v) { return (v + 63) & ~size_t{63}; }
+  static size_t p2p_offset(int n) {
+    return align64(sizeof(CtrlHeader) + 4 * sizeof(uint64_t) * static_cast<size_t>(n));
+  }
+  static size_t per_peer() { return align64(192 + kP2pDepth * sizeof(P2pSlot)); }
+  char* peer_area(int peer) const { return base_ + p2p_offset(n_) + static_cast<size_t>(peer) * per_peer(); }
+  char* base_ = nullptr;
+  int n_ = 0;
+};
+
+}  // namespace strata::detail

@@ -1,0 +1,104 @@
+// The recovery layer's view of a communicator and of its process context: each method is
+// one step of the rebuild protocol (recovery/rebuild.cpp) expressed on the internals.
+
+#include "coll/membership.hpp"
+
+#include <sstream>
+
+#include "coll/comm_impl.hpp"
+
+namespace strata::detail {
+
+Result<WorldRecord> parse_world_record(const std::string& v) {
+  WorldRecord w;
+  std::istringstream is(v);
+  std::getline(is, w.host);
+  if (!(is >> w.pid >> w.ctrl.seg >> w.ctrl.offset)) return internal_error("malformed world record '" + v + "'");
+  return w;
+}
+
+// ---- ContextRef ------------------------------------------------------------------------------
+
+ContextRef::ContextRef(std::shared_ptr<ContextImpl> ctx) : ctx_(std::move(ctx)) {}
+
+const bootstrap::JobInfo& ContextRef::job() const { return ctx_->job; }
+
+const Env& ContextRef::env() const { return ctx_->env; }
+
+bootstrap::StoreClient* ContextRef::store() const { return ctx_->store.get(); }
+
+std::string ContextRef::world_key(int rank) const { return detail::world_key(*ctx_, rank); }
+
+EpochState& ContextRef::epochs() const { return ctx_->epochs; }
+
+bool ContextRef::has_monitor() const { return ctx_->monitor != nullptr; }
+
+void ContextRef::set_monitor(std::unique_ptr<ContextService> monitor) const { ctx_->monitor = std::move(monitor); }
+
+void ContextRef::revoke_all(const Status& why) const { ctx_->revoke_all(why); }
+
+// ---- Membership ------------------------------------------------------------------------------
+
+Membership::Membership(const std::shared_ptr<CommImpl>& comm) : c_(comm.get()) {}
+
+int Membership::rank() const { return c_->rank; }
+
+int Membership::size() const { return c_->size; }
+
+const std::string& Membership::id() const { return c_->id; }
+
+std::chrono::milliseconds Membership::timeout() const { return c_->timeout; }
+
+bool Membership::spans_hosts() const { return c_->net != nullptr; }
+
+int Membership::global_rank(int r) const { return c_->members[r]; }
+
+ContextRef Membership::context() const { return ContextRef(c_->ctx); }
+
+std::unique_lock<std::mutex> Membership::quiesce(const Status& why) {
+  // The engine takes work only under exec_mu, so once we hold it nothing is in flight and
+  // whatever is still queued never starts.
+  std::unique_lock<std::mutex> ex(c_->exec_mu);
+  std::deque<std::shared_ptr<WorkState>> stale;
+  {
+    std::lock_guard<std::mutex> g(c_->q_mu);
+    stale.swap(c_->queue);
+  }
+  for (auto& w : stale) w->finish(why);
+  return ex;
+}
+
+void Membership::drop_peer(int r) {
+  c_->peers[r] = CtrlView();
+  c_->ctx->heap->drop_peer(c_->members[r]);
+}
+
+Status Membership::map_peer(int r, const memory::SegRef& ref, Deadline d) {
+  return c_->ctx->heap->peer_ptr(c_->members[r], ref, CtrlView::bytes(c_->size), d).status();
+}
+
+Status Membership::attach_peer(int r, const memory::SegRef& ref, Deadline d) { return c_->attach_peer(r, ref, d); }
+
+void Membership::reset_sync_state() { c_->reset_sync_state(); }
+
+void Membership::clear_broken() { c_->clear_broken(); }
+
+void Membership::revoke(const Status& why) {
+  c_->set_broken(why);
+  c_->abort_flag.store(true);
+}
+
+Status Membership::sync(Deadline d, const char* what) { return c_->sync(d, what); }
+
+Result<std::string> Membership::world_record() const {
+  auto ref = c_->ctx->heap->locate(c_->ctrl_mem, 1);
+  if (!ref) return internal_error("control block is not in the heap");
+  return detail::world_record(*c_->ctx, *ref);
+}
+
+void Membership::probe_cma_alone() {
+  c_->self.hdr()->cma_ok = probe_cma(*c_) ? 1 : 0;
+  c_->cma_all = c_->self.hdr()->cma_ok != 0;
+}
+
+}  // namespace strata::detail

@@ -1,0 +1,52 @@
+// strata::init(): joining the job. It lives in the recovery layer, above the collectives,
+// because a rank started to replace a failed one does not build the world communicator from
+// scratch: it meets the survivors in the newest epoch through the rebuild (rebuild.cpp).
+// The collectives only provide the pieces (context, world communicator) and never call
+// into recovery.
+
+#include <strata/strata.hpp>
+
+#include "bootstrap/job_info.hpp"
+#include "coll/membership.hpp"
+#include "common/env.hpp"
+#include "common/status.hpp"
+#include "recovery/monitor.hpp"
+#include "recovery/rebuild.hpp"
+
+namespace strata {
+namespace detail {
+namespace {
+
+/// The world communicator of a replacement rank: its new control block, attached to the
+/// survivors (who keep theirs) in the epoch the controller announced.
+Result<std::shared_ptr<CommImpl>> join_world(const ContextRef& ctx) {
+  STRATA_ASSIGN_OR_RETURN(auto c, new_world(ctx.impl()));
+  Membership m(c);
+  // Nothing is queued on a new communicator yet; the lock is what the rebuild expects held.
+  auto quiet = m.quiesce(aborted("operation queued before rank " + std::to_string(m.rank()) + " joined the job"));
+  STRATA_RETURN_IF_ERROR(rebuild_world(m, /*fresh=*/true));
+  m.probe_cma_alone();
+  return c;
+}
+
+}  // namespace
+}  // namespace detail
+
+Communicator init(const InitOptions& opts) {
+  const Env& env = Env::get();
+  bootstrap::JobOverrides ov;
+  ov.rank = opts.rank;
+  ov.world_size = opts.size;
+  ov.store = opts.store;
+  ov.token = opts.token;
+  ov.job_id = opts.job_id;
+  ov.host_id = opts.host_id;
+  const bootstrap::JobInfo job = value_or_throw(bootstrap::detect_job(env, ov));
+  const int rank = job.rank;
+  detail::ContextRef ctx = value_or_throw(detail::make_context(env, job, opts.timeout), rank);
+  throw_if_error(detail::start_recovery_services(ctx), rank);
+  if (env.epoch > 0 && job.world_size > 1) return Communicator(value_or_throw(detail::join_world(ctx), rank));
+  return Communicator(value_or_throw(detail::make_world(ctx.impl()), rank));
+}
+
+}  // namespace strata

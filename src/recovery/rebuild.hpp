@@ -1,0 +1,14 @@
+#pragma once
+// Rebuilding the world communicator after a failure (rebuild.cpp).
+
+#include "coll/membership.hpp"
+#include "common/status.hpp"
+
+namespace strata::detail {
+
+/// Rebuilds the world communicator in the newest epoch: survivors keep everything that did
+/// not touch a failed rank; `fresh` is a replacement joining for the first time. The caller
+/// holds the lock Membership::quiesce returned.
+Status rebuild_world(Membership& m, bool fresh);
+
+}  // namespace strata::detail
