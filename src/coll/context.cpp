@@ -144,13 +144,18 @@ void CommImpl::reset_sync_state() {
   phase = 0;
   std::fill(send_seq.begin(), send_seq.end(), 0);
   std::fill(recv_seq.begin(), recv_seq.end(), 0);
+  // Only the counters restart. A slow survivor may still be inside the old epoch's last
+  // operation, reading this block's descriptors, count vectors and message slots after its
+  // wait for them succeeded: zeroing those under it turned its clean PeerFailed into a false
+  // "collective mismatch" (a zero descriptor) or a read of segment 0 at offset 0. Nothing
+  // of the new epoch reads a descriptor or slot before the signal that follows its rewrite.
   CtrlHeader* h = self.hdr();
-  for (OpSlot& sl : h->slots) {
-    sl.desc = coll::OpDesc{};
-    transport::publish(sl.ready, 0);
+  for (OpSlot& sl : h->slots) transport::publish(sl.ready, 0);
+  for (int r = 0; r < size; ++r) {
+    transport::publish(self.send_posted(r), 0);
+    transport::publish(self.recv_done(r), 0);
+    self.recv_error(r).store(0, std::memory_order_relaxed);
   }
-  char* base = static_cast<char*>(self.base());
-  std::memset(base + sizeof(CtrlHeader), 0, CtrlView::bytes(size) - sizeof(CtrlHeader));
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 

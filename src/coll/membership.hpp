@@ -122,8 +122,9 @@ class Membership {
   Status map_peer(int r, const memory::SegRef& ref, Deadline d);
   /// Attaches member r's (new) control block at `ref` and watches its (new) process.
   Status attach_peer(int r, const memory::SegRef& ref, Deadline d);
-  /// Zeroes this rank's sequence counters and its control block's sync state, keeping its
-  /// identity (and every peer's mapping of it).
+  /// Restarts this rank's sequence counters and its control block's signals at zero, keeping
+  /// its identity (and every peer's mapping of it) and what a slow peer may still be reading
+  /// (descriptors, count vectors, message slots).
   void reset_sync_state();
   /// Clears the abort flag and the sticky error: the communicator is usable again in the
   /// epoch it was rebuilt for.
