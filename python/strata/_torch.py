@@ -10,14 +10,24 @@ found). Rendezvous, decided here:
 * Otherwise (torchrun, or MASTER_ADDR/MASTER_PORT set by hand), and for every sub-group: torch's
   store already occupies MASTER_PORT and speaks another protocol, so the group's rank 0 serves
   a Strata store on a free port of 127.0.0.1 (a thread of that process, one per process) and
-  publishes "address, token, job id" under the group's prefix in torch's store; the others
-  read it there. Strata's store then carries Strata's own setup; torch's store is used once.
+  publishes "address, where the token is, job id" under the group's prefix in torch's store;
+  the others read it there. Strata's store then carries Strata's own setup; torch's store is
+  used once.
+
+The token itself never goes into torch's store: torch's TCPStore has no authentication, so
+anything written there is readable by whoever reaches its port. When STRATA_JOB_TOKEN is set
+every rank uses it; otherwise rank 0 writes a random one to a file only its user can read
+(mode 0600 in a 0700 directory) and publishes the file's path. The store listens on 127.0.0.1,
+so the ranks that can use it are on this host and can read that file.
 """
 
+import atexit
 import contextlib
 import datetime
 import os
 import secrets
+import shutil
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -33,7 +43,7 @@ except ImportError as e:  # built without torch headers, or against another torc
     _import_error = e
 
 _RENDEZVOUS_KEY = "strata/rendezvous"
-_server = None  # (StoreServer, token): this process's store for torch-launched groups
+_server = None  # (StoreServer, token, token source): this process's store for torch-launched groups
 
 
 def status():
@@ -64,22 +74,56 @@ def _strata_timeout(timeout):
     return timeout.total_seconds()
 
 
+def _private_token_file(token):
+    """Writes `token` where only this user can read it; returns the path (removed at exit)."""
+    directory = tempfile.mkdtemp(prefix="strata-token-")  # mode 0700
+    path = os.path.join(directory, "token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    atexit.register(shutil.rmtree, directory, True)
+    return path
+
+
+def _read_token(source):
+    """The token a rendezvous value points at: "env" (STRATA_JOB_TOKEN) or "file:PATH"."""
+    if source == "env":
+        token = os.environ.get("STRATA_JOB_TOKEN", "")
+        if not token:
+            raise InvalidArgument("rank 0 uses STRATA_JOB_TOKEN as the job token, but it is not set here: "
+                                  "set the same STRATA_JOB_TOKEN for every rank")
+        return token
+    if source.startswith("file:"):
+        path = source[len("file:"):]
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError as e:
+            raise InvalidArgument(f"cannot read the job token rank 0 wrote to {path} ({e}); the ranks of a "
+                                  "torch-launched group must run on rank 0's host as the same user, or share "
+                                  "STRATA_JOB_TOKEN") from None
+    raise InvalidArgument(f"unexpected token source {source!r} in torch's store")
+
+
 def rendezvous(torch_store, rank):
-    """Agrees on a Strata store through `torch_store`: (address, token, job_id)."""
+    """Agrees on a Strata store through `torch_store`: (address, token, job_id). The token is
+    not written to `torch_store`, only where to find it."""
     global _server
     if rank == 0:
         if _server is None:
-            token = secrets.token_hex(16)
-            _server = (_strata.StoreServer("127.0.0.1", 0, token), token)
-        server, token = _server
+            shared = os.environ.get("STRATA_JOB_TOKEN", "")
+            token = shared or secrets.token_hex(16)
+            source = "env" if shared else "file:" + _private_token_file(token)
+            _server = (_strata.StoreServer("127.0.0.1", 0, token), token, source)
+        server, token, source = _server
         job_id = "torch-" + secrets.token_hex(6)
-        value = f"127.0.0.1:{server.port}\n{token}\n{job_id}"
+        value = f"127.0.0.1:{server.port}\n{source}\n{job_id}"
         torch_store.set(_RENDEZVOUS_KEY, value)
-    else:
-        value = torch_store.get(_RENDEZVOUS_KEY)  # waits up to the store's timeout
-        value = value.decode() if isinstance(value, bytes) else value
-    address, token, job_id = value.split("\n")
-    return address, token, job_id
+        return f"127.0.0.1:{server.port}", token, job_id
+    value = torch_store.get(_RENDEZVOUS_KEY)  # waits up to the store's timeout
+    value = value.decode() if isinstance(value, bytes) else value
+    address, source, job_id = value.split("\n")
+    return address, _read_token(source), job_id
 
 
 _torchrun_store = None  # kept: torch's env:// rendezvous later shares its server (multi-tenant)

@@ -2,10 +2,11 @@
 //
 // Re-issue after a broken connection: every request carries a sequence number that stays
 // the same when it is re-sent. A server that is still the same process replays its stored
-// reply for set/add/compare_set/del/delete_prefix, so those are applied exactly once. A
-// restarted server has lost every key anyway; it sees the request for the first time and
-// applies it once. get/wait/try_get/list are re-sent as they are, with the wait shortened
-// to the time left.
+// reply for set/add/compare_set/del/delete_prefix, so those are applied exactly once.
+// get/wait/try_get/list are re-sent as they are, with the wait shortened to the time left.
+// A restarted server has lost every key: continuing against it would leave every waiter
+// waiting for keys nobody will set again, so meeting a new incarnation is an error
+// (PeerFailed, sticky), not a reconnect.
 
 #include <netdb.h>
 #include <netinet/in.h>
@@ -17,8 +18,10 @@
 #include <random>
 #include <thread>
 
+#include "bootstrap/resolve.hpp"
 #include "bootstrap/store.hpp"
 #include "bootstrap/store_wire.hpp"
+#include "common/env.hpp"
 #include "common/log.hpp"
 
 namespace strata::bootstrap {
@@ -96,6 +99,9 @@ struct StoreClient::Impl {
   Fd fd;
   uint64_t seq = 0;
   milliseconds reconnect_timeout = kDefaultReconnectTimeout;
+  milliseconds hello_timeout = Env::get().store_hello_timeout;
+  std::optional<uint64_t> incarnation;  // of the server first met
+  Status lost;                          // set once the store is known to have restarted
 
   std::string where() const { return "store at " + addr.to_string(); }
   Status connect_once(const Deadline& d);
@@ -110,31 +116,27 @@ struct StoreClient::Impl {
 };
 
 Status StoreClient::Impl::connect_once(const Deadline& d) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  std::string port = std::to_string(addr.port);
-  int gai = ::getaddrinfo(addr.host.c_str(), port.c_str(), &hints, &res);
-  if (gai != 0) return unavailable(std::string("cannot resolve host: ") + ::gai_strerror(gai));
-  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
+  auto addrs = resolve(addr.host, addr.port, false, d);
+  if (!addrs.is_ok()) return unavailable(addrs.status().message());
 
   Status last = unavailable("no address");
-  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-    Fd s(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
+  for (const ResolvedAddress& ai : *addrs) {
+    // One attempt waits at most the hello timeout, so a connection stuck in a backlog the
+    // server does not drain is given up and retried rather than waited on until `d`.
+    Deadline attempt(std::min(d.at(), Deadline::after(hello_timeout).at()));
+    Fd s(::socket(ai.family, ai.socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai.protocol));
     if (!s.valid()) {
       last = errno_status("socket", errno);
       continue;
     }
     int one = 1;
     ::setsockopt(s.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (::connect(s.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+    if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&ai.addr), ai.len) != 0) {
       if (errno != EINPROGRESS) {
         last = unavailable(std::string("connect: ") + std::strerror(errno));
         continue;
       }
-      Status ready = wire::wait_ready(s.get(), POLLOUT, d);
+      Status ready = wire::wait_ready(s.get(), POLLOUT, attempt);
       if (!ready.is_ok()) {
         last = unavailable("connect: " + ready.message());
         continue;
@@ -147,16 +149,36 @@ Status StoreClient::Impl::connect_once(const Deadline& d) {
         continue;
       }
     }
-    std::string hello = wire::Writer().u32(wire::kMagic).u32(wire::kVersion).u64(client_id).str(token).frame();
-    Status sent = wire::send_all(s.get(), hello, d);
+    // The server speaks first: its nonce (the challenge) and its incarnation.
+    std::string greeting;
+    Status got = wire::recv_frame(s.get(), attempt, greeting, wire::kMaxHelloBytes);
+    if (!got.is_ok()) {
+      last = unavailable("handshake: " + got.message());
+      continue;
+    }
+    wire::Reader g(greeting);
+    uint32_t magic = g.u32(), version = g.u32();
+    std::string server_nonce = g.str();
+    uint64_t server_incarnation = g.u64();
+    if (!g.ok() || magic != wire::kMagic)
+      return internal_error(where() + " is not a Strata store (unexpected handshake)");
+    if (version != wire::kVersion)
+      return internal_error(where() + " speaks store protocol version " + std::to_string(version) + ", this client " +
+                            std::to_string(wire::kVersion) + " (mixed Strata versions in one job?)");
+    STRATA_ASSIGN_OR_RETURN(std::string client_nonce, random_bytes(wire::kNonceBytes));
+    std::string mine =
+        wire::proof(token, wire::Role::Client, server_nonce, client_nonce, client_id, server_incarnation);
+    std::string hello =
+        wire::Writer().u32(wire::kMagic).u32(wire::kVersion).u64(client_id).str(client_nonce).str(mine).frame();
+    Status sent = wire::send_all(s.get(), hello, attempt);
     if (!sent.is_ok()) {
       last = unavailable(sent.message());
       continue;
     }
     std::string reply;
-    Status got = wire::recv_frame(s.get(), d, reply, wire::kMaxHelloBytes);
+    got = wire::recv_frame(s.get(), attempt, reply, wire::kMaxHelloBytes);
     if (!got.is_ok()) {
-      last = unavailable(got.message());
+      last = unavailable("handshake: " + got.message());
       continue;
     }
     wire::Reader r(reply);
@@ -167,7 +189,20 @@ Status StoreClient::Impl::connect_once(const Deadline& d) {
       if (why.find("token") != std::string::npos) hint = " (set STRATA_JOB_TOKEN to the token of the job)";
       return invalid_argument(where() + " refused the connection: " + why + hint);
     }
+    std::string theirs = r.str();
     if (!r.ok() || code != ReplyCode::Ok) return internal_error(where() + " sent a malformed handshake reply");
+    if (!wire::proofs_equal(
+            theirs, wire::proof(token, wire::Role::Server, server_nonce, client_nonce, client_id, server_incarnation)))
+      return invalid_argument(where() +
+                              " could not prove it knows the job token: it is not this job's store (another job's "
+                              "store on the same address, or something posing as it)");
+    if (incarnation && *incarnation != server_incarnation) {
+      lost = peer_failed(where() + " restarted since this client first connected (incarnation " +
+                         std::to_string(*incarnation) + ", now " + std::to_string(server_incarnation) +
+                         ") and has lost every key; the job cannot continue against it");
+      return lost;
+    }
+    incarnation = server_incarnation;
     fd = std::move(s);
     return Status::ok();
   }
@@ -193,6 +228,7 @@ Status StoreClient::Impl::connect_until(const Deadline& d) {
 
 Status StoreClient::Impl::call(const std::function<std::string(uint64_t)>& build, std::optional<Deadline> wait_until,
                                std::string& reply) {
+  if (!lost.is_ok()) return lost;
   uint64_t my_seq = ++seq;
   // Set on the first break; all reconnects and re-sends of this request share it, so a
   // server that accepts and then drops every request cannot keep us looping.
@@ -239,6 +275,9 @@ Status StoreClient::Impl::unexpected(const std::string& payload, const char* wha
 
 Result<std::unique_ptr<StoreClient>> StoreClient::connect(const StoreAddress& addr, std::string token,
                                                           Deadline deadline) {
+  if (token.empty())
+    return invalid_argument("store at " + addr.to_string() +
+                            ": the job token is empty; set STRATA_JOB_TOKEN to the token of the job");
   auto impl = std::make_unique<Impl>();
   impl->addr = addr;
   impl->token = std::move(token);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/deadline.hpp"
+#include "common/env.hpp"
 #include "common/status.hpp"
 
 namespace strata::bootstrap {
@@ -22,17 +23,42 @@ struct StoreAddress {
   std::string to_string() const;
 };
 
-/// The server. Every connection must first present the job token; a client without the
-/// right token is refused with a message saying so. Thread-safe; runs its own thread.
+/// Limits of a store server against clients that misbehave or never authenticate.
+struct StoreServerOptions {
+  /// An unauthenticated connection is closed after this long.
+  std::chrono::milliseconds hello_timeout{5000};
+  /// Unauthenticated connections held at once; a new one beyond it drops the oldest.
+  size_t max_pending = 64;
+  /// Bytes buffered per connection: the largest request accepted, and the replies a client
+  /// has not read yet (beyond it the server stops reading that connection).
+  size_t max_conn_bytes = size_t{64} << 20;
+  /// Clients whose last mutating reply is kept for replay (least recently used dropped).
+  size_t reply_cache_entries = 4096;
+  /// The limits set by STRATA_STORE_* (see Env).
+  static StoreServerOptions from_env(const Env& env);
+};
+
+/// The server. Every connection must first prove it knows the job token (challenge-response:
+/// the token never crosses the wire); a client that fails is refused with a message saying
+/// so. Each server has a random incarnation id, so a client that reconnects to a restarted
+/// (empty) store notices. Thread-safe; runs its own thread.
 class StoreServer {
  public:
-  /// Binds host:port (port 0 = any free port) and starts serving.
-  static Result<std::unique_ptr<StoreServer>> start(const std::string& bind_host, uint16_t port, std::string token);
+  /// Binds host:port (port 0 = any free port; an empty host = 127.0.0.1) and starts serving.
+  /// InvalidArgument when the token is empty: a store anyone can use is never what a job wants.
+  static Result<std::unique_ptr<StoreServer>> start(const std::string& bind_host, uint16_t port, std::string token,
+                                                    StoreServerOptions opts = StoreServerOptions::from_env(Env::get()));
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
   /// The port actually bound.
   uint16_t port() const;
+  /// The address actually bound (numeric).
+  std::string bound_host() const;
+  /// This server's incarnation id (random, fixed for its lifetime).
+  uint64_t incarnation() const;
+  /// Entries in the table of replayable replies (tests check its bound).
+  size_t cached_replies() const;
   /// Stops serving and closes every connection (clients see the server go away). Idempotent.
   void stop();
 
@@ -43,13 +69,15 @@ class StoreServer {
   std::unique_ptr<Impl> impl_;
 };
 
-/// A client connection. Thread-safe (requests are serialised). When the connection breaks
-/// (server restart), the next request reconnects with backoff until `connect_timeout` and is
-/// retried; a wait in progress is re-issued.
+/// A client connection. Thread-safe (requests are serialised). When the connection breaks,
+/// the next request reconnects with backoff until the reconnect timeout and is retried; a
+/// wait in progress is re-issued. A reconnect that meets a different server incarnation (the
+/// store restarted and lost every key) fails with PeerFailed, now and on every later call.
 class StoreClient {
  public:
   /// Connects, retrying with backoff until `deadline`. Fails with Unavailable when the
-  /// server is not reachable in time and InvalidArgument when the token is refused.
+  /// server is not reachable in time and InvalidArgument when the token is refused, empty,
+  /// or the server cannot prove it knows it.
   static Result<std::unique_ptr<StoreClient>> connect(const StoreAddress& addr, std::string token, Deadline deadline);
   ~StoreClient();
   StoreClient(const StoreClient&) = delete;

@@ -2,6 +2,13 @@
 // eventfd and every client connection. Requests that must wait (Get, Wait) are parked on
 // their connection and answered when the keys appear or their deadline passes, so a
 // thousand waiting ranks cost a thousand idle sockets, not a thousand threads.
+//
+// Before authentication a peer may be anything, so what it can hold is bounded by
+// construction: the server greets each connection with a nonce, closes it when no valid
+// hello arrives within the hello timeout, and keeps at most `max_pending` unauthenticated
+// connections (a new one drops the oldest). Without these, idle connections used to pile up
+// until accept() failed with EMFILE; the server then paused accepting and a real client sat
+// in the listen backlog, its hello unread, until its own deadline.
 
 #include <netdb.h>
 #include <netinet/in.h>
@@ -9,14 +16,18 @@
 #include <sys/eventfd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <deque>
+#include <list>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "bootstrap/resolve.hpp"
 #include "bootstrap/store.hpp"
 #include "bootstrap/store_wire.hpp"
 #include "common/log.hpp"
@@ -37,6 +48,8 @@ struct Conn {
   uint64_t id = 0;
   bool authed = false;
   uint64_t client_id = 0;
+  std::string nonce;                 // the challenge sent in the greeting
+  Clock::time_point hello_deadline;  // closed if not authenticated by then
   std::string in;
   size_t in_off = 0;
   std::string out;
@@ -52,11 +65,16 @@ struct Conn {
   uint64_t park_gen = 0;  // tells a stale waiter-index entry from the current park
 };
 
-// A request's dedup record: sequence number and the reply that was sent.
+// A request's dedup record: sequence number and the reply that was sent, with its place in
+// the least-recently-used order.
 struct LastReply {
   uint64_t seq = 0;
   std::string frame;
+  std::list<uint64_t>::iterator lru;
 };
+
+// How long binding waits for its address to resolve.
+constexpr std::chrono::seconds kBindResolveTimeout{30};
 
 std::string reply_ok() { return wire::Writer().u8(static_cast<uint8_t>(ReplyCode::Ok)).frame(); }
 
@@ -71,14 +89,6 @@ std::optional<int64_t> parse_int64(const std::string& s) {
   return v;
 }
 
-// Compares every byte, so the time taken does not tell a prober how much of a guess matched.
-bool tokens_equal(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 // Longer waits than a year are treated as "forever"; this also keeps now + timeout from
 // overflowing the clock.
 Clock::time_point deadline_from_ms(int64_t ms) {
@@ -88,11 +98,23 @@ Clock::time_point deadline_from_ms(int64_t ms) {
 
 }  // namespace
 
+StoreServerOptions StoreServerOptions::from_env(const Env& env) {
+  StoreServerOptions o;
+  o.hello_timeout = env.store_hello_timeout;
+  o.max_pending = env.store_max_pending;
+  o.max_conn_bytes = env.store_max_conn_bytes;
+  o.reply_cache_entries = env.store_reply_cache;
+  return o;
+}
+
 struct StoreServer::Impl {
   Fd listen_fd;
   Fd wake_fd;
   std::string token;
+  StoreServerOptions opts;
+  uint64_t incarnation = 0;
   uint16_t port = 0;
+  std::string bound_host;
   std::string bind_desc;
   std::thread thread;
 
@@ -106,6 +128,10 @@ struct StoreServer::Impl {
   std::unordered_map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> waiters;
   std::deque<uint64_t> ready;  // parked connections whose keys may all exist now
   std::unordered_map<uint64_t, LastReply> last_reply;
+  std::list<uint64_t> reply_lru;  // client ids, most recent first
+  size_t reply_bytes = 0;
+  std::atomic<size_t> reply_entries{0};  // last_reply.size(), readable from other threads
+  std::set<uint64_t> unauthed;           // ids of unauthenticated connections; ids grow, so begin() is the oldest
   Clock::time_point accept_paused_until{};
 
   void loop();
@@ -126,27 +152,35 @@ struct StoreServer::Impl {
   void process_ready();
   void expire_parked();
   void close_conn(Conn& c);
+  bool drop_oldest_unauthed(const char* why);
+  void expire_hellos();
+  void remember_reply(uint64_t client_id, uint64_t seq, const std::string& frame);
+  size_t out_pending(const Conn& c) const { return c.out.size() - c.out_off; }
 };
 
-Result<std::unique_ptr<StoreServer>> StoreServer::start(const std::string& bind_host, uint16_t port,
-                                                        std::string token) {
+Result<std::unique_ptr<StoreServer>> StoreServer::start(const std::string& bind_host, uint16_t port, std::string token,
+                                                        StoreServerOptions opts) {
+  if (token.empty())
+    return invalid_argument(
+        "store: the job token is empty; give one (--token-file F, or STRATA_JOB_TOKEN, e.g. the output of "
+        "'openssl rand -hex 16'): a store without a token lets anyone who can reach it join the job");
   auto impl = std::make_unique<Impl>();
   impl->token = std::move(token);
+  impl->opts = opts;
+  impl->opts.max_pending = std::max<size_t>(1, opts.max_pending);
+  STRATA_ASSIGN_OR_RETURN(std::string inc, random_bytes(8));
+  for (int i = 0; i < 8; ++i) impl->incarnation |= uint64_t{static_cast<uint8_t>(inc[i])} << (8 * i);
 
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* res = nullptr;
+  // No host means loopback, never every interface: listening wider is asked for by address.
+  const std::string host = bind_host.empty() ? "127.0.0.1" : bind_host;
   std::string port_str = std::to_string(port);
-  int gai = ::getaddrinfo(bind_host.empty() ? nullptr : bind_host.c_str(), port_str.c_str(), &hints, &res);
-  if (gai != 0)
-    return invalid_argument("store: cannot resolve bind address '" + bind_host + "': " + ::gai_strerror(gai));
-  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
+  auto addrs = resolve(host, port, true, Deadline::after(kBindResolveTimeout));
+  if (!addrs.is_ok())
+    return invalid_argument("store: cannot resolve bind address '" + host + "': " + addrs.status().message());
 
   Status last = unavailable("no address to bind");
-  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-    Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
+  for (const ResolvedAddress& ai : *addrs) {
+    Fd fd(::socket(ai.family, ai.socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai.protocol));
     if (!fd.valid()) {
       last = errno_status("socket", errno);
       continue;
@@ -154,7 +188,7 @@ Result<std::unique_ptr<StoreServer>> StoreServer::start(const std::string& bind_
     // A restarted store must rebind its port while the old connections sit in TIME_WAIT.
     int one = 1;
     ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+    if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&ai.addr), ai.len) != 0) {
       last = errno_status("bind", errno);
       continue;
     }
@@ -170,15 +204,17 @@ Result<std::unique_ptr<StoreServer>> StoreServer::start(const std::string& bind_
     }
     impl->port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
                                                 : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    char numeric[NI_MAXHOST] = {};
+    if (::getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, numeric, sizeof numeric, nullptr, 0, NI_NUMERICHOST) == 0)
+      impl->bound_host = numeric;
     impl->listen_fd = std::move(fd);
     break;
   }
-  if (!impl->listen_fd.valid())
-    return last.with_context("store: cannot listen on " + bind_host + ":" + port_str + ": ");
+  if (!impl->listen_fd.valid()) return last.with_context("store: cannot listen on " + host + ":" + port_str + ": ");
 
   impl->wake_fd = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!impl->wake_fd.valid()) return errno_status("eventfd", errno);
-  impl->bind_desc = bind_host + ":" + std::to_string(impl->port);
+  impl->bind_desc = StoreAddress{impl->bound_host, impl->port}.to_string();
 
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->loop(); });
@@ -191,6 +227,12 @@ StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 StoreServer::~StoreServer() { stop(); }
 
 uint16_t StoreServer::port() const { return impl_->port; }
+
+std::string StoreServer::bound_host() const { return impl_->bound_host; }
+
+uint64_t StoreServer::incarnation() const { return impl_->incarnation; }
+
+size_t StoreServer::cached_replies() const { return impl_->reply_entries.load(std::memory_order_relaxed); }
 
 void StoreServer::stop() {
   std::lock_guard<std::mutex> lock(impl_->stop_mu);
@@ -219,12 +261,14 @@ void StoreServer::Impl::loop() {
       short ev = 0;
       // A parked connection is not read: its next request must wait for this reply anyway,
       // but EOF must still be noticed, which POLLRDHUP/POLLHUP report without reading.
-      if (!c->parked && !c->close_after_flush) ev |= POLLIN;
+      // Nor is one whose unread replies fill its buffer: it must read before it may ask more.
+      if (!c->parked && !c->close_after_flush && out_pending(*c) < opts.max_conn_bytes) ev |= POLLIN;
       if (c->out_off < c->out.size()) ev |= POLLOUT;
       ev |= POLLRDHUP;
       fds.push_back({c->fd.get(), ev, 0});
       polled.push_back(c.get());
       if (c->parked) next_wake = std::min(next_wake, c->parked_deadline);
+      if (!c->authed) next_wake = std::min(next_wake, c->hello_deadline);
     }
     int timeout = -1;
     if (next_wake != Clock::time_point::max()) timeout = wire::poll_timeout_ms(Deadline(next_wake));
@@ -240,13 +284,18 @@ void StoreServer::Impl::loop() {
       Conn& c = *polled[i];
       short re = fds[i + 2].revents;
       if (c.dead || re == 0) continue;
-      if (re & POLLOUT) flush(c);
+      if (re & POLLOUT) {
+        bool was_full = out_pending(c) >= opts.max_conn_bytes;
+        flush(c);
+        if (was_full && !c.dead) pump(c);  // requests left buffered while the replies were unread
+      }
       if (!c.dead && (re & POLLIN)) on_readable(c);
       // Hang-up of a parked connection (or one we do not read): the client is gone.
       if (!c.dead && (re & (POLLHUP | POLLERR | POLLRDHUP)) && !(re & POLLIN)) close_conn(c);
     }
     process_ready();
     expire_parked();
+    expire_hellos();
     for (auto it = conns.begin(); it != conns.end();) {
       if (it->second->dead) it = conns.erase(it);
       else ++it;
@@ -261,6 +310,9 @@ void StoreServer::Impl::accept_all() {
     int fd = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
+      // Out of descriptors: an unauthenticated connection is the one to give up, so that a
+      // real client never waits in the backlog behind peers that never said hello.
+      if ((errno == EMFILE || errno == ENFILE) && drop_oldest_unauthed("out of file descriptors")) continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         // The pending connection would make poll() report the listener ready again at
         // once; stop looking at it for a moment instead of spinning.
@@ -271,10 +323,55 @@ void StoreServer::Impl::accept_all() {
     }
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    auto nonce = random_bytes(wire::kNonceBytes);
+    if (!nonce.is_ok()) {
+      STRATA_LOG(Error, "store: " << nonce.status().message() << "; refusing a connection");
+      ::close(fd);
+      continue;
+    }
+    // Drop the oldest rather than refuse the newest: a peer flooding idle connections then
+    // has to open max_pending of them within one handshake round trip of a real client to
+    // push it out, while refusing new ones would lock real clients out for as long as the
+    // flood is kept up.
+    if (unauthed.size() >= opts.max_pending) drop_oldest_unauthed("too many unauthenticated connections");
     auto c = std::make_unique<Conn>();
     c->fd = Fd(fd);
     c->id = next_conn_id++;
+    c->nonce = std::move(*nonce);
+    c->hello_deadline = Clock::now() + opts.hello_timeout;
+    unauthed.insert(c->id);
+    Conn& ref = *c;
     conns.emplace(c->id, std::move(c));
+    send(ref, wire::Writer().u32(wire::kMagic).u32(wire::kVersion).str(ref.nonce).u64(incarnation).frame());
+  }
+}
+
+bool StoreServer::Impl::drop_oldest_unauthed(const char* why) {
+  if (unauthed.empty()) return false;
+  auto it = conns.find(*unauthed.begin());
+  if (it == conns.end()) {
+    unauthed.erase(unauthed.begin());
+    return true;
+  }
+  STRATA_LOG(Info, "store: dropping unauthenticated connection " << it->first << " (" << why << ")");
+  close_conn(*it->second);
+  return true;
+}
+
+void StoreServer::Impl::expire_hellos() {
+  auto now = Clock::now();
+  // Oldest first, and every one accepted later has a later deadline: stop at the first alive.
+  while (!unauthed.empty()) {
+    auto it = conns.find(*unauthed.begin());
+    if (it == conns.end() || it->second->dead) {
+      unauthed.erase(unauthed.begin());
+      continue;
+    }
+    Conn& c = *it->second;
+    if (c.hello_deadline > now) break;
+    STRATA_LOG(Info, "store: connection " << c.id << " did not authenticate within " << opts.hello_timeout.count()
+                                          << " ms; closing it");
+    close_conn(c);
   }
 }
 
@@ -282,6 +379,8 @@ void StoreServer::Impl::on_readable(Conn& c) {
   char buf[64 * 1024];
   // Bounded per wake-up so one busy client cannot starve the others.
   for (int round = 0; round < 16; ++round) {
+    // Never more than the largest frame accepted (plus its header) waits unparsed.
+    if (c.in.size() - c.in_off >= opts.max_conn_bytes + 4) break;
     ssize_t r = ::recv(c.fd.get(), buf, sizeof buf, 0);
     if (r > 0) {
       c.in.append(buf, static_cast<size_t>(r));
@@ -297,14 +396,15 @@ void StoreServer::Impl::on_readable(Conn& c) {
 }
 
 void StoreServer::Impl::pump(Conn& c) {
-  while (!c.dead && !c.parked && !c.close_after_flush) {
+  while (!c.dead && !c.parked && !c.close_after_flush && out_pending(c) < opts.max_conn_bytes) {
     size_t avail = c.in.size() - c.in_off;
     if (avail < 4) break;
     uint32_t n = wire::decode_length(c.in.data() + c.in_off);
-    uint32_t limit = c.authed ? wire::kMaxFrameBytes : wire::kMaxHelloBytes;
+    size_t limit = c.authed ? std::min<size_t>(wire::kMaxFrameBytes, opts.max_conn_bytes) : wire::kMaxHelloBytes;
     if (n > limit) {
       STRATA_LOG(Warn, "store: connection " << c.id << " sent a " << n << "-byte frame; closing it");
-      send(c, reply_error("frame too large"));
+      send(c, reply_error("request of " + std::to_string(n) + " bytes is larger than the store accepts (" +
+                          std::to_string(limit) + " bytes; STRATA_STORE_MAX_CONN_BYTES)"));
       c.close_after_flush = true;
       break;
     }
@@ -327,14 +427,18 @@ void StoreServer::Impl::handle_hello(Conn& c, std::string_view payload) {
   uint32_t magic = r.u32();
   uint32_t version = r.u32();
   uint64_t client_id = r.u64();
-  std::string token = r.str();
+  std::string client_nonce = r.str();
+  std::string client_proof = r.str();
   std::string why;
   if (!r.ok() || magic != wire::kMagic) why = "not a Strata store handshake";
   else if (version != wire::kVersion)
     why = "protocol version " + std::to_string(version) + " is not supported (server speaks " +
           std::to_string(wire::kVersion) + ")";
-  else if (token.empty() && !this->token.empty()) why = "missing job token";
-  else if (!tokens_equal(token, this->token)) why = "wrong job token";
+  else if (client_nonce.size() != wire::kNonceBytes) why = "malformed handshake (nonce)";
+  else if (client_proof.empty()) why = "missing job token";
+  else if (!wire::proofs_equal(client_proof,
+                               wire::proof(token, wire::Role::Client, c.nonce, client_nonce, client_id, incarnation)))
+    why = "wrong job token";
   if (!why.empty()) {
     STRATA_LOG(Warn, "store: refused connection " << c.id << ": " << why);
     send(c, reply_error(why));
@@ -343,7 +447,32 @@ void StoreServer::Impl::handle_hello(Conn& c, std::string_view payload) {
   }
   c.authed = true;
   c.client_id = client_id;
-  send(c, reply_ok());
+  unauthed.erase(c.id);
+  // Mutual: the client checks this proof, so a server without the token cannot pose as the store.
+  std::string server_proof = wire::proof(token, wire::Role::Server, c.nonce, client_nonce, client_id, incarnation);
+  send(c, wire::Writer().u8(static_cast<uint8_t>(ReplyCode::Ok)).str(server_proof).frame());
+}
+
+void StoreServer::Impl::remember_reply(uint64_t client_id, uint64_t seq, const std::string& frame) {
+  auto it = last_reply.find(client_id);
+  if (it != last_reply.end()) {
+    reply_bytes -= it->second.frame.size();
+    reply_lru.erase(it->second.lru);
+    last_reply.erase(it);
+  }
+  reply_lru.push_front(client_id);
+  last_reply.emplace(client_id, LastReply{seq, frame, reply_lru.begin()});
+  reply_bytes += frame.size();
+  // Bounded in entries and bytes. A dropped entry only matters to a client that lost its
+  // connection in the middle of a mutating request and comes back after thousands of other
+  // clients have written since; it would then apply that request twice.
+  while (last_reply.size() > 1 && (last_reply.size() > opts.reply_cache_entries || reply_bytes > opts.max_conn_bytes)) {
+    auto victim = last_reply.find(reply_lru.back());
+    reply_bytes -= victim->second.frame.size();
+    last_reply.erase(victim);
+    reply_lru.pop_back();
+  }
+  reply_entries.store(last_reply.size(), std::memory_order_relaxed);
 }
 
 void StoreServer::Impl::handle_request(Conn& c, std::string_view payload) {
@@ -368,7 +497,7 @@ void StoreServer::Impl::handle_request(Conn& c, std::string_view payload) {
   bool parked = false;
   std::string reply = execute(c, op, r, parked);
   if (parked) return;
-  if (dedup && !c.close_after_flush) last_reply[c.client_id] = LastReply{seq, reply};
+  if (dedup && !c.close_after_flush) remember_reply(c.client_id, seq, reply);
   send(c, std::move(reply));
 }
 
@@ -611,6 +740,7 @@ void StoreServer::Impl::flush(Conn& c) {
 void StoreServer::Impl::close_conn(Conn& c) {
   if (c.dead) return;
   c.dead = true;
+  if (!c.authed) unauthed.erase(c.id);
   if (c.parked) unregister_waiter(c);
   c.parked = false;
   c.fd.reset();

@@ -2,9 +2,15 @@
 // Wire format and socket helpers shared by the store client and server (private to bootstrap).
 //
 // Every message is a frame: a u32 little-endian payload length, then the payload.
-//   hello request : u32 magic, u32 version, u64 client id, str token
-//   request       : u8 op, u64 sequence, op fields (see Op)
-//   reply         : u8 ReplyCode, fields
+//   greeting (server, on accept) : u32 magic, u32 version, str server nonce, u64 incarnation
+//   hello (client)               : u32 magic, u32 version, u64 client id, str client nonce,
+//                                  str client proof
+//   hello reply (server)         : u8 Ok, str server proof | u8 Error, str why
+//   request                      : u8 op, u64 sequence, op fields (see Op)
+//   reply                        : u8 ReplyCode, fields
+// The token never crosses the wire: each side proves it knows it with an HMAC over both
+// nonces (see proof()), so a capture of the traffic cannot be replayed and a server that
+// does not know the token cannot pass itself off as the store.
 // Strings are a u32 length followed by raw bytes, so keys and values may hold any byte.
 // Integers are little-endian whatever the host, so a store may serve mixed machines.
 
@@ -22,12 +28,16 @@
 #include <utility>
 
 #include "common/deadline.hpp"
+#include "common/sha256.hpp"
 #include "common/status.hpp"
 
 namespace strata::bootstrap::wire {
 
 inline constexpr uint32_t kMagic = 0x31525453;  // "STR1" on the wire
-inline constexpr uint32_t kVersion = 1;
+// 2: challenge-response instead of the token in clear, and the server's incarnation.
+inline constexpr uint32_t kVersion = 2;
+/// Bytes of each side's nonce.
+inline constexpr size_t kNonceBytes = 32;
 // Before the token is checked a peer may be anything (a port scanner, an HTTP client):
 // keep what it can make the server buffer small.
 inline constexpr uint32_t kMaxHelloBytes = 64 * 1024;
@@ -129,6 +139,30 @@ class Reader {
   std::string_view rest_;
   bool ok_ = true;
 };
+
+/// Which side a proof comes from; part of the MAC, so a proof cannot be reflected back.
+enum class Role : uint8_t { Client = 1, Server = 2 };
+
+/// HMAC-SHA256(token, label || role || server nonce || client nonce || client id ||
+/// incarnation): what each side sends to show it knows the token. Both nonces make it fresh
+/// on every connection; the incarnation ties the server's proof to the store it speaks for.
+inline std::string proof(std::string_view token, Role role, std::string_view server_nonce,
+                         std::string_view client_nonce, uint64_t client_id, uint64_t incarnation) {
+  Writer w;
+  w.str("strata-store-auth").u8(static_cast<uint8_t>(role)).str(server_nonce).str(client_nonce);
+  w.u64(client_id).u64(incarnation);
+  std::string msg = w.frame();
+  Digest256 d = hmac_sha256(token, msg);
+  return std::string(reinterpret_cast<const char*>(d.data()), d.size());
+}
+
+/// Compares two proofs in time independent of where they differ.
+inline bool proofs_equal(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
 
 /// A request frame under construction, its (op, sequence) header written.
 inline Writer request(Op op, uint64_t seq) {

@@ -1,12 +1,38 @@
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "cli/commands.hpp"
 
 namespace strata::cli {
+
+Result<std::string> read_token_file(const std::string& path, std::string_view who) {
+  std::ifstream in(path);
+  if (!in) return invalid_argument("--token-file " + path + ": cannot read it (" + std::strerror(errno) + ")");
+  std::string line;
+  std::getline(in, line);
+  while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+  if (line.empty())
+    return invalid_argument("--token-file " + path + ": the token is empty (write one, e.g. 'openssl rand -hex 16 > " +
+                            path + "')");
+  struct stat st {};
+  // Advice, not a refusal: a shared secret file may sit on a shared file system on purpose.
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077))
+    print_error(who, "warning: --token-file " + path + " is readable by other users (chmod 600 it)");
+  return line;
+}
+
+void warn_token_on_command_line(std::string_view who) {
+  print_error(who,
+              "warning: --token puts the job token on the command line, where every user of this host can read "
+              "it (/proc/PID/cmdline, ps); use --token-file F or STRATA_JOB_TOKEN instead");
+}
 
 bool take_option(int argc, char** argv, int& i, std::initializer_list<std::string_view> names, std::string& value,
                  std::string& error) {

@@ -26,6 +26,12 @@ int bench_moe_main(int argc, char** argv);
 /// consumed and returns true; a missing value sets `error`.
 bool take_option(int argc, char** argv, int& i, std::initializer_list<std::string_view> names, std::string& value,
                  std::string& error);
+/// The job token in file `path`: its first line, trailing whitespace removed. Refuses an
+/// empty token and warns (through print_error with `who`) when others may read the file.
+Result<std::string> read_token_file(const std::string& path, std::string_view who);
+/// The warning printed when a token is given on the command line, where every user of the
+/// host can read it in /proc/PID/cmdline.
+void warn_token_on_command_line(std::string_view who);
 /// `bytes` random bytes from /dev/urandom, hex encoded.
 Result<std::string> random_hex(size_t bytes);
 /// "SIGKILL" for 9; "signal 99" for numbers the C library does not name.

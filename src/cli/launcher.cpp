@@ -23,6 +23,7 @@
 #include <csignal>
 #include <cstring>
 
+#include "bootstrap/resolve.hpp"
 #include "cli/commands.hpp"
 #include "cli/launcher.hpp"
 #include "common/env.hpp"
@@ -161,7 +162,18 @@ int free_port(const std::string& host) {
   if (fd < 0) return 29500;
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_ANY);
+  // A name is resolved (with a deadline) and its address probed; never every interface,
+  // which would report a port free there that is taken on the address the job uses.
+  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) {
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    auto addrs = bootstrap::resolve(host, 0, false, Deadline::after(std::chrono::seconds(5)));
+    if (addrs.is_ok())
+      for (const auto& r : *addrs)
+        if (r.family == AF_INET) {
+          a.sin_addr = reinterpret_cast<const sockaddr_in*>(&r.addr)->sin_addr;
+          break;
+        }
+  }
   socklen_t len = sizeof a;
   int port = 29500;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&

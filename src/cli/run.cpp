@@ -46,8 +46,13 @@ const char kUsage[] =
     "  --nnodes H       number of nodes (agents) in the job\n"
     "  --node-rank I    this node, 0 to H-1; node 0 serves the store on ADDR:PORT\n"
     "                   (also spelled --node_rank, as torchrun does)\n"
-    "  --store A:P      the store's address, the same on every node (node 0 binds it)\n"
-    "  --token T        job token, the same on every node (default: STRATA_JOB_TOKEN)\n"
+    "  --store A:P      the store's address, the same on every node (node 0 listens on that\n"
+    "                   address only: give the address of the interface the nodes share)\n"
+    "  --token-file F   read the job token, the same on every node, from the first line of F\n"
+    "  --token T        the job token on the command line (readable by every user of the host:\n"
+    "                   prefer --token-file or STRATA_JOB_TOKEN, the default). Ranks get it\n"
+    "                   in STRATA_JOB_TOKEN, never on their command line; it never crosses\n"
+    "                   the network (challenge-response)\n"
     "  --rdzv-timeout T how long agents wait for each other at start, a duration as for\n"
     "                   --timeout (default: STRATA_STORE_TIMEOUT, 60s)\n"
     "  -n N is this node's rank count and may differ between nodes; global ranks are\n"
@@ -125,7 +130,14 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
       o.store = value;
     } else if (take_option(argc, argv, i, {"--token"}, value, error)) {
       if (!error.empty()) return usage_error(error);
+      if (value.empty()) return usage_error("--token is empty; give the job token shared by all nodes");
+      warn_token_on_command_line(kRunWho);
       o.token = value;
+    } else if (take_option(argc, argv, i, {"--token-file"}, value, error)) {
+      if (!error.empty()) return usage_error(error);
+      auto t = read_token_file(value, kRunWho);
+      if (!t.is_ok()) return usage_error(t.status().message());
+      o.token = *t;
     } else if (take_option(argc, argv, i, {"--rdzv-timeout"}, value, error)) {
       if (!error.empty()) return usage_error(error);
       auto d = parse_duration(value, BareDuration::Seconds);
@@ -142,7 +154,7 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
   if (o.ft_opts.restart_all && !o.ft) return usage_error("--restart-all needs --ft");
   bool any_multi = o.nnodes || o.node_rank || !o.store.empty() || o.token || o.rdzv_timeout;
   if (any_multi) {
-    if (!o.nnodes) return usage_error("--node-rank, --store, --token and --rdzv-timeout need --nnodes H");
+    if (!o.nnodes) return usage_error("--node-rank, --store, --token, --token-file and --rdzv-timeout need --nnodes H");
     if (!o.node_rank) return usage_error("missing --node-rank I (0 to " + std::to_string(*o.nnodes - 1) + ")");
     if (*o.node_rank >= *o.nnodes)
       return usage_error("--node-rank " + std::to_string(*o.node_rank) + " must be below --nnodes " +
@@ -156,8 +168,13 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
     if (!o.token) o.token = Env::get().job_token;
     if (o.token->empty() && *o.nnodes > 1)
       return usage_error(
-          "a multi-node job needs a token shared by all nodes: pass --token T or set "
+          "a multi-node job needs a token shared by all nodes: pass --token-file F or set "
           "STRATA_JOB_TOKEN (e.g. to the output of 'openssl rand -hex 16') on every node");
+    if (o.token->empty()) {  // one node: nobody else needs to know it
+      auto t = random_hex(16);
+      if (!t.is_ok()) return usage_error(t.status().message());
+      o.token = *t;
+    }
   }
   if (o.ft && o.nnodes && *o.nnodes > 1)
     return usage_error("--ft runs within one host so far; it cannot be combined with --nnodes > 1");

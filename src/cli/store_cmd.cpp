@@ -18,16 +18,21 @@ namespace {
 constexpr const char* kWho = "strata store";
 
 const char kUsage[] =
-    "usage: strata store [--host H] [--port P] [--token T]\n"
+    "usage: strata store [--host H] [--port P] [--token-file F | --token T]\n"
     "\n"
     "Runs a rendezvous store until SIGINT or SIGTERM, and prints the STRATA_STORE value\n"
     "for the ranks (and the token when it made one up).\n"
     "\n"
     "options:\n"
-    "  --host H     address to listen on (default 0.0.0.0: every interface)\n"
-    "  --port P     port (default 0: any free port)\n"
-    "  --token T    job token clients must present (default: STRATA_JOB_TOKEN, else random)\n"
-    "  -h, --help   show this help\n";
+    "  --host H          address to listen on (default 127.0.0.1: this host only; give an\n"
+    "                    address of an interface, or 0.0.0.0 for every one, to serve other hosts)\n"
+    "  --port P          port (default 0: any free port)\n"
+    "  --token-file F    read the job token from the first line of file F\n"
+    "  --token T         job token on the command line (readable by every user of the host:\n"
+    "                    prefer --token-file or STRATA_JOB_TOKEN; default: STRATA_JOB_TOKEN,\n"
+    "                    else a random one, printed). Clients prove they know the token\n"
+    "                    (challenge-response); it never crosses the network.\n"
+    "  -h, --help        show this help\n";
 
 int usage_error(const std::string& msg) {
   print_error(kWho, msg + " (try 'strata store --help')");
@@ -37,7 +42,7 @@ int usage_error(const std::string& msg) {
 }  // namespace
 
 int store_main(int argc, char** argv) {
-  std::string host = "0.0.0.0", token;
+  std::string host = "127.0.0.1", token;
   bool token_given = false;
   long port = 0;
   for (int i = 1; i < argc;) {
@@ -56,7 +61,15 @@ int store_main(int argc, char** argv) {
       port = *p;
     } else if (take_option(argc, argv, i, {"--token"}, value, error)) {
       if (!error.empty()) return usage_error(error);
+      if (value.empty()) return usage_error("--token is empty; a store needs a job token");
+      warn_token_on_command_line(kWho);
       token = value;
+      token_given = true;
+    } else if (take_option(argc, argv, i, {"--token-file"}, value, error)) {
+      if (!error.empty()) return usage_error(error);
+      auto t = read_token_file(value, kWho);
+      if (!t.is_ok()) return usage_error(t.status().message());
+      token = *t;
       token_given = true;
     } else {
       return usage_error("unexpected argument '" + std::string(arg) + "'");

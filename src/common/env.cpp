@@ -131,6 +131,13 @@ Env parse(Lookup lookup, void* ctx) {
 
   if (auto d = to_duration(get("STRATA_TIMEOUT"))) e.timeout = *d;
   if (auto d = to_duration(get("STRATA_STORE_TIMEOUT"))) e.store_connect_timeout = *d;
+  if (auto d = to_duration(get("STRATA_STORE_HELLO_TIMEOUT"), true)) e.store_hello_timeout = *d;
+  if (auto v = to_int(get("STRATA_STORE_MAX_PENDING"), 1)) e.store_max_pending = static_cast<size_t>(*v);
+  if (auto s = get("STRATA_STORE_MAX_CONN_BYTES")) {
+    if (auto v = to_size(s); v && *v >= 4096) e.store_max_conn_bytes = *v;
+    else if (v) s.reject("must be at least 4096 bytes");
+  }
+  if (auto v = to_int(get("STRATA_STORE_REPLY_CACHE"), 1)) e.store_reply_cache = static_cast<size_t>(*v);
   if (auto d = to_duration(get("STRATA_AGENT_TIMEOUT"), true)) e.agent_timeout = *d;
   if (auto v = to_int(get("STRATA_SPIN_US"), 0)) e.spin_us = static_cast<uint32_t>(*v);
   if (auto s = get("STRATA_OVERSUBSCRIBED"); s && *s != "auto" && !s->empty()) {

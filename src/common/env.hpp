@@ -30,6 +30,16 @@ struct Env {
   // Behaviour.
   std::chrono::milliseconds timeout{300000};               // STRATA_TIMEOUT (ms, or with s/ms/m suffix)
   std::chrono::milliseconds store_connect_timeout{60000};  // STRATA_STORE_TIMEOUT
+  // STRATA_STORE_HELLO_TIMEOUT: a store connection that has not authenticated within this
+  // long is closed (server), and one connect attempt waits no longer for the handshake (client).
+  std::chrono::milliseconds store_hello_timeout{5000};
+  // STRATA_STORE_MAX_PENDING: unauthenticated connections a store holds at once; beyond it
+  // the oldest is dropped (a scanner cannot lock real clients out, see docs/SECURITY.md).
+  size_t store_max_pending = 64;
+  // STRATA_STORE_MAX_CONN_BYTES: bytes a store buffers per connection (largest request, and
+  // replies not yet read); also bounds the bytes of the table of replayable replies.
+  size_t store_max_conn_bytes = size_t{64} << 20;
+  size_t store_reply_cache = 4096;  // STRATA_STORE_REPLY_CACHE: clients whose last reply the store keeps
   // STRATA_AGENT_TIMEOUT: a multi-node agent silent (no heartbeat) or a store unanswered
   // for this long counts as failed and stops the job on every node.
   std::chrono::milliseconds agent_timeout{10000};

@@ -5,4 +5,5 @@ target_sources(strata PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/log.cpp
   ${CMAKE_CURRENT_LIST_DIR}/datatype.cpp
   ${CMAKE_CURRENT_LIST_DIR}/reduce.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/sha256.cpp
 )

@@ -170,7 +170,7 @@ def test_unreachable_store_raises_unavailable():
     code = ("import strata, os\n"
             "os.environ['STRATA_STORE_TIMEOUT'] = '1s'\n"
             "try:\n"
-            "    strata.init(rank=0, size=2, store='127.0.0.1:1', job_id='unreachable')\n"
+            "    strata.init(rank=0, size=2, store='127.0.0.1:1', token='t', job_id='unreachable')\n"
             "except strata.Unavailable as e:\n"
             "    print('ok', e)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90,

@@ -2,6 +2,7 @@
 errors, sub-groups, heap tensors, and DistributedDataParallel matching gloo; launched by
 `strata run`, by a torchrun-style environment, and by torchrun itself."""
 
+import os
 import socket
 import subprocess
 
@@ -67,3 +68,26 @@ def test_torchrun(order):
 def test_strata_imported_before_torch():
     # The backend is registered when torch.distributed is imported after strata.
     launch("import_order.py", 2, timeout=120)
+
+
+def test_rendezvous_keeps_the_token_out_of_torchs_store(monkeypatch):
+    """torch's TCPStore has no authentication: what rank 0 writes there must not hold the
+    Strata job token, only where a rank of this host finds it (issue 18 item 4)."""
+    import torch.distributed as dist
+    from strata import _torch
+    monkeypatch.delenv("STRATA_JOB_TOKEN", raising=False)
+    monkeypatch.setattr(_torch, "_server", None)
+    store = dist.HashStore()
+    address, token, job_id = _torch.rendezvous(store, 0)
+    published = store.get(_torch._RENDEZVOUS_KEY).decode()
+    assert token and token not in published
+    assert _torch.rendezvous(store, 1) == (address, token, job_id)
+    path = published.split("\n")[1][len("file:"):]
+    assert os.stat(path).st_mode & 0o077 == 0, "the token file must be private to its user"
+    monkeypatch.setattr(_torch, "_server", None)
+    monkeypatch.setenv("STRATA_JOB_TOKEN", "shared-secret-123")
+    store2 = dist.HashStore()
+    _, token2, _ = _torch.rendezvous(store2, 0)
+    assert token2 == "shared-secret-123"
+    assert "shared-secret-123" not in store2.get(_torch._RENDEZVOUS_KEY).decode()
+    assert _torch.rendezvous(store2, 1)[1] == "shared-secret-123"
