@@ -23,6 +23,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -397,6 +398,25 @@ int spawn_and_wait(const std::vector<std::string>& args, bool silent) {
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
+// The JSON a plot is made from when the user asked for none: a file without a name (O_TMPFILE
+// in $TMPDIR, or one unlinked at once where the file system lacks it), not close-on-exec, so
+// that the ranks and the plotter inherit it and reach it as /proc/self/fd/N. It vanishes with
+// the last process that holds it, however `strata bench` ends (an error, a signal, SIGKILL):
+// nothing is left in the temporary directory to clean up.
+Result<int> nameless_temp_file() {
+  std::error_code ec;
+  std::string dir = std::filesystem::temp_directory_path(ec).string();
+  if (ec) dir = "/tmp";
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR, 0600);
+  if (fd >= 0) return fd;
+  std::string tmpl = dir + "/strata-bench-XXXXXX.json";
+  fd = ::mkstemps(tmpl.data(), 5);
+  if (fd < 0) return errno_status("mkstemps", errno).with_context("a temporary file in " + dir + ": ");
+  ::unlink(tmpl.c_str());
+  ::fcntl(fd, F_SETFD, 0);
+  return fd;
+}
+
 // Debian's interpreter first: python3 on PATH may be another one without matplotlib.
 std::string find_python() {
   if (::access("/usr/bin/python3", X_OK) == 0) return "/usr/bin/python3";
@@ -414,6 +434,7 @@ int launch(const Options& o, int argc, char** argv) {
 
   std::string python, json = o.json;
   bool temp_json = false;
+  int temp_fd = -1;
   if (!o.plot.empty()) {
     python = find_python();
     int rc = spawn_and_wait({python, "-c", kPlotScript}, false);
@@ -423,14 +444,13 @@ int launch(const Options& o, int argc, char** argv) {
       return 1;
     }
     if (json.empty()) {
-      std::string tmpl = "/tmp/strata-bench-XXXXXX.json";
-      int fd = ::mkstemps(tmpl.data(), 5);
-      if (fd < 0) {
-        print_error(kWho, std::string("cannot create a temporary file: ") + std::strerror(errno));
+      auto fd = nameless_temp_file();
+      if (!fd.is_ok()) {
+        print_error(kWho, "cannot create a temporary file: " + fd.status().message());
         return 1;
       }
-      ::close(fd);
-      json = tmpl;
+      temp_fd = *fd;
+      json = "/proc/self/fd/" + std::to_string(temp_fd);
       temp_json = true;
     }
   }
@@ -466,7 +486,7 @@ int launch(const Options& o, int argc, char** argv) {
       write_all(STDOUT_FILENO, "# plot: " + o.plot + "\n");
     }
   }
-  if (temp_json) ::unlink(json.c_str());
+  if (temp_fd >= 0) ::close(temp_fd);
   return rc;
 }
 

@@ -2,9 +2,6 @@
 // (ft_controller.hpp) runs the job: kill what is left of it, then start a replacement in a
 // new epoch, or restart every rank (--restart-all, the baseline).
 
-#include <sys/wait.h>
-
-#include <cerrno>
 #include <csignal>
 
 #include "cli/commands.hpp"
@@ -17,22 +14,14 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
   for (Rank* r : failed) {
     idx.push_back(r->index);
     r->current = false;
-    if (r->running) {
-      // A hung or stopped process: make sure it is gone before its replacement binds its
-      // names (heap socket) and before survivors drop its memory.
-      ::kill(-r->pid, SIGKILL);
-      int st = 0;
-      while (::waitpid(r->pid, &st, 0) < 0 && errno == EINTR) {
-      }
-      r->running = false;
-      relay(*r, r->out);
-      relay(*r, r->err);
-    }
+    // Even when the rank itself has exited: a child it forked shares its sockets (the heap's
+    // fd channel) and would keep the replacement from binding them.
+    kill_and_wait(*r);
   }
   if (!ft_->on_failure(idx, why)) {
     exit_code_ = exit_code;
-    print_error(kRunWho, why + "; " + std::to_string(ft_->failures()) + " failure(s) exceed --max-failures " +
-                             std::to_string(ft_->options().max_failures) + ", stopping the job");
+    say(why + "; " + std::to_string(ft_->failures()) + " failure(s) exceed --max-failures " +
+        std::to_string(ft_->options().max_failures) + ", stopping the job");
     stop(SIGTERM, true);
     return;
   }
@@ -44,15 +33,7 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
     for (auto& r : ranks_) {
       if (!r.current) continue;
       r.current = false;
-      if (r.running) {
-        ::kill(-r.pid, SIGKILL);
-        int st = 0;
-        while (::waitpid(r.pid, &st, 0) < 0 && errno == EINTR) {
-        }
-        r.running = false;
-        relay(r, r.out);
-        relay(r, r.err);
-      }
+      kill_and_wait(r);
     }
     for (int i = 0; i < opts_.nranks; ++i) respawn.push_back(i);
     std::string job = job_id_ + "-restart" + std::to_string(++restarts_);
@@ -63,22 +44,42 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
   } else {
     env.push_back("STRATA_EPOCH=" + std::to_string(ft_->epoch()));
   }
-  print_error(kRunWho, why + "; " + (ft_->options().restart_all ? "restarting every rank" : "replacing it") +
-                           " (epoch " + std::to_string(ft_->epoch()) + ", failure " + std::to_string(ft_->failures()) +
-                           " of at most " + std::to_string(ft_->options().max_failures) + ")");
+  say(why + "; " + (ft_->options().restart_all ? "restarting every rank" : "replacing it") + " (epoch " +
+      std::to_string(ft_->epoch()) + ", failure " + std::to_string(ft_->failures()) + " of at most " +
+      std::to_string(ft_->options().max_failures) + ")");
   for (int i : respawn) {
     Rank& nr = ranks_.emplace_back();
     nr.index = i;
     nr.global = i;  // --ft runs on one node: global rank = local index
     Status s = spawn(nr, path_, argv_, env);
     if (!s.is_ok()) {
-      print_error(kRunWho, "replacement of rank " + std::to_string(i) + ": " + s.message());
+      say("replacement of rank " + std::to_string(i) + ": " + s.message());
       exit_code_ = 1;
       stop(SIGTERM, true);
       return;
     }
   }
   ft_->on_spawned();
+}
+
+void Launcher::kill_and_wait(Rank& r) {
+  // Before its replacement binds its names (heap socket) and before survivors drop its
+  // memory, nothing of the rank may be left; but a process stuck in the kernel must not
+  // stop the launcher: report it and go on.
+  Status s = r.group_gone ? Status::ok() : kill_group_and_wait(r.pid, SIGKILL, Deadline::after(kKillWait));
+  if (s.is_ok()) {
+    r.group_gone = true;
+    if (guard_) guard_->forget(r.pid);
+  } else {
+    say(rank_name(r) + " (pid " + std::to_string(r.pid) + "): " + s.message() +
+        "; going on without waiting for it (its replacement may find its names still taken)");
+  }
+  if (r.running) {
+    // Reaped above with the rest of its group (or stuck): either way it is no rank any more.
+    r.running = false;
+    relay(r, r.out);
+    relay(r, r.err);
+  }
 }
 
 void Launcher::check_heartbeats() {

@@ -6,6 +6,13 @@
 // rank. Each rank runs in its own process group, so a signal reaches everything the rank
 // started (a shell's children included), and a Ctrl-C at the terminal reaches only the
 // launcher, which decides what the ranks get.
+//
+// Nothing of a job outlives the launcher: the ranks' groups are killed when it leaves, the
+// ranks die with it (PR_SET_PDEATHSIG) if it is killed, and a guard process (rank_groups.hpp)
+// then kills what the ranks started. The launcher is the ranks' children's subreaper, so an
+// orphan is reaped here and a group can be seen empty. Output goes through a bounded queue
+// written by a thread of its own (output_queue.hpp): a slow terminal costs dropped lines,
+// counted and reported, never a stuck launcher or unbounded memory.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -55,6 +62,11 @@ std::optional<std::string> find_program(const std::string& name) {
 }
 
 Status Launcher::prepare() {
+  // First, while this is the only thread: the guard is forked and runs ordinary code.
+  STRATA_ASSIGN_OR_RETURN(guard_, JobGuard::start());
+  // Orphans of the ranks (children of an exited rank) become ours: reaped here, so that a
+  // group's emptiness can be seen, and killable by group until then.
+  if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) return errno_status("prctl(PR_SET_CHILD_SUBREAPER)", errno);
   sigset_t set;
   sigemptyset(&set);
   for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, s);
@@ -136,6 +148,7 @@ Status Launcher::spawn(Rank& r, const std::string& path, std::vector<char*>& arg
   }
   // Also in the parent, so the group exists before we might signal it.
   ::setpgid(pid, pid);
+  if (guard_) guard_->watch(pid);
   ::close(out[1]);
   ::close(err[1]);
   ::close(exec_status[1]);
@@ -190,10 +203,12 @@ int Launcher::run() {
     if (store_) store_->stop();
     return exit_code_ ? exit_code_ : 1;
   }
+  // After prepare(): the thread inherits the blocked signals and never takes them.
+  if (Status o = output_.start(); !o.is_ok()) print_error(kRunWho, o.message() + "; writing output directly");
   auto path = find_program(opts_.argv[0]);
   if (!path) {
     bool is_path = opts_.argv[0].find('/') != std::string::npos;
-    print_error(kRunWho, opts_.argv[0] + (is_path ? ": no such executable file" : ": command not found in PATH"));
+    say(opts_.argv[0] + (is_path ? ": no such executable file" : ": command not found in PATH"));
     return kNotFoundExit;
   }
   path_ = *path;
@@ -243,7 +258,7 @@ int Launcher::run() {
     ft_ = std::make_unique<FtController>(opts_.ft_opts, job_id_, opts_.nranks);
     Status c = ft_->start({"127.0.0.1", store_->port()}, token_);
     if (!c.is_ok()) {
-      print_error(kRunWho, "--ft: cannot reach the job's store: " + c.message());
+      say("--ft: cannot reach the job's store: " + c.message());
       store_->stop();
       return 1;
     }
@@ -252,7 +267,7 @@ int Launcher::run() {
   if (link_) {
     auto fd = link_->start_monitor();
     if (!fd.is_ok()) {
-      print_error(kRunWho, fd.status().message());
+      say(fd.status().message());
       return 1;
     }
     link_fd_ = *fd;
@@ -263,7 +278,7 @@ int Launcher::run() {
     ranks_[i].global = (link_ ? world_.rank_base : 0) + i;
     Status s = spawn(ranks_[i], path_, argv_, shared_env);
     if (!s.is_ok()) {
-      print_error(kRunWho, rank_name(ranks_[i]) + ": " + s.message());
+      say(rank_name(ranks_[i]) + ": " + s.message());
       exit_code_ = s.code() == Code::InvalidArgument ? kNotFoundExit : 1;
       report_failure(exit_code_, rank_name(ranks_[i]) + ": " + s.message());
       stop(SIGTERM, true);
@@ -272,12 +287,14 @@ int Launcher::run() {
   }
   if (opts_.timeout) job_deadline_ = Clock::now() + *opts_.timeout;
   loop();
-  // Every rank is gone, but descendants that ignored the SIGTERM may not be: do not leave
-  // them behind just because the ranks exited before the grace time ran out.
-  if (kill_at_) signal_ranks(SIGKILL);
+  // Every rank is gone, but what they started may not be (a background child, descendants
+  // that ignored the SIGTERM): nothing of the job outlives the launcher.
+  signal_ranks(SIGKILL);
+  if (guard_) guard_->disarm();
   if (ft_) ft_->stop();
   if (link_) link_->finish();
   if (store_) store_->stop();
+  output_.close();
   return exit_code_;
 }
 
@@ -290,7 +307,8 @@ void Launcher::loop() {
       if (any_pipe_open()) {
         if (!drain_until_) drain_until_ = now + kDrain;
         if (now >= *drain_until_) {
-          // Descendants still hold the pipes; relay what is buffered and leave them.
+          // Descendants still hold the pipes; relay what is buffered and stop reading (they
+          // are killed with their groups when the launcher leaves).
           for (auto& r : ranks_) {
             for (Stream* s : {&r.out, &r.err}) {
               if (s->fd < 0) continue;
@@ -316,15 +334,14 @@ void Launcher::loop() {
       kill_at_.reset();
       for (const auto& r : ranks_)
         if (r.running)
-          print_error(kRunWho, rank_name(r) + " (pid " + std::to_string(r.pid) +
-                                   ") did not exit after SIGTERM; sending SIGKILL");
+          say(rank_name(r) + " (pid " + std::to_string(r.pid) + ") did not exit after SIGTERM; sending SIGKILL");
       signal_ranks(SIGKILL);
     }
     if (job_deadline_ && now >= *job_deadline_) {
       job_deadline_.reset();
       if (!stopping_) {
         std::string msg = "the job did not finish within --timeout " + opts_.timeout_text;
-        print_error(kRunWho, msg + "; stopping " + std::to_string(running_count()) + " rank(s)");
+        say(msg + "; stopping " + std::to_string(running_count()) + " rank(s)");
         exit_code_ = kTimeoutExit;
         report_failure(exit_code_, msg + (link_ ? " (timer of node " + node_name_ + ")" : ""));
         stop(SIGTERM, true);
@@ -354,7 +371,7 @@ void Launcher::loop() {
         }
     int n = ::poll(fds.data(), fds.size(), timeout);
     if (n < 0 && errno != EINTR) {
-      print_error(kRunWho, std::string("poll: ") + std::strerror(errno));
+      say(std::string("poll: ") + std::strerror(errno));
       stop(SIGKILL, false);
       exit_code_ = exit_code_ ? exit_code_ : 1;
       return;
@@ -377,15 +394,14 @@ void Launcher::on_signals() {
     int sig = static_cast<int>(info.ssi_signo);
     if (sig == SIGCHLD) continue;  // reaped below, once for any number of SIGCHLDs
     if (!stopping_) {
-      print_error(kRunWho, "received " + signal_name(sig) + "; forwarding it to " + std::to_string(running_count()) +
-                               " rank(s)");
+      say("received " + signal_name(sig) + "; forwarding it to " + std::to_string(running_count()) + " rank(s)");
       exit_code_ = 128 + sig;
       report_failure(exit_code_, "the agent on " + node_name_ + " received " + signal_name(sig));
       // A Ctrl-C may be meant to let ranks clean up at leisure; a TERM or HUP comes from
       // something that wants the job gone, so that one is enforced after the grace time.
       stop(sig, sig != SIGINT);
     } else {
-      print_error(kRunWho, "received " + signal_name(sig) + " again; killing the ranks");
+      say("received " + signal_name(sig) + " again; killing the ranks");
       signal_ranks(SIGKILL);
     }
   }
@@ -393,14 +409,20 @@ void Launcher::on_signals() {
 }
 
 void Launcher::reap() {
-  // By index: a replacement appended meanwhile invalidates deque iterators (not references).
-  for (size_t i = 0; i < ranks_.size(); ++i) {
-    Rank& r = ranks_[i];
-    if (!r.running) continue;
+  // Any child: a rank, an orphan of a rank (we are their subreaper) or the guard.
+  for (;;) {
     int status = 0;
-    pid_t p = ::waitpid(r.pid, &status, WNOHANG);
-    if (p == r.pid) on_exit(r, status);
+    pid_t p = ::waitpid(-1, &status, WNOHANG);
+    if (p <= 0) break;
+    // By index: a replacement appended meanwhile invalidates deque iterators (not references).
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      if (ranks_[i].running && ranks_[i].pid == p) {
+        on_exit(ranks_[i], status);
+        break;
+      }
+    }
   }
+  forget_empty_groups();
   if (!exited_.empty()) {
     auto failed = std::move(exited_);
     auto why = std::move(exited_why_);
@@ -442,7 +464,7 @@ void Launcher::on_exit(Rank& r, int status) {
   bool other_nodes = link_ && link_->spec().nnodes > 1;
   if (others > 0) msg += "; stopping the other " + std::to_string(others) + " rank(s)";
   if (other_nodes) msg += (others > 0 ? " and" : "; stopping") + std::string(" the ranks on every other node");
-  print_error(kRunWho, msg);
+  say(msg);
   stop(SIGTERM, true);
 }
 
@@ -484,8 +506,27 @@ void Launcher::emit(const Rank& r, Stream& s, bool at_eof) {
     start += len + (nl != std::string::npos ? 1 : 0);
   }
   s.pending.erase(0, start);
-  // One write per batch: lines of different ranks never interleave mid-line.
-  if (!out.empty()) write_all(s.to, out);
+  auto dropped_note = [&] {
+    return prefix + "... " + std::to_string(s.dropped) + " bytes dropped (output faster than the terminal)\n";
+  };
+  // One queued chunk per batch: lines of different ranks never interleave mid-line. The
+  // report of earlier drops goes first, so it sits where the gap is.
+  if (!out.empty()) {
+    std::string batch = s.dropped ? dropped_note() + out : std::move(out);
+    if (output_.push(s.to, std::move(batch))) s.dropped = 0;
+    else s.dropped += start;  // the rank's bytes, prefixes aside
+  }
+  if (at_eof && s.dropped) {
+    output_.push_always(s.to, dropped_note());
+    s.dropped = 0;
+  }
+}
+
+void Launcher::say(const std::string& msg) {
+  std::string line;
+  line.reserve(msg.size() + 16);
+  line.append(kRunWho).append(": ").append(msg).push_back('\n');
+  output_.push_always(STDERR_FILENO, std::move(line));
 }
 
 void Launcher::stop(int sig, bool escalate) {
@@ -495,11 +536,22 @@ void Launcher::stop(int sig, bool escalate) {
 }
 
 void Launcher::signal_ranks(int sig) {
-  // Exited ranks too: what they started (still in their group) must go with the job. A
-  // group id stays reserved while the group has a member; an emptied one could only be
-  // taken by a new process that makes itself a group leader within these few seconds.
+  // Exited ranks too: what they started (still in their group) must go with the job. Groups
+  // seen empty are skipped (forget_empty_groups): their ids may have been reused.
   for (const auto& r : ranks_)
-    if (r.pid > 0) ::kill(-r.pid, sig);
+    if (r.pid > 0 && !r.group_gone) ::kill(-r.pid, sig);
+}
+
+void Launcher::forget_empty_groups() {
+  // A group id stays reserved while the group has a member, zombies included: one seen
+  // empty after its members were reaped can only be a stranger's later.
+  for (auto& r : ranks_) {
+    if (r.running || r.group_gone || r.pid <= 0) continue;
+    if (::kill(-r.pid, 0) != 0 && errno == ESRCH) {
+      r.group_gone = true;
+      if (guard_) guard_->forget(r.pid);
+    }
+  }
 }
 
 int Launcher::running_count() const {

@@ -18,6 +18,8 @@
 #include "bootstrap/store.hpp"
 #include "cli/ft_controller.hpp"
 #include "cli/node_link.hpp"
+#include "cli/output_queue.hpp"
+#include "cli/rank_groups.hpp"
 #include "common/status.hpp"
 
 namespace strata::cli::launch {
@@ -33,6 +35,12 @@ inline constexpr std::chrono::seconds kGrace{2};
 inline constexpr std::chrono::seconds kDrain{1};
 /// A line longer than this is relayed in pieces, each with its own prefix.
 inline constexpr size_t kMaxLine = 64 * 1024;
+/// Output waiting for a slow terminal, at most; beyond it ranks' lines are dropped and
+/// counted. Enough for seconds of a chatty job, small next to the ranks' memory.
+inline constexpr size_t kMaxQueuedOutput = 8 * 1024 * 1024;
+/// How long a SIGKILLed process group may take to vanish before the launcher reports the
+/// stuck process instead of waiting on (a process in uninterruptible sleep does not die).
+inline constexpr std::chrono::seconds kKillWait{5};
 /// Exit status when --timeout ends the job, as timeout(1).
 inline constexpr int kTimeoutExit = 124;
 /// Exit status when the program cannot be started, as a shell.
@@ -78,13 +86,15 @@ class Launcher {
     int fd = -1;  // read end of the rank's pipe; -1 once closed
     int to = -1;  // where its lines go (our stdout or stderr)
     std::string pending;
+    uint64_t dropped = 0;  // bytes not relayed since the last report (the terminal was too slow)
   };
   struct Rank {
     int index = 0;   // on this node
     int global = 0;  // in the job
     pid_t pid = -1;
     bool running = false;
-    bool current = true;  // the newest process of this rank (--ft keeps replaced ones for their output)
+    bool current = true;      // the newest process of this rank (--ft keeps replaced ones for their output)
+    bool group_gone = false;  // its process group was seen empty: its id may belong to others now
     Stream out, err;
   };
 
@@ -118,12 +128,21 @@ class Launcher {
   // Output (launcher.cpp).
   /// Reads what a rank wrote on one stream and passes whole lines on.
   void relay(Rank& r, Stream& s);
-  /// Writes the complete lines of `s` with the rank prefix (all of it at EOF).
+  /// Writes the complete lines of `s` with the rank prefix (all of it at EOF), or drops and
+  /// counts them when the terminal is behind; a count is reported with the next lines.
   void emit(const Rank& r, Stream& s, bool at_eof);
+  /// The launcher's own message "strata run: MSG" on stderr, in order with the ranks' lines.
+  void say(const std::string& msg);
+  /// SIGKILLs the process group of `r` (its leader may be reaped already) and waits, up to
+  /// kKillWait, until nothing of it is left; reports a process that stays.
+  void kill_and_wait(Rank& r);
   /// Sends `sig` to every rank; `escalate`: SIGKILL after the grace time.
   void stop(int sig, bool escalate);
-  /// Signals the process groups of all ranks, exited ones included.
+  /// Signals the process groups of all ranks, exited ones included, unless seen empty.
   void signal_ranks(int sig);
+  /// Marks the groups of exited ranks that have emptied, so that they are never signalled
+  /// again (their ids can be reused), here or by the guard.
+  void forget_empty_groups();
   /// Ranks not yet reaped.
   int running_count() const;
   /// Whether some rank's output pipe is still open.
@@ -141,6 +160,8 @@ class Launcher {
   int exited_code_ = 0;
   int sigfd_ = -1;
   int devnull_ = -1;
+  std::unique_ptr<JobGuard> guard_;  // kills the rank groups if the launcher dies
+  OutputQueue output_{kMaxQueuedOutput};
   std::string token_, job_id_;
   std::unique_ptr<bootstrap::StoreServer> store_;
   // Multi-node only.

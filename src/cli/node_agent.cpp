@@ -73,20 +73,18 @@ void Launcher::on_job_event(const JobEvent& e) {
       job_over_ = true;
       if (e.node == *opts_.node_rank || stopping_) return;  // our own report, or already stopping
       exit_code_ = e.exit_code;
-      print_error(kRunWho,
-                  "the job failed on node " + std::to_string(e.node) + " (" +
-                      (e.node >= 0 && e.node < static_cast<int>(world_.nodes.size()) ? world_.nodes[e.node].name
-                                                                                     : std::string("?")) +
-                      "): " + e.report + "; stopping the " + std::to_string(running_count()) + " rank(s) on " +
-                      node_name_);
+      say("the job failed on node " + std::to_string(e.node) + " (" +
+          (e.node >= 0 && e.node < static_cast<int>(world_.nodes.size()) ? world_.nodes[e.node].name
+                                                                         : std::string("?")) +
+          "): " + e.report + "; stopping the " + std::to_string(running_count()) + " rank(s) on " + node_name_);
       stop(SIGTERM, true);
       return;
     case JobEvent::Kind::LostStore:
       job_over_ = true;
       if (!stopping_ || exit_code_ == 0) exit_code_ = e.exit_code;
-      print_error(kRunWho, e.report + (running_count() ? "; stopping the " + std::to_string(running_count()) +
-                                                             " rank(s) on " + node_name_
-                                                       : std::string()));
+      say(e.report + (running_count()
+                          ? "; stopping the " + std::to_string(running_count()) + " rank(s) on " + node_name_
+                          : std::string()));
       if (!stopping_) stop(SIGTERM, true);
       return;
   }

@@ -63,7 +63,9 @@ const char kUsage[] =
     "\n"
     "When a rank fails, the others get SIGTERM, then SIGKILL after 2 s; the exit status is\n"
     "the failed rank's code (128+N for a signal). SIGINT, SIGTERM and SIGHUP are forwarded\n"
-    "to every rank; a second one kills them.\n";
+    "to every rank; a second one kills them. Nothing a rank started outlives the launcher,\n"
+    "even a killed one. Output a slow terminal cannot take is dropped and counted\n"
+    "(\"... N bytes dropped\"), so the job never waits for the terminal.\n";
 
 int usage_error(const std::string& msg) {
   print_error(kRunWho, msg + " (try 'strata run --help')");

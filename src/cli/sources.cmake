@@ -18,6 +18,8 @@ target_sources(strata_cli PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/node_link.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ft_run.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ft_controller.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/rank_groups.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/output_queue.cpp
   ${CMAKE_CURRENT_LIST_DIR}/store_cmd.cpp
   ${CMAKE_CURRENT_LIST_DIR}/info.cpp
   # strata bench: the ranks and the launcher side (bench), MoE (bench_moe), the shared parts

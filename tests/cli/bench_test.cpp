@@ -4,6 +4,7 @@
 #include <cctype>
 #include <map>
 #include <memory>
+#include <set>
 #include <variant>
 
 #include "cli/cli_test_util.hpp"
@@ -168,6 +169,80 @@ TEST(BenchCli, ShortAllReduceSweepChecksEverySizeAndWritesJson) {
     EXPECT_GT(t, 0);
     EXPECT_NEAR(algbw, static_cast<double>(sizes[i]) / t / 1e3, algbw * 1e-3 + 1e-6) << "algbw = size / time";
   }
+}
+
+// A stand-in for matplotlib (the plot script's calls only), found through PYTHONPATH: the
+// test needs no matplotlib, and a "plot" is the JSON the script read, copied to the PNG path.
+// FAIL_PLOT in the environment makes savefig fail (the error path).
+void write_fake_matplotlib(const std::string& dir) {
+  std::filesystem::create_directories(dir + "/matplotlib");
+  std::ofstream(dir + "/matplotlib/__init__.py") << "def use(*a, **k):\n    pass\n";
+  std::ofstream(dir + "/matplotlib/pyplot.py") << "import os, sys\n"
+                                                  "class _Any:\n"
+                                                  "    def __getattr__(self, n):\n"
+                                                  "        return lambda *a, **k: None\n"
+                                                  "class _Fig(_Any):\n"
+                                                  "    def savefig(self, path, **k):\n"
+                                                  "        if os.environ.get('FAIL_PLOT'):\n"
+                                                  "            raise OSError('plot refused')\n"
+                                                  "        open(path, 'w').write(open(sys.argv[1]).read())\n"
+                                                  "def subplots(*a, **k):\n"
+                                                  "    return _Fig(), (_Any(), _Any())\n";
+}
+
+std::set<std::string> entries(const std::string& dir) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) out.insert(e.path().filename().string());
+  return out;
+}
+
+std::vector<std::string> new_bench_files(const std::set<std::string>& before) {
+  std::vector<std::string> out;
+  for (const auto& e : entries("/tmp"))
+    if (!before.count(e) && e.starts_with("strata-bench-")) out.push_back("/tmp/" + e);
+  return out;
+}
+
+// --plot without --json writes the results to a temporary file: nothing of it may be left in
+// $TMPDIR (or /tmp), whether the plot works, fails, or `strata bench` is SIGKILLed mid-run.
+TEST(BenchCli, PlotLeavesNoTemporaryFileBehind) {
+  STRATA_REQUIRE_BIN();
+  TempDir tmp, work;
+  write_fake_matplotlib(work.path() + "/py");
+  const auto tmp_before = entries("/tmp");
+  const std::vector<std::string> env = {"TMPDIR=" + tmp.path(), "PYTHONPATH=" + work.path() + "/py"};
+  const std::string png = work.path() + "/plot.png";
+  const std::vector<std::string> args = {"bench", "all_reduce", "-n",      "2", "-b",     "8",
+                                         "-e",    "1K",         "--iters", "3", "--plot", png};
+
+  Outcome ok = run_cli(args, env, 60s);
+  EXPECT_EQ(ok.exit_code, 0) << ok.out << ok.err;
+  EXPECT_TRUE(contains(ok.out, "# plot: " + png)) << ok.out;
+  EXPECT_TRUE(contains(read_file(png), "\"results\"")) << "the plotter did not get the JSON";
+  EXPECT_TRUE(entries(tmp.path()).empty()) << "a successful run left a file in TMPDIR";
+
+  std::vector<std::string> fail_env = env;
+  fail_env.push_back("FAIL_PLOT=1");
+  Outcome failed = run_cli(args, fail_env, 60s);
+  EXPECT_EQ(failed.exit_code, 1) << failed.out << failed.err;
+  EXPECT_TRUE(contains(failed.err, "the plot failed")) << failed.err;
+  EXPECT_TRUE(entries(tmp.path()).empty()) << "a failed plot left a file in TMPDIR";
+
+  // SIGKILL in the middle of a long sweep: no code of ours runs afterwards.
+  std::vector<std::string> long_args = args;
+  long_args[7] = "1G";
+  long_args[9] = "1000";
+  CliProcess p(long_args, env);
+  auto deadline = Clock::now() + 20s;
+  while (!contains(p.out(), "size(B)") && Clock::now() < deadline) p.pump(20ms);
+  ASSERT_TRUE(contains(p.out(), "size(B)")) << "the sweep did not start: " << p.out();
+  p.pump(300ms);
+  ASSERT_EQ(::kill(p.pid(), SIGKILL), 0);
+  p.finish(10s);
+  std::this_thread::sleep_for(500ms);
+  EXPECT_TRUE(entries(tmp.path()).empty()) << "a SIGKILLed run left a file in TMPDIR";
+  for (const auto& f : new_bench_files(tmp_before)) ADD_FAILURE() << "left behind: " << f;
 }
 
 TEST(BenchCli, AllGatherSizeIsTheTotalBuffer) {

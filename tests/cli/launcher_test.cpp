@@ -2,6 +2,8 @@
 // real signals. Each failure test checks the exit status, the message, the time taken and
 // that no rank (or anything a rank started) outlives the launcher.
 
+#include <algorithm>
+#include <iterator>
 #include <set>
 
 #include "bootstrap/store.hpp"
@@ -158,6 +160,115 @@ TEST(LauncherTest, RanksDieWhenTheLauncherIsKilled) {
   auto r = p.finish(10s);
   EXPECT_EQ(r.term_signal, SIGKILL);
   EXPECT_TRUE(survivors(pids, 3s).empty()) << "a rank outlived its SIGKILLed launcher";
+}
+
+// Processes whose environment holds `marker` (a variable only this job's processes inherit)
+// and that are still running (zombies have finished).
+std::vector<pid_t> processes_with(const std::string& marker) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "environ", std::ios::binary);
+    std::string env((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    pid_t pid = std::stoi(name);
+    if (env.find(marker) != std::string::npos && process_alive(pid)) out.push_back(pid);
+  }
+  return out;
+}
+
+std::set<std::string> dev_shm_entries() {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) out.insert(e.path().filename().string());
+  return out;
+}
+
+TEST(LauncherTest, NothingOfTheJobOutlivesASigkilledLauncher) {
+  STRATA_REQUIRE_BIN();
+  TempDir dir;
+  const std::string& d = dir.path();
+  const std::string marker = "STRATA_TEST_JOB_MARKER=" + std::to_string(::getpid()) + "-" +
+                             std::to_string(Clock::now().time_since_epoch().count());
+  const auto shm_before = dev_shm_entries();
+  // Each rank forks a sleeping child: PR_SET_PDEATHSIG reaches the rank, not the child.
+  CliProcess p({"run", "-n", "2", "--", "sh", "-c",
+                "echo $$ > " + d + "/$STRATA_RANK.pid; sleep 300 & echo $! > " + d + "/$STRATA_RANK.child; wait"},
+               {marker});
+  auto deadline = Clock::now() + 10s;
+  while (dir.pids(".child").size() < 2 && Clock::now() < deadline) p.pump(20ms);
+  std::vector<pid_t> pids = dir.pids(".pid"), children = dir.pids(".child");
+  ASSERT_EQ(pids.size(), 2u);
+  ASSERT_EQ(children.size(), 2u);
+  pids.insert(pids.end(), children.begin(), children.end());
+  ASSERT_EQ(survivors(pids, 0ms).size(), 4u) << "the ranks and their children should be running";
+
+  ASSERT_EQ(::kill(p.pid(), SIGKILL), 0);
+  auto r = p.finish(10s);
+  EXPECT_EQ(r.term_signal, SIGKILL);
+  auto left = survivors(pids, 2s);
+  EXPECT_TRUE(left.empty()) << "a rank or a child it forked outlived the SIGKILLed launcher";
+  EXPECT_TRUE(processes_with(marker).empty()) << "a process of the job is still running";
+  for (pid_t q : left) ::kill(q, SIGKILL);
+  for (const auto& e : dev_shm_entries())
+    EXPECT_TRUE(shm_before.count(e) || !contains(e, "strata")) << "left in /dev/shm: " << e;
+}
+
+long vm_rss_kib(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+
+// A rank printing 200 MB without a newline to a terminal that does not read: the launcher
+// keeps relaying (the rank is not held back), drops what the terminal cannot take, says how
+// much, cuts the endless line, and its memory stays bounded.
+TEST(LauncherTest, OutputFasterThanTheTerminalIsDroppedCountedAndBounded) {
+  STRATA_REQUIRE_BIN();
+  TempDir dir;
+  const std::string done = dir.path() + "/done";
+  constexpr long kBytes = 200'000'000;
+  CliProcess p({"run", "-n", "1", "--", "sh", "-c",
+                "head -c " + std::to_string(kBytes) + " /dev/zero | tr '\\000' x; touch " + done});
+  // Nothing is read from the launcher's stdout until the rank is done: the pipe fills and
+  // stays full, as a paused terminal.
+  auto deadline = Clock::now() + 10s;
+  std::string comm;
+  while (Clock::now() < deadline) {
+    std::ifstream f("/proc/" + std::to_string(p.pid()) + "/comm");
+    if (std::getline(f, comm) && comm == "strata") break;
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_EQ(comm, "strata");
+  const long base = vm_rss_kib(p.pid());
+  long peak = base;
+  deadline = Clock::now() + 60s;
+  while (!std::filesystem::exists(done) && Clock::now() < deadline) {
+    peak = std::max(peak, vm_rss_kib(p.pid()));
+    std::this_thread::sleep_for(10ms);
+  }
+  peak = std::max(peak, vm_rss_kib(p.pid()));
+  ASSERT_TRUE(std::filesystem::exists(done)) << "the rank was held back by the paused terminal";
+  EXPECT_LT(peak - base, 64 * 1024) << "launcher VmRSS grew from " << base << " KiB to " << peak << " KiB";
+
+  auto r = p.finish(60s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LT(r.out.size(), 64u << 20);
+  long relayed = 0, dropped = 0;
+  static const std::string kNote = " bytes dropped (output faster than the terminal)";
+  for (const auto& line : lines_of(r.out)) {
+    ASSERT_TRUE(line.starts_with("[0] ")) << line.substr(0, 80);
+    if (contains(line, kNote)) {
+      dropped += std::stol(line.substr(std::string("[0] ... ").size()));
+      continue;
+    }
+    EXPECT_LE(line.size(), 4 + 64 * 1024u) << "a line without end must be cut";
+    relayed += static_cast<long>(line.size() - 4);
+  }
+  EXPECT_GT(dropped, 0) << "the drop count must be printed";
+  EXPECT_EQ(relayed + dropped, kBytes) << "every byte is either relayed or counted as dropped";
 }
 
 TEST(LauncherTest, SecondCtrlCKillsRanksThatIgnoreTheFirst) {

@@ -159,6 +159,26 @@ TEST(Recovery, FailureBeforeTheFirstStep) {
   expect_recovered(j, {3}, 1);
 }
 
+// A child the failed rank forked (no exec) holds the rank's heap socket; the launcher must
+// kill the rank's whole process group, and wait until it is empty, before the replacement
+// binds the same name.
+TEST(Recovery, ForkedChildOfAFailedRankDoesNotBlockItsReplacement) {
+  STRATA_REQUIRE_BIN();
+  cli_test::TempDir dir;
+  Outcome o = run_cli({"run", "--ft", "-n", std::to_string(kRanks), "--", STRATA_FORK_CHILD_RANK, dir.path()}, kEnv,
+                      std::chrono::seconds(120));
+  std::vector<pid_t> children = dir.pids(".child");
+  std::vector<pid_t> left = cli_test::survivors(children, std::chrono::seconds(2));
+  for (pid_t p : left) ::kill(p, SIGKILL);
+  EXPECT_FALSE(o.timed_out) << o.out << o.err;
+  EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_TRUE(contains(o.out, "[0] total 360")) << o.out << o.err;
+  EXPECT_TRUE(contains(o.err, "replacing it")) << o.err;
+  EXPECT_FALSE(contains(o.out + o.err, "already in use")) << o.out << o.err;
+  ASSERT_EQ(children.size(), 1u) << "rank 1 should have forked its child before dying";
+  EXPECT_TRUE(left.empty()) << "the failed rank's forked child outlived the job";
+}
+
 TEST(Recovery, NoReplicaFailsWithAClearError) {
   STRATA_REQUIRE_BIN();
   Job j = run_job({"run", "--ft", "--max-failures", "1"}, {"--fail", "1:3:kill", "--no-replica"});
