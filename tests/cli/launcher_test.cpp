@@ -250,7 +250,13 @@ TEST(LauncherTest, OutputFasterThanTheTerminalIsDroppedCountedAndBounded) {
   }
   peak = std::max(peak, vm_rss_kib(p.pid()));
   ASSERT_TRUE(std::filesystem::exists(done)) << "the rank was held back by the paused terminal";
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan keeps freed blocks in its quarantine (256 MiB by default), so the launcher's resident
+  // size says nothing about its own buffering there; the main tree checks the bound.
+  (void)peak;
+#else
   EXPECT_LT(peak - base, 64 * 1024) << "launcher VmRSS grew from " << base << " KiB to " << peak << " KiB";
+#endif
 
   auto r = p.finish(60s);
   EXPECT_FALSE(r.timed_out);
