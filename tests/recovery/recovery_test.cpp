@@ -153,6 +153,19 @@ TEST(Recovery, FailureInTheMiddleOfACollective) {
   expect_recovered(j, {1}, 1);
 }
 
+// The donor dies after sending the first buffer of the replacement's state (issue 18 item
+// 7). The step commits the transfer, so the replacement still holds its old step 0 when the
+// restore is cut short and stays fresh; the next restore picks another donor and sends
+// everything again. Sent first, the step would have marked stale buffers as up to date.
+TEST(Recovery, DonorDiesHalfwayThroughRestore) {
+  STRATA_REQUIRE_BIN();
+  Job j = run_job({"run", "--ft"}, {"--fail", "2:6:killdonor"});
+  expect_recovered(j, {0, 2}, 2);
+  EXPECT_TRUE(contains(j.o.out, "INTERRUPTED rank=2 step=0\n"))
+      << "the replacement of rank 2 must keep its old step while its restore is incomplete\n"
+      << j.o.out;
+}
+
 TEST(Recovery, FailureBeforeTheFirstStep) {
   STRATA_REQUIRE_BIN();
   Job j = run_job({"run", "--ft"}, {"--fail", "3:0:kill"});
