@@ -106,7 +106,8 @@ State::~State() = default;
 
 void State::add_bytes(const std::string& name, void* data, size_t bytes) {
   if (name == "step")
-    throw Error(Code::InvalidArgument, "recovery::State::add: the name 'step' is reserved for State::step()",
+    throw Error(Code::InvalidArgument,
+                "recovery::State::add: a buffer named 'step' is already registered (State::step())",
                 impl_->comm->rank());
   for (const auto& e : impl_->entries)
     if (e.name == name)
