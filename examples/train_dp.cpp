@@ -10,9 +10,14 @@
 // prints a RECOVERY line with raw timestamps for scripts (scripts/bench_recovery.py).
 //
 // Fault injection (each fires once, in the original process of RANK):
-//   --fail RANK:STEP[:kill|stop|exit|killmid]  at STEP, after the local gradients: SIGKILL,
-//                                   SIGSTOP (a hang), exit(3), or SIGKILL while its own
-//                                   all_reduce is in flight (killmid)
+//   --fail RANK:STEP[:kill|stop|exit|killmid|killdonor]  at STEP, after the local gradients:
+//                                   SIGKILL, SIGSTOP (a hang), exit(3), SIGKILL while its own
+//                                   all_reduce is in flight (killmid), or SIGKILL and then the
+//                                   donor of its state dies after sending its first buffer
+//                                   (killdonor: the restore is cut short; another donor must
+//                                   redo it in full). A replacement that saw its restore cut
+//                                   short prints "INTERRUPTED rank=R step=S" with the step it
+//                                   held then (the old one: the step commits the transfer).
 //   --fail-in-recovery RANK         RANK dies as soon as it enters the first recovery
 //   --fail-replacement RANK         the first replacement of RANK dies before restoring
 //   --no-replica                    every rank is its own replica group: nothing to restore from
@@ -85,8 +90,8 @@ Options parse(int argc, char** argv) {
       f.rank = std::stoi(v.substr(0, c1));
       f.step = std::stoull(v.substr(c1 + 1, c2 == std::string::npos ? std::string::npos : c2 - c1 - 1));
       if (c2 != std::string::npos) f.mode = v.substr(c2 + 1);
-      if (f.mode != "kill" && f.mode != "stop" && f.mode != "exit" && f.mode != "killmid")
-        usage("--fail mode must be kill, stop, exit or killmid, got '" + f.mode + "'");
+      if (f.mode != "kill" && f.mode != "stop" && f.mode != "exit" && f.mode != "killmid" && f.mode != "killdonor")
+        usage("--fail mode must be kill, stop, exit, killmid or killdonor, got '" + f.mode + "'");
       o.faults.push_back(f);
     } else if (a == "--fail-in-recovery") o.fail_in_recovery = std::stoi(next());
     else if (a == "--fail-replacement") o.fail_replacement = std::stoi(next());
@@ -282,8 +287,15 @@ int train(int argc, char** argv) {
   state.add("momentum", m.momentum.span());
   state.add("cursor", std::span<uint64_t>(&cursor, 1));
   state.add("rng", std::span<uint64_t>(&rng, 1));
+  // killdonor: whichever original rank donates first dies after its first buffer, once.
+  bool donor_kill_armed = false;
+  for (const Fault& f : o.faults) donor_kill_armed |= f.mode == "killdonor" && !replacement;
+  state.on_sent([&](const std::string&, int) {
+    if (donor_kill_armed && comm.epoch() == 1) inject(comm, "kill");
+  });
 
   bool in_recovery_fired = false;
+  bool state_restored = false;  // this process completed a restore (or needed none)
   bool report_pending = false;
   strata::recovery::Report last;
   strata::recovery::StepFunctions fns;
@@ -291,6 +303,7 @@ int train(int argc, char** argv) {
     m.gradients(rank, cursor, rng);
     for (const Fault& f : o.faults) {
       if (replacement || f.rank != rank || f.step != step) continue;
+      if (f.mode == "killdonor") inject(comm, "kill");
       if (f.mode == "killmid") {
         strata::Work w = comm.all_reduce_async(m.grads.span(), strata::ReduceOp::Sum);
         std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -332,12 +345,17 @@ int train(int argc, char** argv) {
   };
   strata::recovery::RunOptions ro;
   ro.on_failure = [&] {
+    if (replacement && !state_restored) {
+      std::printf("INTERRUPTED rank=%d step=%" PRIu64 "\n", rank, state.step());
+      std::fflush(stdout);
+    }
     if (rank == o.fail_in_recovery && !replacement && !in_recovery_fired) {
       in_recovery_fired = true;
       inject(comm, "kill");
     }
   };
   ro.on_recovered = [&](const strata::recovery::Report& r) {
+    state_restored = true;
     last = r;
     report_pending = true;
   };

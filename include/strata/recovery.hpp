@@ -68,7 +68,8 @@ class State {
   }
   void add_bytes(const std::string& name, void* data, size_t bytes);
 
-  /// Completed steps; part of the state (registered as "step").
+  /// Completed steps; part of the state (the name "step" is reserved). restore() sends it
+  /// after every buffer: a transfer cut short leaves the receiver's old step, never the new.
   uint64_t& step();
 
   /// Collective over the communicator, after a rebuild: every rank whose state is missing
@@ -79,6 +80,11 @@ class State {
 
   /// Bytes registered, "step" included.
   size_t bytes() const;
+
+  /// Test hook for fault injection (examples/train_dp --fail R:S:killdonor): called on a
+  /// donor in restore() after each registered buffer it sent to `receiver`. The step is
+  /// sent after all of them (it commits the transfer) and does not call the hook.
+  void on_sent(std::function<void(const std::string& name, int receiver)> hook);
 
   struct Impl;
 

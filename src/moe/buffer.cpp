@@ -96,16 +96,36 @@ Status BufferImpl::init() {
     return from_error(e);
   }
   STRATA_RETURN_IF_ERROR(relay_cnt.ensure(comm, 2 * sizeof(uint64_t) * E));
+  epoch = comm.epoch();
   acc.resize(H);
   cnt.resize(E);
   return Status::ok();
+}
+
+Status BufferImpl::rejoin() {
+  memory::Heap& heap = *c->ctx->heap;
+  // The replacement's new Buffer starts from nothing: free every symmetric block of ours so
+  // every rank makes them again together, in the same order (alloc_symmetric checks that the
+  // offsets agree), then run the replacement's init() with it.
+  if (dwin) (void)heap.free_symmetric(dwin);
+  if (pwin) (void)heap.free_symmetric(pwin);
+  if (ctrl) (void)heap.free_symmetric(ctrl);
+  dwin = pwin = ctrl = nullptr;
+  pwin_rows = 0;
+  peer_dwin.clear();
+  peer_pwin.clear();
+  peer_ctrl.clear();
+  seq = 0;
+  released_pub = 0;
+  return init();
 }
 
 BufferImpl::~BufferImpl() {
   if (!c) return;
   // Peers may still read our windows in their combine; freed blocks are recycled, so wait
   // for them (unless the communicator is already broken: then nobody reads anymore).
-  if (!c->is_broken.load() && static_cast<int>(peer_ctrl.size()) == R) {  // init got that far
+  if (!c->is_broken.load() && static_cast<int>(peer_ctrl.size()) == R &&
+      epoch == comm.epoch()) {  // init got that far, and peer_ctrl still maps live peers
     publish_released(seq);
     Deadline d = deadline();
     for (int r = 0; r < R; ++r)
@@ -166,6 +186,7 @@ void BufferImpl::plan(size_t T, const int64_t* idx) {
 
 Status BufferImpl::begin(Deadline d, bool wait_readers) {
   STRATA_RETURN_IF_ERROR(c->broken());
+  if (epoch != comm.epoch()) STRATA_RETURN_IF_ERROR(rejoin());
   ++seq;
   publish_released(seq - 1);
   if (wait_readers)
@@ -177,6 +198,7 @@ std::shared_ptr<HandleState> BufferImpl::new_handle(Schedule s, size_t T, const 
   auto h = std::make_shared<HandleState>();
   h->owner = this;
   h->seq = seq;
+  h->epoch = epoch;
   h->schedule = s;
   h->num_tokens = T;
   h->dest.assign(T * K, -1);
@@ -218,6 +240,8 @@ Result<Dispatch> BufferImpl::dispatch(const void* x, size_t T, const int64_t* id
 
 Status BufferImpl::combine(const void* y, const HandleState& h, void* out) {
   if (h.owner != this) return invalid_argument("moe::combine: the handle comes from another moe::Buffer" + where());
+  if (h.epoch != epoch || epoch != comm.epoch())
+    return invalid_argument("moe::combine: the handle is from before recover(); dispatch again" + where());
   if (h.seq != seq)
     return invalid_argument("moe::combine: the handle is from dispatch #" + std::to_string(h.seq) +
                             " but the buffer's latest dispatch is #" + std::to_string(seq) +

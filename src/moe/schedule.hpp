@@ -35,6 +35,7 @@ using transport::Signal;
 struct HandleState {
   const BufferImpl* owner = nullptr;
   uint32_t seq = 0;
+  uint64_t epoch = 0;  // the Buffer's epoch at dispatch: peer pointers of older ones are gone
   Schedule schedule = Schedule::Prefill;
   size_t num_tokens = 0;
   size_t total_rows = 0;                  // rows of this rank's layout (what y must hold)
@@ -93,6 +94,10 @@ struct BufferImpl {
   size_t H = 0, M = 0, esz = 0, row_bytes = 0, align = 1;
   uint32_t seq = 0;
   uint32_t released_pub = 0;
+  // The communicator's epoch when the peer pointers below were resolved. Every pointer into a
+  // peer's mapping is valid for that epoch only: recover() unmaps a replaced rank's heap
+  // (drop_peer), so a call in a newer epoch resolves them again first (issue 18 item 8).
+  uint64_t epoch = 0;
 
   void* ctrl = nullptr;
   size_t ctrl_bytes = 0;
@@ -134,6 +139,11 @@ struct BufferImpl {
   Result<void*> sym_alloc(size_t bytes);
   /// Makes the control block and the Relay count block (collective).
   Status init();
+  /// After recover() (collective): drops every pointer into peers' mappings, frees the control
+  /// block and the windows, restarts the call count and runs init() again. Survivors run it
+  /// on their first call in a new epoch; it pairs with init() in the replacement's new Buffer.
+  /// Windows are made again, collectively, when a call needs them.
+  Status rejoin();
   ~BufferImpl();
   /// Publishes `released = s` unless already done.
   void publish_released(uint32_t s);

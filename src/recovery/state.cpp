@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <string>
 
 #include "coll/membership.hpp"
 
@@ -85,21 +87,28 @@ struct State::Impl {
     void* data;
     size_t bytes;
   };
-  std::vector<Entry> entries;
+  std::vector<Entry> entries;  // registered buffers in order; "step" is not among them
   uint64_t step = 0;
+  // Set once a restore delivered "step", the commit of the transfer: until then a
+  // replacement reports itself fresh, so a restore cut short by its donor's death is redone
+  // in full from another donor.
   bool restored = false;
+  std::function<void(const std::string&, int)> on_sent;  // test hook, see State::on_sent
 };
 
 State::State(Communicator& comm, int replica_group) : impl_(std::make_unique<Impl>()) {
   if (!comm.valid()) throw Error(Code::InvalidArgument, "recovery::State: the communicator is not valid");
   impl_->comm = &comm;
   impl_->group = replica_group;
-  impl_->entries.push_back({"step", &impl_->step, sizeof impl_->step});
 }
 
 State::~State() = default;
 
 void State::add_bytes(const std::string& name, void* data, size_t bytes) {
+  if (name == "step")
+    throw Error(Code::InvalidArgument,
+                "recovery::State::add: a buffer named 'step' is already registered (State::step())",
+                impl_->comm->rank());
   for (const auto& e : impl_->entries)
     if (e.name == name)
       throw Error(Code::InvalidArgument, "recovery::State::add: a buffer named '" + name + "' is already registered",
@@ -111,8 +120,12 @@ void State::add_bytes(const std::string& name, void* data, size_t bytes) {
 
 uint64_t& State::step() { return impl_->step; }
 
+void State::on_sent(std::function<void(const std::string& name, int receiver)> hook) {
+  impl_->on_sent = std::move(hook);
+}
+
 size_t State::bytes() const {
-  size_t n = 0;
+  size_t n = sizeof impl_->step;
   for (const auto& e : impl_->entries) n += e.bytes;
   return n;
 }
@@ -123,6 +136,7 @@ void State::restore() {
   Info mine{};
   mine.step = impl_->step;
   mine.manifest = 0xcbf29ce484222325ull;
+  mine.manifest = fnv1a(mine.manifest, "step", 5);
   for (const auto& e : impl_->entries) {
     mine.manifest = fnv1a(mine.manifest, e.name.data(), e.name.size() + 1);
     mine.manifest = fnv1a(mine.manifest, &e.bytes, sizeof e.bytes);
@@ -157,18 +171,30 @@ void State::restore() {
   for (int r = 0; r < n; ++r)
     if (donor_of[r] == me) receivers.push_back(r);
 
+  // The step goes last: it is the commit of the transfer. A donor that dies halfway leaves
+  // the receiver with its old step (a replacement: fresh, restored still false), so the next
+  // restore sees it behind and sends everything again; sent first, it would mark stale
+  // buffers with the new step and they would pass for up to date (issue 18 item 7).
   uint64_t moved = 0;
   if (!receivers.empty()) {
-    for (int r : receivers)
+    for (int r : receivers) {
       for (const auto& e : impl_->entries) {
         comm.send(e.data, e.bytes, DataType::UInt8, r, kStateTag);
         moved += e.bytes;
+        if (impl_->on_sent) impl_->on_sent(e.name, r);
       }
+      comm.send(&impl_->step, sizeof impl_->step, DataType::UInt8, r, kStateTag);
+      moved += sizeof impl_->step;
+    }
   } else if (donor >= 0) {
     for (const auto& e : impl_->entries) {
       comm.recv(e.data, e.bytes, DataType::UInt8, donor, kStateTag);
       moved += e.bytes;
     }
+    uint64_t step = 0;
+    comm.recv(&step, sizeof step, DataType::UInt8, donor, kStateTag);
+    moved += sizeof step;
+    impl_->step = step;
   }
   impl_->restored = true;
   detail::EpochState& epochs = detail::Membership(comm.impl()).context().epochs();

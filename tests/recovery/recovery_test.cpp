@@ -153,6 +153,33 @@ TEST(Recovery, FailureInTheMiddleOfACollective) {
   expect_recovered(j, {1}, 1);
 }
 
+// The donor dies after sending the first buffer of the replacement's state (issue 18 item
+// 7). The step commits the transfer, so the replacement still holds its old step 0 when the
+// restore is cut short and stays fresh; the next restore picks another donor and sends
+// everything again. Sent first, the step would have marked stale buffers as up to date.
+TEST(Recovery, DonorDiesHalfwayThroughRestore) {
+  STRATA_REQUIRE_BIN();
+  Job j = run_job({"run", "--ft"}, {"--fail", "2:6:killdonor"});
+  expect_recovered(j, {0, 2}, 2);
+  EXPECT_TRUE(contains(j.o.out, "INTERRUPTED rank=2 step=0\n"))
+      << "the replacement of rank 2 must keep its old step while its restore is incomplete\n"
+      << j.o.out;
+}
+
+// A moe::Buffer kept across the replacement of a peer (issue 18 item 8): recover() unmaps
+// the failed rank's heap, so the Buffer must not keep pointers into it; after the rebuild
+// dispatch + combine must be correct again with the replacement's windows.
+TEST(Recovery, MoeBufferWorksAfterAPeerIsReplaced) {
+  STRATA_REQUIRE_BIN();
+  Outcome o =
+      run_cli({"run", "--ft", "-n", std::to_string(kRanks), "--", STRATA_MOE_RANK}, kEnv, std::chrono::seconds(120));
+  ASSERT_FALSE(o.timed_out) << o.out << o.err;
+  EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
+  for (int r = 0; r < kRanks; ++r)
+    EXPECT_TRUE(contains(o.out, "MOE_OK rank=" + std::to_string(r) + "\n")) << "rank " << r << "\n" << o.out << o.err;
+  EXPECT_FALSE(contains(o.out, "MOE_BAD")) << o.out;
+}
+
 TEST(Recovery, FailureBeforeTheFirstStep) {
   STRATA_REQUIRE_BIN();
   Job j = run_job({"run", "--ft"}, {"--fail", "3:0:kill"});

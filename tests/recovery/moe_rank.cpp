@@ -1,0 +1,97 @@
+// A rank for Recovery.MoeBufferWorksAfterAPeerIsReplaced (issue 18 item 8): 4 ranks, one
+// moe::Buffer with identity experts. Survivors run dispatch + combine until rank 2's original
+// process dies by SIGKILL at its 3rd call, recover() and go on with the same Buffer; the
+// replacement makes its own. Then every rank runs 3 Prefill and 3 Decode calls and checks
+// out[t] = x[t] * sum of its valid weights against a local reference. Each rank prints
+// "MOE_OK rank=R" or "MOE_BAD rank=R ..." and exits 1.
+//
+//   strata run --ft -n 4 moe_rank
+
+#include <strata/moe.hpp>
+#include <strata/recovery.hpp>
+#include <strata/strata.hpp>
+
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+namespace {
+
+constexpr int kE = 8, kK = 2;
+constexpr size_t kH = 16, kM = 8;
+
+/// One call with identity experts on inputs that depend on (rank, call); false on a mismatch.
+bool call(strata::moe::Buffer& ep, int rank, int n, strata::moe::Schedule s) {
+  const size_t T = 1 + static_cast<size_t>(rank + n) % kM;
+  std::vector<float> x(T * kH), w(T * kK), out(T * kH);
+  std::vector<int64_t> idx(T * kK);
+  for (size_t t = 0; t < T; ++t) {
+    for (size_t h = 0; h < kH; ++h) x[t * kH + h] = static_cast<float>(rank * 1000 + n * 100 + t * 10) + h * 0.5f;
+    for (int k = 0; k < kK; ++k) {
+      int64_t e = static_cast<int64_t>((t * 3 + k * 5 + rank + n) % kE);
+      idx[t * kK + k] = (t + k + n) % 5 == 0 ? -1 : e;  // some -1 too
+      w[t * kK + k] = 0.25f * static_cast<float>(k + 1);
+    }
+  }
+  strata::moe::Dispatch d =
+      ep.dispatch(std::span<const float>(x), std::span<const int64_t>(idx), std::span<const float>(w), s);
+  // Identity experts: the rows in the window are the outputs.
+  ep.combine(d.window, d.handle, out.data());
+  for (size_t t = 0; t < T; ++t)
+    for (size_t h = 0; h < kH; ++h) {
+      float want = 0.0f;
+      for (int k = 0; k < kK; ++k)
+        if (idx[t * kK + k] >= 0) want += w[t * kK + k] * x[t * kH + h];
+      float got = out[t * kH + h];
+      if (std::fabs(got - want) > 1e-3f * std::fabs(want) + 1e-6f) {
+        std::printf("MOE_BAD rank=%d call=%d schedule=%s t=%zu h=%zu got=%g want=%g\n", rank, n,
+                    strata::moe::to_string(s), t, h, got, want);
+        return false;
+      }
+    }
+  return true;
+}
+
+}  // namespace
+
+int main() {
+  try {
+    strata::Communicator comm = strata::init();
+    const int rank = comm.rank();
+    const bool replacement = strata::recovery::is_replacement();
+    strata::moe::Buffer ep(
+        comm, {.num_experts = kE, .hidden = kH, .max_tokens = kM, .topk = kK, .dtype = strata::DataType::Float32});
+    bool ok = true;
+    if (!replacement) {
+      try {
+        for (int n = 0; n < 6; ++n) {
+          if (rank == 2 && n == 2) {
+            strata::recovery::mark_failure(comm);
+            ::raise(SIGKILL);
+          }
+          auto s = n % 2 ? strata::moe::Schedule::Decode : strata::moe::Schedule::Prefill;
+          ok = call(ep, rank, n, s) && ok;
+        }
+        std::printf("MOE_BAD rank=%d the failure of rank 2 was not seen\n", rank);
+        return 1;
+      } catch (const strata::Error& e) {
+        if (e.code() != strata::Code::PeerFailed && e.code() != strata::Code::Aborted &&
+            e.code() != strata::Code::Timeout)
+          throw;
+      }
+      comm.recover();
+    }
+    for (int n = 10; n < 16; ++n) {
+      auto s = n < 13 ? strata::moe::Schedule::Prefill : strata::moe::Schedule::Decode;
+      ok = call(ep, rank, n, s) && ok;
+    }
+    comm.barrier();
+    std::printf(ok ? "MOE_OK rank=%d\n" : "MOE_BAD rank=%d\n", rank);
+    return ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moe_rank: %s\n", e.what());
+    return 1;
+  }
+}
