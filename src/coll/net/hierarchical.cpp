@@ -21,16 +21,9 @@ Status all_reduce_hier(NetExec& x) {
   auto displ = coll::prefix_sums(counts);
   char* my_slice = x.out + displ[li] * e;
   // Avg: sum within the host, divide by the whole communicator on the rail.
-  const ReduceOp local_op = x.op.rop == ReduceOp::Avg ? ReduceOp::Sum : x.op.rop;
+  const ReduceOp host_rop = x.op.rop == ReduceOp::Avg ? ReduceOp::Sum : x.op.rop;
   if (L > 1) {
-    Op rs;
-    rs.kind = OpKind::ReduceScatterV;
-    rs.dtype = x.op.dtype;
-    rs.rop = local_op;
-    rs.in = x.in;
-    rs.out = my_slice;
-    rs.counts = counts;
-    rs.opts.timeout = x.deadline.remaining() + std::chrono::milliseconds(1);
+    Op rs = local_op(x, OpKind::ReduceScatterV, x.in, my_slice, counts, host_rop);
     STRATA_RETURN_IF_ERROR(run_collective(lc, rs).with_context("intra-host reduce-scatter: "));
   } else if (x.in != x.out && counts[0]) {
     kernels::copy(x.out, x.in, counts[0] * e);
@@ -46,13 +39,7 @@ Status all_reduce_hier(NetExec& x) {
                                                static_cast<char*>(tmp), kRailReduce, c.size));
   STRATA_RETURN_IF_ERROR(direct_all_gather(x, rail, hm, my_slice, rc, rd, kRailGather));
   if (L > 1) {
-    Op ag;
-    ag.kind = OpKind::AllGatherV;
-    ag.dtype = x.op.dtype;
-    ag.in = my_slice;
-    ag.out = x.out;
-    ag.counts = counts;
-    ag.opts.timeout = x.deadline.remaining() + std::chrono::milliseconds(1);
+    Op ag = local_op(x, OpKind::AllGatherV, my_slice, x.out, counts, ReduceOp::Sum);
     STRATA_RETURN_IF_ERROR(run_collective(lc, ag).with_context("intra-host all-gather: "));
   }
   return Status::ok();
