@@ -44,6 +44,9 @@ PACKAGES=(
   python3-matplotlib
   # transport/ucx: ranks on other hosts (UCX 1.13 in Debian 12); the build skips it when absent
   libucx-dev
+  # tests/fuzz: libFuzzer targets (built with clang; skipped, saying why, without them)
+  clang-14
+  libfuzzer-14-dev
   # examples/moe_layer: sgemm for the experts (the example falls back to its own kernel without it)
   libopenblas-dev
   # (Open MPI, matplotlib for `make bench`: scripts/install_bench_deps.sh)

@@ -15,6 +15,8 @@
 #   SANITIZER_CTEST_ARGS            extra ctest arguments for sanitizer trees ("-LE slow|multihost":
 #                                   tests labelled `slow`, and the network-namespace tests, which
 #                                   the main tree runs, are skipped there)
+# The fuzz tests (label `fuzz`, tests/fuzz/) are defined in the main tree only: the fuzzers
+# carry their own ASan/UBSan. Without clang++-14/libFuzzer the summary says why they were skipped.
 #   CMAKE_ARGS                      extra configure arguments for every tree
 set -euo pipefail
 
@@ -114,6 +116,11 @@ run_tree() {
     pass=0
     fail=1
     echo "==> [$name] ctest left no JUnit report (rc=$rc)"
+  fi
+  if [[ $name == main && -f $dir/fuzz-skipped.txt ]]; then
+    # The fuzz tests (label `fuzz`) run in this tree only; say why they did not.
+    echo "==> [$name] fuzz tests skipped: $(cat "$dir/fuzz-skipped.txt")"
+    summary+=("$name: fuzz tests skipped: $(cat "$dir/fuzz-skipped.txt")")
   fi
   summary+=("$name: $pass passed, $fail failed")
   total_pass=$((total_pass + pass))

@@ -7,6 +7,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "common/deadline.hpp"
@@ -67,6 +69,38 @@ class StoreServer {
  private:
   explicit StoreServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+/// The server's protocol without sockets or a thread, for the fuzzer (tests/fuzz/) and tests.
+/// Bytes fed to a connection are handled as if its client had sent them (hello, requests,
+/// parked waits, replayed replies) by the same code StoreServer runs; what the server would
+/// send is collected instead. Single-threaded.
+class StoreProtocolDriver {
+ public:
+  /// Every connection is greeted with the challenge `nonce` (fixed, so that a caller can
+  /// build a valid hello) on behalf of a server with `incarnation`.
+  StoreProtocolDriver(std::string token, StoreServerOptions opts, std::string nonce, uint64_t incarnation);
+  ~StoreProtocolDriver();
+  StoreProtocolDriver(const StoreProtocolDriver&) = delete;
+  StoreProtocolDriver& operator=(const StoreProtocolDriver&) = delete;
+  /// Accepts a new connection (its greeting is in its output) and returns its id.
+  uint64_t open();
+  /// Hands `bytes` to connection `id` as if its client had sent them; false once the server
+  /// has closed it (or it never existed).
+  bool feed(uint64_t id, std::string_view bytes);
+  /// The client of `id` hangs up.
+  void hang_up(uint64_t id);
+  /// What the server has sent on `id` since the last call: whole frames.
+  std::string take_output(uint64_t id);
+  /// Whether the server has closed `id`.
+  bool closed(uint64_t id) const;
+  /// Keys in the store.
+  size_t keys() const;
+
+ private:
+  std::unique_ptr<StoreServer::Impl> impl_;
+  std::string nonce_;
+  std::unordered_map<uint64_t, std::string> out_;
 };
 
 /// A client connection. Thread-safe (requests are serialised). When the connection breaks,

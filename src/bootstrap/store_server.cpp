@@ -56,6 +56,7 @@ struct Conn {
   size_t out_off = 0;
   bool close_after_flush = false;
   bool dead = false;
+  std::string* sink = nullptr;  // StoreProtocolDriver: replies are collected here, not sent
 
   // The parked request, if any.
   bool parked = false;
@@ -135,7 +136,9 @@ struct StoreServer::Impl {
   Clock::time_point accept_paused_until{};
 
   void loop();
+  void housekeeping();
   void accept_all();
+  Conn& add_conn(int fd, std::string nonce, std::string* sink);
   void on_readable(Conn& c);
   void flush(Conn& c);
   void send(Conn& c, std::string frame);
@@ -293,16 +296,20 @@ void StoreServer::Impl::loop() {
       // Hang-up of a parked connection (or one we do not read): the client is gone.
       if (!c.dead && (re & (POLLHUP | POLLERR | POLLRDHUP)) && !(re & POLLIN)) close_conn(c);
     }
-    process_ready();
-    expire_parked();
-    expire_hellos();
-    for (auto it = conns.begin(); it != conns.end();) {
-      if (it->second->dead) it = conns.erase(it);
-      else ++it;
-    }
+    housekeeping();
   }
   for (auto& [id, c] : conns) c->fd.reset();
   conns.clear();
+}
+
+void StoreServer::Impl::housekeeping() {
+  process_ready();
+  expire_parked();
+  expire_hellos();
+  for (auto it = conns.begin(); it != conns.end();) {
+    if (it->second->dead) it = conns.erase(it);
+    else ++it;
+  }
 }
 
 void StoreServer::Impl::accept_all() {
@@ -329,21 +336,27 @@ void StoreServer::Impl::accept_all() {
       ::close(fd);
       continue;
     }
-    // Drop the oldest rather than refuse the newest: a peer flooding idle connections then
-    // has to open max_pending of them within one handshake round trip of a real client to
-    // push it out, while refusing new ones would lock real clients out for as long as the
-    // flood is kept up.
-    if (unauthed.size() >= opts.max_pending) drop_oldest_unauthed("too many unauthenticated connections");
-    auto c = std::make_unique<Conn>();
-    c->fd = Fd(fd);
-    c->id = next_conn_id++;
-    c->nonce = std::move(*nonce);
-    c->hello_deadline = Clock::now() + opts.hello_timeout;
-    unauthed.insert(c->id);
-    Conn& ref = *c;
-    conns.emplace(c->id, std::move(c));
-    send(ref, wire::Writer().u32(wire::kMagic).u32(wire::kVersion).str(ref.nonce).u64(incarnation).frame());
+    add_conn(fd, std::move(*nonce), nullptr);
   }
+}
+
+Conn& StoreServer::Impl::add_conn(int fd, std::string nonce, std::string* sink) {
+  // Drop the oldest rather than refuse the newest: a peer flooding idle connections then
+  // has to open max_pending of them within one handshake round trip of a real client to
+  // push it out, while refusing new ones would lock real clients out for as long as the
+  // flood is kept up.
+  if (unauthed.size() >= opts.max_pending) drop_oldest_unauthed("too many unauthenticated connections");
+  auto c = std::make_unique<Conn>();
+  c->fd = Fd(fd);
+  c->sink = sink;
+  c->id = next_conn_id++;
+  c->nonce = std::move(nonce);
+  c->hello_deadline = Clock::now() + opts.hello_timeout;
+  unauthed.insert(c->id);
+  Conn& ref = *c;
+  conns.emplace(c->id, std::move(c));
+  send(ref, wire::Writer().u32(wire::kMagic).u32(wire::kVersion).str(ref.nonce).u64(incarnation).frame());
+  return ref;
 }
 
 bool StoreServer::Impl::drop_oldest_unauthed(const char* why) {
@@ -721,6 +734,10 @@ void StoreServer::Impl::send(Conn& c, std::string frame) {
 }
 
 void StoreServer::Impl::flush(Conn& c) {
+  if (c.sink) {
+    c.sink->append(c.out, c.out_off);
+    c.out_off = c.out.size();
+  }
   while (c.out_off < c.out.size()) {
     ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL);
     if (n > 0) {
@@ -745,5 +762,53 @@ void StoreServer::Impl::close_conn(Conn& c) {
   c.parked = false;
   c.fd.reset();
 }
+
+StoreProtocolDriver::StoreProtocolDriver(std::string token, StoreServerOptions opts, std::string nonce,
+                                         uint64_t incarnation)
+    : impl_(std::make_unique<StoreServer::Impl>()), nonce_(std::move(nonce)) {
+  impl_->token = std::move(token);
+  impl_->opts = opts;
+  impl_->opts.max_pending = std::max<size_t>(1, opts.max_pending);
+  impl_->incarnation = incarnation;
+}
+
+StoreProtocolDriver::~StoreProtocolDriver() = default;
+
+uint64_t StoreProtocolDriver::open() {
+  const uint64_t id = impl_->next_conn_id;
+  impl_->add_conn(-1, nonce_, &out_[id]);
+  impl_->housekeeping();
+  return id;
+}
+
+bool StoreProtocolDriver::feed(uint64_t id, std::string_view bytes) {
+  auto it = impl_->conns.find(id);
+  if (it == impl_->conns.end() || it->second->dead) return false;
+  Conn& c = *it->second;
+  c.in.append(bytes);
+  impl_->pump(c);
+  impl_->housekeeping();
+  return !closed(id);
+}
+
+void StoreProtocolDriver::hang_up(uint64_t id) {
+  auto it = impl_->conns.find(id);
+  if (it == impl_->conns.end()) return;
+  impl_->close_conn(*it->second);
+  impl_->housekeeping();
+}
+
+std::string StoreProtocolDriver::take_output(uint64_t id) {
+  auto it = out_.find(id);
+  if (it == out_.end()) return {};
+  return std::exchange(it->second, std::string());
+}
+
+bool StoreProtocolDriver::closed(uint64_t id) const {
+  auto it = impl_->conns.find(id);
+  return it == impl_->conns.end() || it->second->dead;
+}
+
+size_t StoreProtocolDriver::keys() const { return impl_->data.size(); }
 
 }  // namespace strata::bootstrap

@@ -21,6 +21,7 @@
 
 #include "coll/context_impl.hpp"
 #include "coll/ctrl_block.hpp"
+#include "coll/descriptor.hpp"
 #include "coll/membership.hpp"
 #include "coll/op.hpp"
 #include "coll/work_state.hpp"
@@ -164,11 +165,6 @@ Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImp
 /// Runs one collective (blocking, on the calling thread) with the algorithm that
 /// coll/select.cpp chooses (coll/run.cpp). Validation already done.
 Status run_collective(CommImpl& c, coll::Op& op);
-/// Compares peer r's descriptor `d` (and its count vector `vec` for v-collectives, when
-/// known) with this rank's (`me`, `mine`, `op`) in a communicator of n ranks: ok, or
-/// InvalidArgument naming both ranks and both calls.
-Status compare_descriptor(const coll::Op& op, const coll::OpDesc& mine, int me, const coll::OpDesc& d,
-                          const uint64_t* vec, int r, int n);
 /// Point-to-point on a communicator that spans hosts: the send is posted now and completes
 /// through the returned work's poll; the receive lands straight in the caller's buffer.
 Result<std::shared_ptr<WorkState>> post_send_net(CommImpl& c, const coll::Op& op);

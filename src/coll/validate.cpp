@@ -1,6 +1,6 @@
-// Checks of a call: its arguments on this rank (validate) and its descriptor against each
-// peer's (compare_descriptor), so that bad input and mismatched calls fail with a message
-// naming what is wrong and where, never silently.
+// Checks of a call's arguments on this rank (validate), so that bad input fails with a
+// message naming what is wrong and where, never silently. A peer's descriptor is compared
+// with this rank's in coll/descriptor.cpp.
 
 #include <algorithm>
 #include <sstream>
@@ -48,38 +48,6 @@ std::string ptr_str(const void* p) {
 }
 
 }  // namespace
-
-Status compare_descriptor(const Op& op, const OpDesc& mine, int me, const OpDesc& d, const uint64_t* vec, int r,
-                          int n) {
-  auto kind = static_cast<OpKind>(mine.kind);
-  bool same = d.kind == mine.kind && d.seq == mine.seq;
-  if (same && kind != OpKind::Barrier) same = d.dtype == mine.dtype;
-  if (same && has_count(kind)) same = d.count == mine.count;
-  if (same && reducing(kind)) same = d.rop == mine.rop;
-  if (same && rooted(kind)) same = d.root == mine.root;
-  if (same && kind == OpKind::AllReduce) same = d.algo == mine.algo;
-  std::string extra;
-  if (same && vec && (kind == OpKind::AllGatherV || kind == OpKind::ReduceScatterV)) {
-    for (int j = 0; j < n && same; ++j)
-      if (vec[j] != op.counts[j]) {
-        same = false;
-        extra = " (counts[" + std::to_string(j) + "] is " + std::to_string(op.counts[j]) + " on rank " +
-                std::to_string(me) + " but " + std::to_string(vec[j]) + " on rank " + std::to_string(r) + ")";
-      }
-  }
-  if (same && vec && kind == OpKind::AllToAllV && vec[me] != op.rcounts[r]) {
-    same = false;
-    extra = " (rank " + std::to_string(r) + " sends " + std::to_string(vec[me]) + " elements to rank " +
-            std::to_string(me) + ", which expects recv_counts[" + std::to_string(r) +
-            "]=" + std::to_string(op.rcounts[r]) + ")";
-  }
-  if (same) return Status::ok();
-  return Status(Code::InvalidArgument,
-                "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(me) +
-                    " called " + coll::describe(mine) + " but rank " + std::to_string(r) + " called " +
-                    coll::describe(d) + extra,
-                r);
-}
 
 Status validate(const CommImpl& c, const Op& op) {
   // Strings are built only on the error paths: this runs on every call.

@@ -1,6 +1,7 @@
 target_sources(strata PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/shm_sync.cpp
   ${CMAKE_CURRENT_LIST_DIR}/net.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ucx_wire.cpp
 )
 if(STRATA_WITH_UCX)
   target_sources(strata PRIVATE ${CMAKE_CURRENT_LIST_DIR}/ucx.cpp)

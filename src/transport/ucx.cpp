@@ -22,6 +22,7 @@
 #include "common/log.hpp"
 #include "memory/heap.hpp"
 #include "transport/net.hpp"
+#include "transport/ucx_wire.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -32,24 +33,6 @@
 
 namespace strata::transport {
 namespace {
-
-std::string hex(const void* p, size_t n) {
-  static const char* d = "0123456789abcdef";
-  std::string s(2 * n, '0');
-  auto* b = static_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < n; ++i) {
-    s[2 * i] = d[b[i] >> 4];
-    s[2 * i + 1] = d[b[i] & 15];
-  }
-  return s;
-}
-
-std::string unhex(const std::string& s) {
-  auto v = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-  std::string out(s.size() / 2, '\0');
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>(v(s[2 * i]) << 4 | v(s[2 * i + 1]));
-  return out;
-}
 
 Status from_ucs(ucs_status_t st, int peer, const char* what) {
   const std::string m = std::string(what) + ": " + ucs_status_string(st);
@@ -230,7 +213,7 @@ Status Ucx::start(const Env& env) {
   size_t len = 0;
   if ((st = ucp_worker_get_address(worker_, &addr, &len)) != UCS_OK)
     return unavailable(std::string("ucx: ucp_worker_get_address failed: ") + ucs_status_string(st));
-  std::string a = hex(addr, len);
+  std::string a = to_hex(addr, len);
   ucp_worker_release_address(worker_, addr);
   STRATA_RETURN_IF_ERROR(store_->set(key("addr", rank_), a));
   heap_.set_segment_listener([this](uint32_t id, void* base, size_t size) { map_segment(id, base, size); });
@@ -261,7 +244,7 @@ void Ucx::map_segment(uint32_t id, void* base, size_t size) {
   memh_[id] = memh;
   uint64_t b = reinterpret_cast<uint64_t>(base);
   // Published once; every peer fetches it the first time it puts into this segment.
-  Status s = store_->set(key("rkey", rank_) + "/" + std::to_string(id), hex(&b, sizeof b) + hex(rk, rklen));
+  Status s = store_->set(key("rkey", rank_) + "/" + std::to_string(id), encode_rkey_record(b, rk, rklen));
   ucp_rkey_buffer_release(rk);
   if (!s.is_ok()) STRATA_LOG(Warn, "ucx: publishing the rkey of segment " << id << ": " << s.to_string());
 }
@@ -306,7 +289,7 @@ Result<ucp_ep_h> Ucx::endpoint(int peer) {
   // operation with that peer runs, so this waits only if the peer is still starting.
   auto a = store_->get(key("addr", peer), timeout_);
   if (!a.is_ok()) return a.status().with_context("ucx: worker address of rank " + std::to_string(peer) + ": ");
-  std::string addr = unhex(a.value());
+  STRATA_ASSIGN_OR_RETURN(std::string addr, decode_worker_address(a.value(), peer));
   ucp_ep_params_t ep{};
   ep.field_mask =
       UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -330,10 +313,11 @@ Result<RemoteSeg> Ucx::remote_seg(int peer, uint32_t seg) {
   if (!v.is_ok())
     return v.status().with_context("ucx: rkey of segment " + std::to_string(seg) + " of rank " + std::to_string(peer) +
                                    ": ");
-  std::string raw = unhex(v.value());
+  // Checked before UCX reads it: ucp_ep_rkey_unpack takes no length.
+  STRATA_ASSIGN_OR_RETURN(RkeyRecord rec, decode_rkey_record(v.value(), peer, seg));
   RemoteSeg rs;
-  std::memcpy(&rs.base, raw.data(), sizeof rs.base);
-  ucs_status_t st = ucp_ep_rkey_unpack(ep, raw.data() + sizeof rs.base, &rs.rkey);
+  rs.base = rec.base;
+  ucs_status_t st = ucp_ep_rkey_unpack(ep, rec.packed.data(), &rs.rkey);
   if (st != UCS_OK) return from_ucs(st, peer, "ucx: unpacking an rkey");
   rsegs_[{peer, seg}] = rs;
   return rs;

@@ -31,10 +31,6 @@ enum Channel : uint64_t {
   kP2pData = 0xff,
 };
 
-// Set in a descriptor exchanged between hosts: the rank's output is in its heap at
-// (out_seg, out_off), so peers may put into it.
-constexpr uint32_t kOutHeap = 16;
-
 inline uint64_t make_tag(const CommImpl& c, uint64_t channel, uint32_t seq, int src) {
   return c.tag_base << 48 | (channel & 0xff) << 40 | uint64_t{seq & 0xffffffu} << 16 |
          (static_cast<uint64_t>(src) & 0xffff);

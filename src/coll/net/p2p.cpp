@@ -3,6 +3,7 @@
 // from the caller's buffer; a receive lands straight in the caller's buffer.
 
 #include <memory>
+#include <new>
 
 #include "coll/net/exec.hpp"
 
@@ -13,21 +14,6 @@ using coll::Op;
 using net::kP2pData;
 using net::kP2pHeader;
 using net::make_tag;
-
-namespace {
-
-struct P2pHeader {
-  int32_t tag = 0;
-  uint32_t dtype = 0;
-  uint64_t count = 0;
-};
-
-std::string p2p_str(const char* name, const P2pHeader& h) {
-  return std::string(name) + "(count=" + std::to_string(h.count) +
-         ", dtype=" + to_string(static_cast<DataType>(h.dtype)) + ", tag=" + std::to_string(h.tag) + ")";
-}
-
-}  // namespace
 
 Result<std::shared_ptr<WorkState>> post_send_net(CommImpl& c, const Op& op) {
   STRATA_RETURN_IF_ERROR(c.broken());
@@ -106,30 +92,46 @@ Status recv_net(CommImpl& c, const Op& op) {
         Code::InvalidArgument,
         "rank " + std::to_string(peer) + " sent a " + std::to_string(hx->received) + "-byte message header", peer));
   const bool match = h.tag == op.tag && h.dtype == static_cast<uint32_t>(op.dtype) && h.count == op.count;
-  const size_t got =
-      h.dtype <= static_cast<uint32_t>(DataType::Float64) ? h.count * dtype_size(static_cast<DataType>(h.dtype)) : 0;
+  auto announced = p2p_data_bytes(h, peer);
+  if (!announced.is_ok()) {
+    // Nothing tells how much data follows: the two sides are out of step for good.
+    Status full = fail(announced.status());
+    c.set_broken(full);
+    return full;
+  }
+  const size_t got = announced.value();
   if (got <= kEagerBytes) {
     // The data came with the header: in place when it matches this receive.
     if (hx->received != sizeof h + got)
       return fail(Status(Code::InvalidArgument,
                          "rank " + std::to_string(peer) + " sent " + std::to_string(hx->received - sizeof h) +
-                             " data bytes for " + p2p_str("send", h),
+                             " data bytes for " + p2p_describe("send", h),
                          peer));
   } else {
     // On a mismatch the data is still taken (into a discard buffer), so the sender completes
     // and both sides stay in step for the next message.
-    std::vector<char> discard(match ? 0 : got);
+    // The size is the peer's word: reserved, not touched, and refused rather than thrown over
+    // when it cannot be (only the bytes that really arrive are written).
+    std::unique_ptr<char[]> discard(match ? nullptr : new (std::nothrow) char[got]);
+    if (!match && !discard) {
+      Status full = fail(Status(Code::InvalidArgument,
+                                "rank " + std::to_string(peer) + " announced " + std::to_string(got) + " bytes for " +
+                                    p2p_describe("send", h) + ", more than this rank can set aside to discard",
+                                peer));
+      c.set_broken(full);
+      return full;
+    }
     STRATA_ASSIGN_OR_RETURN(
-        auto dx, c.net->recv(g, make_tag(c, kP2pData, s, peer), match ? op.out : discard.data(), match ? want : got));
+        auto dx, c.net->recv(g, make_tag(c, kP2pData, s, peer), match ? op.out : discard.get(), match ? want : got));
     st = c.net->wait({dx}, c.policy(d), "recv");
     if (!st.is_ok()) return fail(st);
   }
   if (!match) {
     P2pHeader mine{op.tag, static_cast<uint32_t>(op.dtype), op.count};
     return Status(Code::InvalidArgument,
-                  "send/recv mismatch: rank " + std::to_string(c.rank) + " called " + p2p_str("recv", mine) +
+                  "send/recv mismatch: rank " + std::to_string(c.rank) + " called " + p2p_describe("recv", mine) +
                       " from rank " + std::to_string(peer) + " but rank " + std::to_string(peer) + " called " +
-                      p2p_str("send", h),
+                      p2p_describe("send", h),
                   peer);
   }
   c.direct_bytes.fetch_add(want, std::memory_order_relaxed);

@@ -22,8 +22,8 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
   CommImpl& c = x.c;
   const int n = c.size, me = c.rank;
   const auto kind = x.op.kind;
-  const bool has_vec = kind == OpKind::AllGatherV || kind == OpKind::ReduceScatterV || kind == OpKind::AllToAllV;
-  const size_t head = sizeof(OpDesc) + (has_vec ? n * sizeof(uint64_t) : 0);
+  const size_t head = first_message_head(kind, n);
+  const bool has_vec = head > sizeof(OpDesc);
   std::vector<uint64_t> out_head(head / sizeof(uint64_t));
   std::memcpy(out_head.data(), &mine, sizeof mine);
   if (has_vec)
@@ -77,33 +77,8 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
   x.descs[me] = mine;
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
-    const size_t len = rx[r]->received;
-    const char* m = heads + r * head_al;
-    if (len < sizeof(OpDesc))
-      return Status(Code::InvalidArgument,
-                    "rank " + std::to_string(r) + " sent " + std::to_string(len) +
-                        " bytes as its descriptor of operation #" + std::to_string(mine.seq) + " (expected at least " +
-                        std::to_string(sizeof(OpDesc)) + ")",
-                    r);
-    OpDesc d;
-    std::memcpy(&d, m, sizeof d);
-    x.descs[r] = d;
-    const auto* vec = len >= head && has_vec ? reinterpret_cast<const uint64_t*>(m + sizeof(OpDesc)) : nullptr;
-    if (d.kind == mine.kind && d.seq == mine.seq && d.algo != mine.algo)
-      return Status(Code::InvalidArgument,
-                    "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(me) +
-                        " runs " + coll::describe(mine) + " with the " +
-                        coll::to_string(static_cast<coll::Algo>(mine.algo)) + " pattern but rank " + std::to_string(r) +
-                        " with the " + coll::to_string(static_cast<coll::Algo>(d.algo)) +
-                        " pattern (CollOptions::algorithm or the size differs between them)",
-                    r);
-    STRATA_RETURN_IF_ERROR(compare_descriptor(x.op, mine, me, d, vec, r, n));
-    const size_t want = head + (eager ? eager->from_bytes[r] : 0);
-    if (len != want)
-      return Status(Code::InvalidArgument,
-                    "rank " + std::to_string(r) + " sent " + std::to_string(len) + " bytes for " + coll::describe(d) +
-                        " where rank " + std::to_string(me) + " expected " + std::to_string(want),
-                    r);
+    STRATA_ASSIGN_OR_RETURN(x.descs[r], read_first_message(x.op, mine, me, n, r, heads + r * head_al, rx[r]->received,
+                                                           eager ? eager->from_bytes[r] : 0));
   }
   return Status::ok();
 }

@@ -1,0 +1,53 @@
+#pragma once
+// Descriptors that arrive from peers, and what this rank checks before it uses any number in
+// them: the comparison of a peer's call with this rank's (every transport), the first message
+// of a cross-host operation (descriptor, count vector, eager data) and the header of a
+// cross-host send. Pure functions of the bytes received, so the fuzzer (tests/fuzz/) and the
+// unit tests drive them without a network.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "coll/op.hpp"
+#include "common/status.hpp"
+
+namespace strata::detail {
+
+/// Set in a descriptor exchanged between hosts (beside OpDesc's own flags): the rank's output
+/// is in its heap at (out_seg, out_off), so peers may put into it.
+inline constexpr uint32_t kOutHeap = 16;
+
+/// Compares peer r's descriptor `d` (and its count vector `vec` for v-collectives, when
+/// known) with this rank's (`me`, `mine`, `op`) in a communicator of n ranks: ok, or
+/// InvalidArgument naming both ranks and both calls.
+Status compare_descriptor(const coll::Op& op, const coll::OpDesc& mine, int me, const coll::OpDesc& d,
+                          const uint64_t* vec, int r, int n);
+
+/// Bytes of the record that opens every first message of `kind` in a communicator of n
+/// ranks: the descriptor, then n counts for the v-collectives.
+size_t first_message_head(coll::OpKind kind, int n);
+
+/// Reads peer r's first message of an operation across hosts: `len` bytes arrived in all, of
+/// which the first min(len, first_message_head) are at `record`; `eager_bytes` is the data
+/// this rank expects after the record. Checks it against this rank's call (`op`, `mine`, rank
+/// `me` of n): the descriptor's size, the algorithm, compare_descriptor, the message length,
+/// and the fields later steps use (flags, the output offset peers put at). Returns the peer's
+/// descriptor, or InvalidArgument naming rank r and what is wrong.
+Result<coll::OpDesc> read_first_message(const coll::Op& op, const coll::OpDesc& mine, int me, int n, int r,
+                                        const void* record, size_t len, size_t eager_bytes);
+
+/// The record that opens a point-to-point message across hosts.
+struct P2pHeader {
+  int32_t tag = 0;
+  uint32_t dtype = 0;
+  uint64_t count = 0;
+};
+
+/// "send(count=.., dtype=.., tag=..)" for error messages (`name`: "send" or "recv").
+std::string p2p_describe(const char* name, const P2pHeader& h);
+
+/// The data bytes peer `peer`'s header announces. InvalidArgument naming the peer when its
+/// dtype is not one Strata sends or count × dtype size does not fit in 64 bits.
+Result<size_t> p2p_data_bytes(const P2pHeader& h, int peer);
+
+}  // namespace strata::detail
