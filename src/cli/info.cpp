@@ -18,6 +18,7 @@
 #include "cli/commands.hpp"
 #include "common/env.hpp"
 #include "common/parse.hpp"
+#include "memory/fd_channel.hpp"
 #include "memory/heap.hpp"
 #include "transport/net.hpp"
 
@@ -208,6 +209,7 @@ int info_main(int argc, char** argv) {
   row("  symmetric size", format_bytes(env.heap_symmetric_size) + " (STRATA_HEAP_SYMMETRIC_SIZE)");
   row("  huge pages", std::string(env.heap_huge_pages ? "yes" : "no") + " (STRATA_HEAP_HUGE_PAGES)");
   row("  prefault", std::string(env.heap_prefault ? "yes" : "no") + " (STRATA_HEAP_PREFAULT)");
+  row("  socket dir", memory::fd_socket_dir(env.socket_dir) + " (STRATA_SOCKET_DIR)");
   std::printf("settings\n");
   row("  timeout", format_duration(env.timeout) + " (STRATA_TIMEOUT)");
   row("  store timeout", format_duration(env.store_connect_timeout) + " (STRATA_STORE_TIMEOUT)");

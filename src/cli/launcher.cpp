@@ -34,6 +34,7 @@
 #include "cli/commands.hpp"
 #include "cli/launcher.hpp"
 #include "common/env.hpp"
+#include "memory/fd_channel.hpp"
 
 extern char** environ;
 
@@ -290,6 +291,12 @@ int Launcher::run() {
   // Every rank is gone, but what they started may not be (a background child, descendants
   // that ignored the SIGTERM): nothing of the job outlives the launcher.
   signal_ranks(SIGKILL);
+  // Ranks that were killed could not remove their heap sockets.
+  {
+    std::vector<int> mine;
+    for (const auto& r : ranks_) mine.push_back(r.global);
+    memory::remove_job_sockets(Env::get().socket_dir, job_id_, mine);
+  }
   if (guard_) guard_->disarm();
   if (ft_) ft_->stop();
   if (link_) link_->finish();

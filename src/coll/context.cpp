@@ -388,7 +388,13 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
       STRATA_ASSIGN_OR_RETURN(WorldRecord w, parse_world_record(v.value()));
       refs[r] = w.ctrl;
       ctx->hosts[r] = w.host;
-      if (w.host != ctx->job.host_id) spans = true;
+      if (w.host != ctx->job.host_id) {
+        spans = true;
+      } else {
+        // The fd server that hands out r's memory must be the process r published (a pid
+        // means something on this host only).
+        ctx->heap->expect_peer_pid(r, static_cast<pid_t>(w.pid));
+      }
     }
   }
   if (!spans) return make_comm(ctx, "world", std::move(members), me, ctrl, refs, d);

@@ -73,6 +73,10 @@ void Membership::drop_peer(int r) {
   c_->ctx->heap->drop_peer(c_->members[r]);
 }
 
+void Membership::expect_pid(int r, long pid) {
+  c_->ctx->heap->expect_peer_pid(c_->members[r], static_cast<pid_t>(pid));
+}
+
 Status Membership::map_peer(int r, const memory::SegRef& ref, Deadline d) {
   return c_->ctx->heap->peer_ptr(c_->members[r], ref, CtrlView::bytes(c_->size), d).status();
 }

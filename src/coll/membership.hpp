@@ -116,6 +116,9 @@ class Membership {
   [[nodiscard]] std::unique_lock<std::mutex> quiesce(const Status& why);
   /// Forgets member r: its control-block view and every heap mapping of its process.
   void drop_peer(int r);
+  /// Member r is the process `pid` of its record on this host: its memory is taken from that
+  /// process only.
+  void expect_pid(int r, long pid);
   /// Maps the control block member r published at `ref` without attaching it yet: lets a
   /// rank that joins many peers wait for their fd servers in parallel. Safe from several
   /// threads at once.

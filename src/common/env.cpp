@@ -158,6 +158,10 @@ Env parse(Lookup lookup, void* ctx) {
   if (auto v = to_size(get("STRATA_HEAP_SYMMETRIC_SIZE"))) e.heap_symmetric_size = *v;
   e.heap_huge_pages = to_bool(get("STRATA_HEAP_HUGE_PAGES"), false);
   e.heap_prefault = to_bool(get("STRATA_HEAP_PREFAULT"), false);
+  if (auto s = get("STRATA_SOCKET_DIR"); s && !s->empty()) {
+    if ((*s)[0] == '/') e.socket_dir = *s;
+    else s.reject("must be an absolute path");
+  }
   e.cma = to_bool(get("STRATA_CMA"), true);
   e.ft = to_bool(get("STRATA_FT"), false);
   if (auto v = to_int(get("STRATA_EPOCH"), 0)) e.epoch = static_cast<uint64_t>(*v);

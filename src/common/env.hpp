@@ -55,8 +55,9 @@ struct Env {
   size_t heap_symmetric_size = size_t{1} << 30;  // STRATA_HEAP_SYMMETRIC_SIZE: symmetric arena per rank
   bool heap_huge_pages = false;                  // STRATA_HEAP_HUGE_PAGES: MFD_HUGETLB segments
   bool heap_prefault = false;                    // STRATA_HEAP_PREFAULT: touch pages when a segment is made
-  bool cma = true;                               // STRATA_CMA=0 disables process_vm_readv/writev
-  size_t cma_min_bytes = size_t{1} << 20;        // STRATA_CMA_MIN_BYTES: unregistered buffers this big use CMA too
+  std::string socket_dir;  // STRATA_SOCKET_DIR: private directory of the heap sockets (empty: /tmp/strata-<uid>)
+  bool cma = true;         // STRATA_CMA=0 disables process_vm_readv/writev
+  size_t cma_min_bytes = size_t{1} << 20;  // STRATA_CMA_MIN_BYTES: unregistered buffers this big use CMA too
 
   // Failure recovery (set by `strata run --ft`; see docs/RECOVERY.md).
   bool ft = false;                                    // STRATA_FT: the job runs under a recovery controller

@@ -3,13 +3,16 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <sstream>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -41,17 +44,35 @@ struct UniqueFd {
   }
 };
 
-Result<sockaddr_un> abstract_address(const std::string& name, socklen_t* len) {
+Result<sockaddr_un> unix_address(const std::string& path, socklen_t* len) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  if (name.size() + 1 > sizeof(addr.sun_path))
-    return invalid_argument("socket name " + fd_socket_display(name) + " is " + std::to_string(name.size()) +
-                            " bytes; at most " + std::to_string(sizeof(addr.sun_path) - 1) +
-                            " fit (use a shorter job key)");
-  // A leading NUL puts the name in the abstract namespace: no file, gone with the process.
-  std::memcpy(addr.sun_path + 1, name.data(), name.size());
-  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (path.size() + 1 > sizeof(addr.sun_path))
+    return invalid_argument("socket path " + path + " is " + std::to_string(path.size()) + " bytes; at most " +
+                            std::to_string(sizeof(addr.sun_path) - 1) +
+                            " fit (set a shorter STRATA_SOCKET_DIR or job key)");
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + 1);
   return addr;
+}
+
+std::string parent_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos || slash == 0 ? std::string("/") : path.substr(0, slash);
+}
+
+// True when `path` exists as a directory of this user's that nobody else may enter.
+bool is_private_dir(const std::string& path) {
+  struct stat st {};
+  return lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & 0077) == 0;
+}
+
+// True when a process listens on the socket file at `addr` (a connect gets through).
+bool someone_listens(const sockaddr_un& addr, socklen_t len) {
+  UniqueFd probe(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (probe.fd < 0) return true;  // cannot tell: do not remove anything
+  if (connect(probe.fd, reinterpret_cast<const sockaddr*>(&addr), len) == 0) return true;
+  return errno != ECONNREFUSED && errno != ENOENT;
 }
 
 // Waits for `events` on fd until the deadline; ppoll's nanosecond timeout avoids spinning
@@ -78,22 +99,92 @@ Status wait_fd(int fd, short events, Deadline deadline) {
 
 }  // namespace
 
-std::string fd_socket_name(const std::string& job_key, int rank) {
-  return "strata." + job_key + "." + std::to_string(rank);
+std::string fd_socket_dir(const std::string& dir) {
+  if (!dir.empty()) return dir;
+  return "/tmp/strata-" + std::to_string(geteuid());
 }
 
-std::string fd_socket_display(const std::string& name) { return "@" + name; }
+Result<std::string> fd_job_dir(const std::string& dir, const std::string& job_key) {
+  if (dir.empty() || dir[0] != '/')
+    return invalid_argument("socket directory '" + dir + "' (STRATA_SOCKET_DIR) must be an absolute path");
+  if (job_key.empty()) return invalid_argument("heap socket: the job key is empty");
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string key;
+  for (const char c : job_key) {
+    const auto u = static_cast<unsigned char>(c);
+    if (std::isalnum(u) != 0 || c == '-' || c == '_' || (c == '.' && !key.empty())) {
+      key += c;
+    } else {
+      key += '%';
+      key += kHex[u >> 4];
+      key += kHex[u & 15];
+    }
+  }
+  std::string path = dir;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path + "/" + key;
+}
+
+Result<std::string> fd_socket_path(const std::string& dir, const std::string& job_key, int rank) {
+  STRATA_ASSIGN_OR_RETURN(std::string path, fd_job_dir(dir, job_key));
+  path += "/" + std::to_string(rank);
+  if (path.size() + 1 > sizeof(sockaddr_un{}.sun_path))
+    return invalid_argument("heap socket path " + path + " is " + std::to_string(path.size()) + " bytes; at most " +
+                            std::to_string(sizeof(sockaddr_un{}.sun_path) - 1) +
+                            " fit (set a shorter STRATA_SOCKET_DIR or STRATA_JOB_ID)");
+  return path;
+}
+
+void remove_job_sockets(const std::string& dir, const std::string& job_key, const std::vector<int>& ranks) {
+  auto job_dir = fd_job_dir(fd_socket_dir(dir), job_key);
+  if (!job_dir.is_ok() || !is_private_dir(*job_dir)) return;
+  for (const int r : ranks) {
+    // Only a socket: nothing else in there is ours to remove.
+    struct stat st {};
+    const std::string path = *job_dir + "/" + std::to_string(r);
+    if (lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) unlink(path.c_str());
+  }
+  (void)rmdir(job_dir->c_str());
+}
+
+Status ensure_private_dir(const std::string& path) {
+  if (mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)
+    return invalid_argument("cannot create the socket directory " + path + ": " + std::strerror(errno) +
+                            " (set STRATA_SOCKET_DIR to a directory of yours)");
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) return invalid_argument("socket directory " + path + ": " + std::strerror(errno));
+  std::string wrong;
+  if (!S_ISDIR(st.st_mode)) {
+    wrong = S_ISLNK(st.st_mode) ? "is a symbolic link" : "is not a directory";
+  } else if (st.st_uid != geteuid()) {
+    wrong =
+        "belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " + std::to_string(geteuid()) + ")";
+  } else if ((st.st_mode & 0077) != 0) {
+    std::ostringstream mode;
+    mode << std::oct << (st.st_mode & 0777);
+    wrong = "has mode 0" + mode.str() + "; other users must have no access (0700)";
+  }
+  if (!wrong.empty())
+    return invalid_argument("socket directory " + path + " " + wrong +
+                            ": the heap sockets would be open to others. Remove it or set STRATA_SOCKET_DIR to a "
+                            "private directory");
+  return Status::ok();
+}
 
 // ---------------------------------------------------------------------------------------
 // Server
 
 struct FdServer::Impl {
-  std::string name;
+  std::string name;  // the socket's path
   int rank = -1;
   Lookup lookup;
   int listen_fd = -1;
   int stop_fd = -1;
   std::thread thread;
+  // The socket file as bound, so that only this server's own file is removed: a
+  // replacement of this rank may have bound the path again meanwhile.
+  dev_t dev = 0;
+  ino_t ino = 0;
 
   ~Impl() {
     if (thread.joinable()) {
@@ -101,7 +192,13 @@ struct FdServer::Impl {
       (void)!write(stop_fd, &one, sizeof(one));
       thread.join();
     }
-    if (listen_fd >= 0) close(listen_fd);
+    if (listen_fd >= 0) {
+      close(listen_fd);
+      struct stat st {};
+      if (ino != 0 && lstat(name.c_str(), &st) == 0 && st.st_dev == dev && st.st_ino == ino) unlink(name.c_str());
+      // The job's directory goes with its last socket; any other still in it keeps it.
+      (void)rmdir(parent_of(name).c_str());
+    }
     if (stop_fd >= 0) close(stop_fd);
   }
 
@@ -123,7 +220,7 @@ void FdServer::Impl::run() {
     if (n < 0) {
       if (errno == EINTR) continue;
       // Leaving would make every later peer access time out far from the cause.
-      STRATA_LOG(Error, "heap fd server " << fd_socket_display(name) << ": poll: " << std::strerror(errno));
+      STRATA_LOG(Error, "heap fd server " << name << ": poll: " << std::strerror(errno));
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       continue;
     }
@@ -149,22 +246,23 @@ void FdServer::Impl::accept_all(std::vector<int>& clients) {
     const int c = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (c < 0) {
       if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-        STRATA_LOG(Warn, "heap fd server " << fd_socket_display(name) << ": accept: " << std::strerror(errno));
+        STRATA_LOG(Warn, "heap fd server " << name << ": accept: " << std::strerror(errno));
       return;
     }
-    // Abstract sockets have no file permissions: anyone in the network namespace can
-    // connect, and the fd grants read/write on this rank's memory.
+    // The directory keeps other users out already; this check holds even when someone
+    // points STRATA_SOCKET_DIR at a shared directory, and the fd grants read/write on this
+    // rank's memory.
     ucred cred{};
     socklen_t len = sizeof(cred);
     if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || (cred.uid != geteuid() && cred.uid != 0)) {
-      STRATA_LOG(Warn, "heap fd server " << fd_socket_display(name) << ": refused pid " << cred.pid << " uid "
-                                         << cred.uid << " (not this job's user)");
+      STRATA_LOG(Warn, "heap fd server " << name << ": refused pid " << cred.pid << " uid " << cred.uid
+                                         << " (not this job's user)");
       close(c);
       continue;
     }
     if (clients.size() >= kMaxClients) {
-      STRATA_LOG(Warn, "heap fd server " << fd_socket_display(name) << ": " << kMaxClients
-                                         << " connections open; refusing pid " << cred.pid);
+      STRATA_LOG(Warn,
+                 "heap fd server " << name << ": " << kMaxClients << " connections open; refusing pid " << cred.pid);
       close(c);
       continue;
     }
@@ -206,21 +304,34 @@ bool FdServer::Impl::serve_one(int client) {
 FdServer::FdServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 FdServer::~FdServer() = default;
 
-Result<std::unique_ptr<FdServer>> FdServer::start(const std::string& name, int rank, Lookup lookup) {
+Result<std::unique_ptr<FdServer>> FdServer::start(const std::string& path, int rank, Lookup lookup) {
   socklen_t len = 0;
-  STRATA_ASSIGN_OR_RETURN(sockaddr_un addr, abstract_address(name, &len));
+  STRATA_ASSIGN_OR_RETURN(sockaddr_un addr, unix_address(path, &len));
+  const std::string job_dir = parent_of(path);
+  STRATA_RETURN_IF_ERROR(ensure_private_dir(parent_of(job_dir)));
+  STRATA_RETURN_IF_ERROR(ensure_private_dir(job_dir));
   auto impl = std::make_unique<Impl>();
-  impl->name = name;
+  impl->name = path;
   impl->rank = rank;
   impl->lookup = std::move(lookup);
   impl->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (impl->listen_fd < 0) return errno_status("socket", errno);
-  if (bind(impl->listen_fd, reinterpret_cast<const sockaddr*>(&addr), len) != 0) {
+  for (int attempt = 0;; ++attempt) {
+    if (bind(impl->listen_fd, reinterpret_cast<const sockaddr*>(&addr), len) == 0) break;
     const int err = errno;
-    if (err == EADDRINUSE)
-      return unavailable("heap socket " + fd_socket_display(name) + " is already in use: another heap serves rank " +
+    if (err != EADDRINUSE) return errno_status("bind", err).with_context("heap socket " + path + ": ");
+    // A file nobody listens on is what a killed process leaves: its replacement takes the
+    // path over. A live listener is another heap of the same job key and rank.
+    if (attempt > 0 || someone_listens(addr, len))
+      return unavailable("heap socket " + path + " is already in use: another heap serves rank " +
                          std::to_string(rank) + " of this job key");
-    return errno_status("bind", err).with_context("heap socket " + fd_socket_display(name) + ": ");
+    if (unlink(path.c_str()) != 0 && errno != ENOENT)
+      return errno_status("unlink", errno).with_context("stale heap socket " + path + ": ");
+  }
+  struct stat st {};
+  if (lstat(path.c_str(), &st) == 0) {
+    impl->dev = st.st_dev;
+    impl->ino = st.st_ino;
   }
   if (listen(impl->listen_fd, 128) != 0) return errno_status("listen", errno);
   impl->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -236,10 +347,11 @@ Result<std::unique_ptr<FdServer>> FdServer::start(const std::string& name, int r
 // ---------------------------------------------------------------------------------------
 // Client
 
-Result<FetchedFd> fetch_segment_fd(const std::string& name, int peer, uint32_t seg, Deadline deadline) {
-  const std::string where = "peer rank " + std::to_string(peer) + " at socket " + fd_socket_display(name);
+Result<FetchedFd> fetch_segment_fd(const std::string& path, int peer, uint32_t seg, Deadline deadline,
+                                   pid_t expected_pid) {
+  const std::string where = "peer rank " + std::to_string(peer) + " at socket " + path;
   socklen_t len = 0;
-  STRATA_ASSIGN_OR_RETURN(sockaddr_un addr, abstract_address(name, &len));
+  STRATA_ASSIGN_OR_RETURN(sockaddr_un addr, unix_address(path, &len));
 
   UniqueFd sock;
   auto backoff = std::chrono::milliseconds(1);
@@ -250,8 +362,13 @@ Result<FetchedFd> fetch_segment_fd(const std::string& name, int peer, uint32_t s
     if (connect(sock.fd, reinterpret_cast<const sockaddr*>(&addr), len) == 0) break;
     const int err = errno;
     sock.reset();
-    // Refused: nobody listens yet (the peer is still starting) or any more (it exited).
-    // EAGAIN: its backlog is full.
+    // Refused or missing: nobody listens yet (the peer is still starting) or any more (it
+    // exited). EAGAIN: its backlog is full.
+    if (err == EACCES || err == EPERM)
+      return Status(Code::Unavailable,
+                    "cannot connect to " + where + ": " + std::strerror(err) +
+                        " (the socket or its directory belongs to another user?)",
+                    peer);
     if (err != ECONNREFUSED && err != ENOENT && err != EAGAIN && err != EINTR)
       return Status(Code::Unavailable, "cannot connect to " + where + ": " + std::strerror(err), peer);
     if (deadline.expired()) {
@@ -265,6 +382,23 @@ Result<FetchedFd> fetch_segment_fd(const std::string& name, int peer, uint32_t s
         std::min<std::chrono::milliseconds>(backoff, deadline.remaining() + std::chrono::milliseconds(1)));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(50));
   }
+
+  // Who answers, before anything is asked or accepted: SO_PEERCRED of a connected socket
+  // names the process that listens.
+  ucred cred{};
+  socklen_t cred_len = sizeof(cred);
+  if (getsockopt(sock.fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0)
+    return Status(Code::Unavailable, "cannot identify " + where + ": " + std::strerror(errno), peer);
+  if (cred.uid != geteuid())
+    return Status(Code::PeerFailed,
+                  where + " is served by pid " + std::to_string(cred.pid) + " of uid " + std::to_string(cred.uid) +
+                      ", not by this user (uid " + std::to_string(geteuid()) + "): refused",
+                  peer);
+  if (expected_pid != 0 && cred.pid != expected_pid)
+    return Status(Code::PeerFailed,
+                  where + " is served by pid " + std::to_string(cred.pid) + " but rank " + std::to_string(peer) +
+                      " is pid " + std::to_string(expected_pid) + " (replaced, or not of this job): refused",
+                  peer);
 
   FdRequest req;
   req.seg = seg;
@@ -312,6 +446,9 @@ Result<FetchedFd> fetch_segment_fd(const std::string& name, int peer, uint32_t s
     break;
   }
   if (rep.rank != peer) return Status(Code::Internal, where + " answered as rank " + std::to_string(rep.rank), peer);
+  if (rep.pid != cred.pid)
+    return Status(Code::PeerFailed,
+                  where + " claims pid " + std::to_string(rep.pid) + " but is pid " + std::to_string(cred.pid), peer);
   if (rep.status == kFdNoSegment)
     return Status(Code::InvalidArgument, where + " has no segment " + std::to_string(seg), peer);
   if (rep.status == kFdNotYet)

@@ -75,7 +75,8 @@ struct PeerSeg {
 
 struct PeerView {
   std::array<PeerSeg, kMaxSegments> segs;
-  std::atomic<pid_t> pid{0};
+  std::atomic<pid_t> pid{0};       // learned from the first fetch
+  std::atomic<pid_t> expected{0};  // published in the store (expect_peer_pid)
   // Serialises only the bookkeeping of misses; the fetch itself runs unlocked so that
   // different segments of one peer can be fetched at once.
   std::mutex mu;
@@ -96,6 +97,7 @@ HeapOptions HeapOptions::from_env(const Env& e) {
   o.symmetric_size = e.heap_symmetric_size;
   o.huge_pages = e.heap_huge_pages;
   o.prefault = e.heap_prefault;
+  o.socket_dir = e.socket_dir;
   return o;
 }
 
@@ -295,11 +297,14 @@ Result<void*> Heap::Impl::peer_miss(int peer, PeerView& v, SegRef ref, size_t by
     v.fetching.insert(ref.seg);
   }
 
-  const std::string name = fd_socket_name(job_key, peer);
   Result<char*> mapped = Status(Code::Internal, "unset");
   size_t size = 0;
   pid_t pid = 0;
-  auto fetched = fetch_segment_fd(name, peer, ref.seg, deadline);
+  const pid_t expected = v.expected.load(std::memory_order_relaxed);
+  const pid_t want = expected != 0 ? expected : v.pid.load(std::memory_order_relaxed);
+  auto path = fd_socket_path(fd_socket_dir(opts.socket_dir), job_key, peer);
+  auto fetched =
+      path.is_ok() ? fetch_segment_fd(*path, peer, ref.seg, deadline, want) : Result<FetchedFd>(path.status());
   if (fetched.is_ok()) {
     size = fetched->size;
     pid = fetched->pid;
@@ -378,8 +383,9 @@ Result<std::unique_ptr<Heap>> Heap::create(const HeapOptions& opts, const std::s
   std::unique_ptr<Heap> heap(new Heap(std::move(impl)));
   Impl* im = heap->impl_.get();
   im->self = heap.get();
-  auto server =
-      FdServer::start(fd_socket_name(job_key, rank), rank, [im](uint32_t seg) { return im->lookup_for_server(seg); });
+  auto path = fd_socket_path(fd_socket_dir(opts.socket_dir), job_key, rank);
+  if (!path.is_ok()) return path.status().with_context("heap on rank " + std::to_string(rank) + ": ");
+  auto server = FdServer::start(*path, rank, [im](uint32_t seg) { return im->lookup_for_server(seg); });
   if (!server.is_ok()) return server.status().with_context("heap on rank " + std::to_string(rank) + ": ");
   im->server = std::move(server).value();
   return heap;
@@ -555,6 +561,13 @@ void Heap::drop_peer(int peer) {
     ps.size.store(0, std::memory_order_relaxed);
   }
   v->pid.store(0, std::memory_order_relaxed);
+  v->expected.store(0, std::memory_order_relaxed);
+}
+
+void Heap::expect_peer_pid(int peer, pid_t pid) {
+  if (peer < 0 || peer >= kMaxPeers || peer == impl_->rank) return;
+  PeerView* v = impl_->view(peer, true);
+  if (v != nullptr) v->expected.store(pid, std::memory_order_relaxed);
 }
 
 size_t Heap::reserved_bytes() const { return impl_->published_bytes.load(std::memory_order_relaxed); }

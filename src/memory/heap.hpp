@@ -2,15 +2,16 @@
 // One rank's shared heap (memfd segments) and its views of the local peers' heaps.
 //
 // Segments are memfd files mapped MAP_SHARED. A peer obtains a segment's fd from the owner
-// over the owner's abstract Unix socket "strata.<job_key>.<rank>" (SCM_RIGHTS) and maps
-// it the first time it meets an address in that segment. Nothing touches /dev/shm or disk,
-// so nothing is left behind when a process dies.
+// over the owner's Unix socket <socket dir>/<job_key>/<rank> (SCM_RIGHTS, fd_channel.hpp) and
+// maps it the first time it meets an address in that segment. Nothing touches /dev/shm, and
+// memfd leaves nothing behind when a process dies (a killed rank's socket file is taken over
+// by its replacement, and removed with the job's directory at the end).
 //
 // Pages are committed on first touch and never given back while the heap lives: freed
 // blocks are recycled, because the first touch of a page is what costs (MEASURED.md).
 // Each own segment keeps one fd open (to hand it out later); peers close theirs once mapped.
-// The socket answers only processes of the same uid (SO_PEERCRED), since an abstract name
-// has no file permissions and the fd grants read/write on the rank's memory.
+// The fd grants read/write on the rank's memory, so the socket lives in a directory only this
+// user can enter, and both ends check each other's uid (and the client the peer's pid).
 
 #include <sys/types.h>
 
@@ -41,6 +42,7 @@ struct HeapOptions {
   size_t symmetric_size = size_t{1} << 30;  // size of the symmetric arena (its own segment)
   bool huge_pages = false;                  // MFD_HUGETLB (falls back with a warning)
   bool prefault = false;                    // touch every page when a segment is created
+  std::string socket_dir;                   // where the fd sockets live (empty: fd_socket_dir's default)
   static HeapOptions from_env(const Env& e);
 };
 
@@ -97,7 +99,12 @@ class Heap {
   /// Process id of a peer, learned when its first segment was fetched (0 before).
   pid_t peer_pid(int peer) const;
 
-  /// Unmaps everything of `peer` (used when a failed peer is replaced).
+  /// The pid the store published for `peer`: its fd server must be that process, or a fetch
+  /// fails with PeerFailed. Without it the first server's pid is learned and then required
+  /// until drop_peer.
+  void expect_peer_pid(int peer, pid_t pid);
+
+  /// Unmaps everything of `peer` and forgets its pid (used when a failed peer is replaced).
   void drop_peer(int peer);
 
   /// Told about every own segment: the existing ones at once, later ones as they are created

@@ -113,6 +113,7 @@ Status rebuild_world(Membership& m, bool fresh) {
       if (recs[r].host != ctx.job().host_id)
         return unavailable("rank " + std::to_string(r) + " rejoined on host '" + recs[r].host + "' but rank " +
                            std::to_string(me) + " is on '" + ctx.job().host_id + "'");
+      m.expect_pid(r, recs[r].pid);
       to_attach.push_back(r);
     }
     if (moved) continue;

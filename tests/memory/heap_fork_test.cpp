@@ -21,6 +21,7 @@ using testing::make_heap;
 using testing::pattern;
 using testing::read_all;
 using testing::reap;
+using testing::socket_path;
 using testing::soon;
 using testing::spawn;
 using testing::unique_key;
@@ -68,11 +69,12 @@ struct ChildGuard {
   }
 };
 
-bool abstract_socket_listed(const std::string& name) {
+// Whether a socket bound at `path` is open in some process (the kernel lists it).
+bool socket_listed(const std::string& path) {
   std::ifstream in("/proc/net/unix");
   std::string line;
   while (std::getline(in, line))
-    if (line.find("@" + name) != std::string::npos) return true;
+    if (line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0) return true;
   return false;
 }
 
@@ -178,7 +180,7 @@ TEST(HeapFork, KilledRankLeavesNothingBehind) {
     }
   }
   EXPECT_EQ(memfds, 3) << "two regular segments and the symmetric arena";
-  EXPECT_TRUE(abstract_socket_listed("strata." + key + ".1"));
+  EXPECT_TRUE(socket_listed(socket_path(key, 1)));
 
   ASSERT_EQ(kill(child, SIGKILL), 0);
   EXPECT_EQ(reap(child), 128 + SIGKILL);
@@ -186,7 +188,7 @@ TEST(HeapFork, KilledRankLeavesNothingBehind) {
 
   EXPECT_EQ(listing("/dev/shm", nullptr), shm_before) << "/dev/shm changed";
   EXPECT_EQ(listing("/tmp", "strata-heap"), tmp_before);
-  EXPECT_FALSE(abstract_socket_listed("strata." + key + ".1")) << "the socket must vanish with the process";
+  EXPECT_FALSE(socket_listed(socket_path(key, 1))) << "the socket must close with the process";
   // What this rank had mapped stays valid until dropped; new segments are unreachable.
   EXPECT_EQ(static_cast<unsigned char*>(*v)[0], 9);
   auto gone = h->peer_ptr(1, SegRef{2, 0}, 64, Deadline::after(std::chrono::milliseconds(100)));

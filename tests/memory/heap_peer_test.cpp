@@ -19,6 +19,7 @@ namespace {
 using testing::make_heap;
 using testing::pattern;
 using testing::small_options;
+using testing::socket_path;
 using testing::soon;
 using testing::unique_key;
 
@@ -160,13 +161,13 @@ TEST(HeapPeer, PeerThatNeverStartsTimesOutWithinTheDeadline) {
   EXPECT_TRUE(v.status().code() == Code::Timeout || v.status().code() == Code::Unavailable) << v.status().to_string();
   EXPECT_EQ(v.status().peer(), 7);
   EXPECT_NE(v.status().message().find("peer rank 7"), std::string::npos) << v.status().message();
-  EXPECT_NE(v.status().message().find("@strata." + key + ".7"), std::string::npos) << v.status().message();
+  EXPECT_NE(v.status().message().find(socket_path(key, 7)), std::string::npos) << v.status().message();
   EXPECT_GE(waited, std::chrono::milliseconds(290)) << "it must keep retrying until the deadline";
   EXPECT_LT(waited, std::chrono::milliseconds(1500)) << "and give up soon after it";
 }
 
 TEST(HeapPeer, ConnectIsRetriedUntilTheServerStarts) {
-  const std::string name = fd_socket_name(unique_key("late"), 3);
+  const std::string name = socket_path(unique_key("late"), 3);
   const int memfd = memfd_create("strata-test", MFD_CLOEXEC);
   ASSERT_GE(memfd, 0);
   ASSERT_EQ(ftruncate(memfd, 4096), 0);
@@ -207,7 +208,7 @@ TEST(HeapPeer, ManyClientsAtOnceAreAllServed) {
   for (int t = 0; t < kClients; ++t)
     ts.emplace_back([&] {
       for (int i = 0; i < kEach; ++i) {
-        auto f = fetch_segment_fd(fd_socket_name(key, 0), 0, seg, soon());
+        auto f = fetch_segment_fd(socket_path(key, 0), 0, seg, soon());
         if (f.is_ok()) {
           ok.fetch_add(1);
           close(f->fd);

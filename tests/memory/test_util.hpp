@@ -11,6 +11,7 @@
 #include <functional>
 #include <string>
 
+#include "memory/fd_channel.hpp"
 #include "memory/heap.hpp"
 
 namespace strata::memory::testing {
@@ -20,6 +21,12 @@ namespace strata::memory::testing {
 inline std::string unique_key(const char* tag) {
   static std::atomic<int> counter{0};
   return std::string(tag) + "-" + std::to_string(getpid()) + "-" + std::to_string(counter.fetch_add(1));
+}
+
+/// The fd socket path of `rank` under `key` in the default socket directory.
+inline std::string socket_path(const std::string& key, int rank) {
+  auto p = fd_socket_path(fd_socket_dir(""), key, rank);
+  return p.is_ok() ? *p : std::string();
 }
 
 /// Small segments keep the tests fast and the limits reachable.

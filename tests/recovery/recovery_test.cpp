@@ -3,6 +3,7 @@
 // in the middle of a collective, before the first step). Each must finish with parameters
 // bit-identical to a run without failure, and survivors must keep their processes.
 
+#include <filesystem>
 #include <map>
 #include <regex>
 
@@ -192,7 +193,10 @@ TEST(Recovery, FailureBeforeTheFirstStep) {
 TEST(Recovery, ForkedChildOfAFailedRankDoesNotBlockItsReplacement) {
   STRATA_REQUIRE_BIN();
   cli_test::TempDir dir;
-  Outcome o = run_cli({"run", "--ft", "-n", std::to_string(kRanks), "--", STRATA_FORK_CHILD_RANK, dir.path()}, kEnv,
+  const std::string sockets = dir.path() + "/sockets";
+  std::vector<std::string> env = kEnv;
+  env.push_back("STRATA_SOCKET_DIR=" + sockets);
+  Outcome o = run_cli({"run", "--ft", "-n", std::to_string(kRanks), "--", STRATA_FORK_CHILD_RANK, dir.path()}, env,
                       std::chrono::seconds(120));
   std::vector<pid_t> children = dir.pids(".child");
   std::vector<pid_t> left = cli_test::survivors(children, std::chrono::seconds(2));
@@ -204,6 +208,10 @@ TEST(Recovery, ForkedChildOfAFailedRankDoesNotBlockItsReplacement) {
   EXPECT_FALSE(contains(o.out + o.err, "already in use")) << o.out << o.err;
   ASSERT_EQ(children.size(), 1u) << "rank 1 should have forked its child before dying";
   EXPECT_TRUE(left.empty()) << "the failed rank's forked child outlived the job";
+  // The killed rank's socket file, taken over by its replacement, is gone with the job.
+  std::error_code ec;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(sockets, ec))
+    ADD_FAILURE() << "left behind in the socket directory: " << e.path();
 }
 
 TEST(Recovery, NoReplicaFailsWithAClearError) {
