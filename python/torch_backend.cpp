@@ -428,7 +428,8 @@ void monitored_barrier(Communicator& c, int rank, int size, std::chrono::millise
               " failed to pass monitoredBarrier in ", timeout.count(), " ms");
   o.timeout = timeout;
   std::vector<strata::Work> releases;
-  for (int r = 1; r < size; ++r) releases.push_back(c.send_async(&token, 1, DataType::UInt8, r, kMonitoredBarrierTag, o));
+  for (int r = 1; r < size; ++r)
+    releases.push_back(c.send_async(&token, 1, DataType::UInt8, r, kMonitoredBarrierTag, o));
   for (auto& w : releases) w.wait();
 }
 
@@ -449,8 +450,10 @@ at::Tensor sparse_all_reduce_sum(Communicator& c, const at::Tensor& input, const
     const int64_t* row = all.data() + static_cast<size_t>(r) * m;
     for (size_t k = 0; k < m; ++k)
       if (k != 2 && row[k] != meta[k])
-        TORCH_CHECK(false, "strata backend: sparse allreduce needs the same sizes, sparse and dense dims on every rank; "
-                    "rank ", r, " differs from rank ", c.rank());
+        TORCH_CHECK(false,
+                    "strata backend: sparse allreduce needs the same sizes, sparse and dense dims on every rank; "
+                    "rank ",
+                    r, " differs from rank ", c.rank());
     nnz[r] = row[2];
   }
   const int64_t total = std::accumulate(nnz.begin(), nnz.end(), int64_t{0});

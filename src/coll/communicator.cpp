@@ -271,9 +271,8 @@ Status do_recv_any(CommImpl& c, const Op& op, int* source) {
   };
   Status st = transport::wait_until(ready, c.policy(d), "recv from any source");
   if (!st.is_ok()) {
-    Status full(st.code(),
-                st.message() + " on rank " + std::to_string(c.rank) + " waiting for a send with tag " +
-                    std::to_string(op.tag) + " from any rank");
+    Status full(st.code(), st.message() + " on rank " + std::to_string(c.rank) + " waiting for a send with tag " +
+                               std::to_string(op.tag) + " from any rank");
     if (st.code() != Code::Timeout) c.set_broken(full);
     return full;
   }

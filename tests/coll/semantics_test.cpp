@@ -350,7 +350,9 @@ TEST(Bitwise, AndOrXorOnEveryPath) {
     // 10 elements go inline, 100000 through the two-shot pattern.
     for (size_t count : {size_t{10}, size_t{100000}}) {
       for (ReduceOp op : {ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor}) {
-        auto value = [&](int r, size_t i) { return static_cast<uint32_t>((i * 2654435761u) ^ (0x9e3779b9u * (r + 1))); };
+        auto value = [&](int r, size_t i) {
+          return static_cast<uint32_t>((i * 2654435761u) ^ (0x9e3779b9u * (r + 1)));
+        };
         std::vector<uint32_t> v(count);
         for (size_t i = 0; i < count; ++i) v[i] = value(c.rank(), i);
         c.all_reduce(v, op);
@@ -393,8 +395,9 @@ TEST(PointToPoint, RecvAnyReportsSenderKeepsOrderAndMatchesTags) {
     std::vector<int32_t> m(2);
     auto take = [&](int tag) {
       const int src = c.recv_any(m, tag);
-      if (m[0] != src) throw std::runtime_error("recv_any reported rank " + std::to_string(src) + " for a message of " +
-                                                std::to_string(m[0]));
+      if (m[0] != src)
+        throw std::runtime_error("recv_any reported rank " + std::to_string(src) + " for a message of " +
+                                 std::to_string(m[0]));
       if (tag == 1 && m[1] != next[src]++)
         throw std::runtime_error("messages of rank " + std::to_string(src) + " out of order");
       return src;

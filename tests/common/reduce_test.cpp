@@ -32,7 +32,7 @@ namespace {
 constexpr DataType kAllDtypes[] = {DataType::Int8,    DataType::UInt8,  DataType::Int32,   DataType::UInt32,
                                    DataType::Int64,   DataType::UInt64, DataType::Float16, DataType::BFloat16,
                                    DataType::Float32, DataType::Float64};
-constexpr ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min,  ReduceOp::Max,
+constexpr ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max,
                                 ReduceOp::Avg, ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor};
 constexpr int kSourceCounts[] = {1, 2, 3, 8};
 constexpr size_t kCounts[] = {0, 1, 7, 15, 16, 17, 63, 64, 65, 1000, 4099};
@@ -98,7 +98,7 @@ A ref_op(ReduceOp op, A acc, A x) {
       case ReduceOp::Prod: return acc * x;
       case ReduceOp::Min: return x < acc ? x : acc;  // std::min(acc, x)
       case ReduceOp::Max: return acc < x ? x : acc;  // std::max(acc, x)
-      default: break;                                 // bitwise: integers only
+      default: break;                                // bitwise: integers only
     }
   }
   return acc;
