@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -431,6 +432,26 @@ TEST(PointToPoint, RecvAnyCountMismatchNamesBoth) {
     }
   }));
   EXPECT_EQ(ok.load(), 2);
+}
+
+TEST(PointToPoint, RecvAnyAcrossHostsIsRefused) {
+  std::unique_ptr<Team> team;
+  try {
+    team = std::make_unique<Team>(std::vector<std::string>{"any-a", "any-b"}, 5000ms);
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << "no transport between hosts in this build: " << e.what();
+  }
+  std::atomic<int> refused{0};
+  expect_no_failures(team->run([&](Communicator& c) {
+    std::vector<float> v(4);
+    try {
+      c.recv_any(v, 0);
+    } catch (const Error& e) {
+      if (e.code() == Code::InvalidArgument && std::string(e.what()).find("name the source rank") != std::string::npos)
+        ++refused;
+    }
+  }));
+  EXPECT_EQ(refused.load(), 2);
 }
 
 TEST(Symmetric, SameOffsetsEverywhere) {
