@@ -453,6 +453,14 @@ py::object recv(PyComm& self, py::handle a, int peer, int tag, bool async, py::h
   });
 }
 
+int recv_any(PyComm& self, py::handle a, int tag, py::handle timeout) {
+  Communicator& c = self.comm();
+  ArrayView v = view_of(a, "recv_any: a", true);
+  CollOptions opts = make_opts(timeout, py::none());
+  py::gil_scoped_release nogil;  // v.obj keeps the array alive meanwhile
+  return c.recv_any(v.data, v.count, v.dtype, tag, opts);
+}
+
 }  // namespace
 
 void bind_collectives(CommClass& comm) {
@@ -497,7 +505,9 @@ void bind_collectives(CommClass& comm) {
            py::arg("timeout") = py::none(),
            "Sends `a` to `peer` (completes when the peer has received it; use async_op for overlapping sends).")
       .def("recv", &recv, py::arg("a"), py::arg("peer"), py::arg("tag") = 0, py::kw_only(), py::arg("async_op") = false,
-           py::arg("timeout") = py::none(), "Receives into `a` from `peer`; returns a.");
+           py::arg("timeout") = py::none(), "Receives into `a` from `peer`; returns a.")
+      .def("recv_any", &recv_any, py::arg("a"), py::arg("tag") = 0, py::kw_only(), py::arg("timeout") = py::none(),
+           "Receives into `a` the oldest message with `tag` from any rank of this host; returns the sender's rank.");
 }
 
 }  // namespace strata::python

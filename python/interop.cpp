@@ -128,9 +128,12 @@ ReduceOp parse_op(py::handle spec) {
     if (s == "min") return ReduceOp::Min;
     if (s == "max") return ReduceOp::Max;
     if (s == "avg" || s == "mean") return ReduceOp::Avg;
+    if (s == "band") return ReduceOp::BAnd;
+    if (s == "bor") return ReduceOp::BOr;
+    if (s == "bxor") return ReduceOp::BXor;
   }
   invalid("unknown reduction op " + py::repr(spec).cast<std::string>() +
-          " (use 'sum', 'prod', 'min', 'max', 'avg' or strata.ReduceOp)");
+          " (use 'sum', 'prod', 'min', 'max', 'avg', 'band', 'bor', 'bxor' or strata.ReduceOp)");
 }
 
 // ---- arrays --------------------------------------------------------------------------------

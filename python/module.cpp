@@ -29,7 +29,10 @@ PYBIND11_MODULE(_strata, m) {
       .value("PROD", ReduceOp::Prod)
       .value("MIN", ReduceOp::Min)
       .value("MAX", ReduceOp::Max)
-      .value("AVG", ReduceOp::Avg);
+      .value("AVG", ReduceOp::Avg)
+      .value("BAND", ReduceOp::BAnd)
+      .value("BOR", ReduceOp::BOr)
+      .value("BXOR", ReduceOp::BXor);
   py::enum_<Algorithm>(m, "Algorithm")
       .value("AUTO", Algorithm::Auto)
       .value("ONE_SHOT", Algorithm::OneShot)

@@ -25,12 +25,15 @@
 
 #include <strata/strata.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <string>
 #include <thread>
 
 namespace strata::torch_backend {
@@ -60,9 +63,13 @@ ReduceOp reduce_op(const c10d::ReduceOp& op, const char* call) {
     case c10d::ReduceOp::PRODUCT: return ReduceOp::Prod;
     case c10d::ReduceOp::MIN: return ReduceOp::Min;
     case c10d::ReduceOp::MAX: return ReduceOp::Max;
+    case c10d::ReduceOp::BAND: return ReduceOp::BAnd;
+    case c10d::ReduceOp::BOR: return ReduceOp::BOr;
+    case c10d::ReduceOp::BXOR: return ReduceOp::BXor;
     default:
       TORCH_CHECK(false, "strata backend: ", call,
-                  " supports ReduceOp SUM, AVG, PRODUCT, MIN and MAX (bitwise and PREMUL_SUM ops are not supported)");
+                  " supports ReduceOp SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR and BXOR (not PREMUL_SUM, which gloo "
+                  "refuses too)");
   }
 }
 
@@ -163,8 +170,16 @@ class StrataWork : public c10d::Work {
   bool isCompleted() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override { return outputs_; }
+  /// The sender of a receive (dist.recv without src reports it); set by the body.
+  int sourceRank() const override {
+    TORCH_CHECK(source_ && *source_ >= 0, "strata backend: sourceRank() is known only for a completed receive");
+    return *source_;
+  }
+  /// Where the body of a receive writes its sender.
+  void track_source(std::shared_ptr<std::atomic<int>> s) { source_ = std::move(s); }
 
  private:
+  std::shared_ptr<std::atomic<int>> source_;
   std::vector<at::Tensor> outputs_;
   std::function<void()> body_;
   // Weak: the executor's thread may drop the last reference to a work, and must never be
@@ -368,6 +383,97 @@ class SendWork : public c10d::Work {
   std::atomic<bool> done_{false};
 };
 
+// ---- monitored barrier and sparse all_reduce ------------------------------------------------
+
+/// Tag of the monitored barrier's messages: torch users' tags are not negative.
+constexpr int kMonitoredBarrierTag = -0x4d42;
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+/// gloo's monitored barrier over point-to-point messages (see monitoredBarrier).
+void monitored_barrier(Communicator& c, int rank, int size, std::chrono::milliseconds timeout, bool wait_all) {
+  using Clock = std::chrono::steady_clock;
+  uint8_t token = 0;
+  CollOptions o;
+  o.timeout = timeout;
+  if (rank != 0) {
+    try {
+      c.send(&token, 1, DataType::UInt8, 0, kMonitoredBarrierTag, o);
+      c.recv(&token, 1, DataType::UInt8, 0, kMonitoredBarrierTag, o);
+    } catch (const Error& e) {
+      TORCH_CHECK(false, "strata backend: rank ", rank, " was not released from monitoredBarrier by rank 0 within ",
+                  timeout.count(), " ms: ", e.what());
+    }
+    return;
+  }
+  const auto end = Clock::now() + timeout;
+  std::vector<int> failed;
+  for (int r = 1; r < size; ++r) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
+    o.timeout = std::max(left, std::chrono::milliseconds(1));
+    try {
+      c.recv(&token, 1, DataType::UInt8, r, kMonitoredBarrierTag, o);
+    } catch (const Error& e) {
+      if (e.code() != Code::Timeout && e.code() != Code::PeerFailed) throw;
+      failed.push_back(r);
+      if (!wait_all) break;
+    }
+  }
+  // gloo's wording: "Ranks" whenever every missing rank is named.
+  TORCH_CHECK(failed.empty(), "[Rank 0]: ", wait_all ? "Ranks " : "Rank ", rank_list(failed),
+              " failed to pass monitoredBarrier in ", timeout.count(), " ms");
+  o.timeout = timeout;
+  std::vector<strata::Work> releases;
+  for (int r = 1; r < size; ++r)
+    releases.push_back(c.send_async(&token, 1, DataType::UInt8, r, kMonitoredBarrierTag, o));
+  for (auto& w : releases) w.wait();
+}
+
+/// Sum of every rank's sparse COO tensor, coalesced, as gloo computes it: every rank gathers
+/// every rank's indices and values (all_gather_v) and coalesces their union.
+at::Tensor sparse_all_reduce_sum(Communicator& c, const at::Tensor& input, const CollOptions& o) {
+  const int n = c.size();
+  at::Tensor in = input.coalesce();
+  const int64_t sparse_dim = in.sparse_dim(), dense_dim = in.dense_dim();
+  // Shape agreement first: [sparse_dim, dense_dim, nnz, sizes...] from every rank.
+  std::vector<int64_t> meta = {sparse_dim, dense_dim, in._nnz()};
+  for (auto d : in.sizes()) meta.push_back(d);
+  const size_t m = meta.size();
+  std::vector<int64_t> all(m * static_cast<size_t>(n));
+  c.all_gather(meta.data(), all.data(), m, DataType::Int64, o);
+  std::vector<int64_t> nnz(n);
+  for (int r = 0; r < n; ++r) {
+    const int64_t* row = all.data() + static_cast<size_t>(r) * m;
+    for (size_t k = 0; k < m; ++k)
+      if (k != 2 && row[k] != meta[k])
+        TORCH_CHECK(false,
+                    "strata backend: sparse allreduce needs the same sizes, sparse and dense dims on every rank; "
+                    "rank ",
+                    r, " differs from rank ", c.rank());
+    nnz[r] = row[2];
+  }
+  const int64_t total = std::accumulate(nnz.begin(), nnz.end(), int64_t{0});
+  // Indices are [sparse_dim, nnz]: gathered as [nnz, sparse_dim] rows, one block per rank.
+  at::Tensor idx = in._indices().t().contiguous();
+  at::Tensor all_idx = at::empty({total, sparse_dim}, idx.options());
+  std::vector<size_t> counts(n);
+  for (int r = 0; r < n; ++r) counts[r] = static_cast<size_t>(nnz[r] * sparse_dim);
+  c.all_gather_v(idx.data_ptr(), all_idx.data_ptr(), counts.data(), DataType::Int64, o);
+  at::Tensor vals = in._values().contiguous();
+  std::vector<int64_t> vshape = vals.sizes().vec();
+  vshape[0] = total;
+  at::Tensor all_vals = at::empty(vshape, vals.options());
+  int64_t row_elems = 1;
+  for (size_t k = 1; k < vshape.size(); ++k) row_elems *= vshape[k];
+  for (int r = 0; r < n; ++r) counts[r] = static_cast<size_t>(nnz[r] * row_elems) * vals.element_size();
+  c.all_gather_v(vals.data_ptr(), all_vals.data_ptr(), counts.data(), DataType::UInt8, o);
+  return at::sparse_coo_tensor(all_idx.t(), all_vals, in.sizes(), in.options()).coalesce();
+}
+
 // ---- the process group ---------------------------------------------------------------------
 
 class ProcessGroupStrata : public c10d::ProcessGroup {
@@ -396,12 +502,25 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
+    if (tensors.size() == 1 && tensors[0].layout() == at::kSparse) return sparse_allreduce(tensors[0], opts);
     at::Tensor t = single(tensors, "allreduce");
     DataType dt = reduce_type(t, "allreduce");
     ReduceOp op = reduce_op(opts.reduceOp, "allreduce");
     auto o = coll_options(opts.timeout);
     return submit(c10d::OpType::ALLREDUCE, "strata:all_reduce", {t}, [c = comm_, t, dt, op, o]() mutable {
       c.all_reduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), dt, op, o);
+    });
+  }
+
+  /// Sparse COO all_reduce: SUM only, like gloo; the result replaces the tensor's contents.
+  c10::intrusive_ptr<c10d::Work> sparse_allreduce(at::Tensor& t, const c10d::AllreduceOptions& opts) {
+    TORCH_CHECK(t.device().is_cpu(), "strata backend: allreduce needs CPU tensors, got one on ", t.device());
+    TORCH_CHECK(opts.reduceOp == c10d::ReduceOp::SUM,
+                "strata backend: sparse allreduce supports ReduceOp SUM only (as gloo)");
+    auto o = coll_options(opts.timeout);
+    return submit(c10d::OpType::ALLREDUCE, "strata:sparse_all_reduce", {t}, [c = comm_, t, o]() mutable {
+      at::Tensor sum = sparse_all_reduce_sum(c, t, o);
+      t.copy_(sum);
     });
   }
 
@@ -685,12 +804,38 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
     at::Tensor t = single(tensors, "recv");
-    return submit(c10d::OpType::RECV, "strata:recv", {t},
-                  [c = comm_, t, src, tag]() mutable { c.recv(t.data_ptr(), nbytes(t), DataType::UInt8, src, tag); });
+    auto source = std::make_shared<std::atomic<int>>(-1);
+    auto w = make_work(c10d::OpType::RECV, "strata:recv", {t}, [c = comm_, t, src, tag, source]() mutable {
+      c.recv(t.data_ptr(), nbytes(t), DataType::UInt8, src, tag);
+      source->store(src);
+    });
+    w->track_source(source);
+    exec_->enqueue(w);
+    return w;
   }
 
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
-    TORCH_CHECK(false, "strata backend: recv from any source is not supported; name the source rank");
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    at::Tensor t = single(tensors, "recv");
+    auto source = std::make_shared<std::atomic<int>>(-1);
+    auto w = make_work(c10d::OpType::RECVANYSOURCE, "strata:recv_any", {t}, [c = comm_, t, tag, source]() mutable {
+      source->store(c.recv_any(t.data_ptr(), nbytes(t), DataType::UInt8, tag));
+    });
+    w->track_source(source);
+    exec_->enqueue(w);
+    return w;
+  }
+
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override {
+    // gloo's protocol: every other rank reports to rank 0 and waits for its release; rank 0
+    // names the ranks that did not report within the timeout (the first, or all of them with
+    // waitAllRanks). In the queue like any operation, so that it keeps its place in order.
+    const auto timeout = opts.timeout.count() > 0 ? opts.timeout : comm_.timeout();
+    auto w = make_work(c10d::OpType::BARRIER, "strata:monitored_barrier", {},
+                       [c = comm_, timeout, waitAllRanks, rank = rank_, size = size_]() mutable {
+                         monitored_barrier(c, rank, size, timeout, waitAllRanks);
+                       });
+    exec_->enqueue(w);
+    w->wait(std::chrono::milliseconds(0));  // 0: no time limit (the body has its own)
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
@@ -699,9 +844,13 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
   }
 
  private:
+  c10::intrusive_ptr<StrataWork> make_work(c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
+                                           std::function<void()> body) {
+    return c10::make_intrusive<StrataWork>(rank_, type, title, std::move(outputs), std::move(body), exec_);
+  }
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
                                         std::function<void()> body) {
-    auto w = c10::make_intrusive<StrataWork>(rank_, type, title, std::move(outputs), std::move(body), exec_);
+    auto w = make_work(type, title, std::move(outputs), std::move(body));
     exec_->enqueue(w);
     return w;
   }

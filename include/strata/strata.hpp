@@ -272,6 +272,12 @@ class Communicator {
   void recv(void* buf, size_t count, DataType dt, int peer, int tag = 0, const CollOptions& o = {});
   /// Nonblocking twin of recv(): returns a Work at once; the copy engine runs the operation.
   Work recv_async(void* buf, size_t count, DataType dt, int peer, int tag = 0, const CollOptions& o = {});
+  /// Receives the oldest message carrying `tag` that any rank sent to this one and returns
+  /// the sender's rank. Only each sender's oldest unreceived message is a candidate, so one
+  /// sender's messages still arrive in the order it sent them; type and count must agree with
+  /// the message taken. Ranks of one host only: a communicator that spans hosts refuses it
+  /// (InvalidArgument).
+  int recv_any(void* buf, size_t count, DataType dt, int tag = 0, const CollOptions& o = {});
 
   // ---- collectives, typed (any contiguous range: Buffer<T>, std::vector<T>, std::span<T>) ----
   /// Typed all_reduce over any contiguous range; element type gives the DataType.
@@ -386,6 +392,11 @@ class Communicator {
   template <detail::Contiguous R>
   Work recv_async(R&& buf, int peer, int tag = 0, const CollOptions& o = {}) {
     return recv_async(buf.data(), buf.size(), dtype_of_v<detail::elem_t<R>>, peer, tag, o);
+  }
+  /// Typed recv_any over any contiguous range; returns the sender's rank.
+  template <detail::Contiguous R>
+  int recv_any(R&& buf, int tag = 0, const CollOptions& o = {}) {
+    return recv_any(buf.data(), buf.size(), dtype_of_v<detail::elem_t<R>>, tag, o);
   }
 
   // ---- groups and lifetime -----------------------------------------------------------------

@@ -11,8 +11,13 @@ namespace strata {
 /// Element type of a buffer taking part in a collective.
 enum class DataType : uint8_t { Int8, UInt8, Int32, UInt32, Int64, UInt64, Float16, BFloat16, Float32, Float64 };
 
-/// Reduction operator. Avg is defined for floating types only.
-enum class ReduceOp : uint8_t { Sum, Prod, Min, Max, Avg };
+/// Reduction operator. Avg is defined for floating types only; the bitwise BAnd, BOr and
+/// BXor for integer types only.
+enum class ReduceOp : uint8_t { Sum, Prod, Min, Max, Avg, BAnd, BOr, BXor };
+/// True for BAnd, BOr, BXor.
+inline constexpr bool is_bitwise(ReduceOp op) {
+  return op == ReduceOp::BAnd || op == ReduceOp::BOr || op == ReduceOp::BXor;
+}
 
 /// Error codes; each tells the caller how to recover.
 /// InvalidArgument: fix the call. Timeout: a peer was too slow or is stopped.

@@ -61,7 +61,7 @@ __all__ = [
     "init", "world", "Communicator", "Work", "Registration", "StoreServer", "ReduceOp", "Algorithm", "Code",
     "Error", "InvalidArgument", "Timeout", "PeerFailed", "Aborted", "Unavailable", "Internal",
     "dtype_size", "dtype_name", "torch_communicator", "torch_backend_status", "torch_heap_allocator",
-    "torch_heap_tensors", "State", "RecoveryReport", "recovery_run", "is_replacement", "mark_failure",
+    "torch_heap_tensors", "torch_monitored_barrier", "State", "RecoveryReport", "recovery_run", "is_replacement", "mark_failure",
     "last_recovery", "now_ns",
 ]
 
@@ -143,6 +143,15 @@ def torch_heap_tensors(comm=None):
     """Context manager: torch_heap_allocator() inside the block, torch's allocator after it."""
     from . import _torch
     return _torch.heap_tensors(comm)
+
+
+def torch_monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """torch.distributed.monitored_barrier for groups of any backend, "strata" included: torch
+    1.13's own function refuses every backend but gloo by name, although the process group
+    call behind it is the backend's. Rank 0 raises naming the ranks that did not arrive
+    within `timeout` (a timedelta or seconds; default: the group's timeout)."""
+    from . import _torch
+    return _torch.monitored_barrier(group, timeout, wait_all_ranks)
 
 
 def torch_backend_status():

@@ -172,6 +172,7 @@ def _create_process_group(opts, pg_options=None):
         comm = _strata.init(rank=rank, size=size, store=address, token=token, job_id=job_id, timeout=timeout)
     pg = _strata_torch.ProcessGroupStrata(comm._capsule(), rank, size, grace_us=100)
     pg._strata_comm = comm
+    pg._strata_timeout = opts.timeout
     return pg
 
 
@@ -198,6 +199,19 @@ def communicator(group=None):
     if comm is None:
         raise InvalidArgument(f"process group {pg!r} does not use the strata backend")
     return comm
+
+
+def monitored_barrier(group, timeout, wait_all_ranks):
+    """See strata.torch_monitored_barrier."""
+    c10d = dist.distributed_c10d
+    if c10d._rank_not_in_group(group):
+        return None
+    pg = group if group is not None else c10d._get_default_group()
+    if timeout is None:
+        timeout = getattr(pg, "_strata_timeout", None) or dist.default_pg_timeout
+    elif not isinstance(timeout, datetime.timedelta):
+        timeout = datetime.timedelta(seconds=float(timeout))
+    return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
 _fork_guard = False

@@ -172,6 +172,7 @@ double reduced(ReduceOp op, int n, size_t i) {
       case ReduceOp::Prod: acc *= v; break;
       case ReduceOp::Min: acc = std::min(acc, v); break;
       case ReduceOp::Max: acc = std::max(acc, v); break;
+      default: break;  // the bench offers sum..avg only (kOpNames)
     }
   }
   return op == ReduceOp::Avg ? acc / n : acc;

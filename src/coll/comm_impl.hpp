@@ -61,6 +61,7 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   uint32_t phase = 0;              // sync steps published
   std::vector<uint32_t> send_seq;  // per peer
   std::vector<uint32_t> recv_seq;  // per peer
+  int any_source_next = 0;         // where a receive from any rank starts its scan
   int split_count = 0;
 
   // ---- failure and wait policy: failures are sticky; every wait polls the abort flag -------

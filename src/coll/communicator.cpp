@@ -86,9 +86,13 @@ Status usable(const CommImpl& c) {
 
 // ---- point to point ------------------------------------------------------------------------
 
+/// The peer of a receive from any rank (Communicator::recv_any).
+constexpr int kAnySource = -1;
+
 Status check_p2p(const CommImpl& c, const Op& op, const char* name) {
   STRATA_RETURN_IF_ERROR(usable(c));
-  if (op.peer < 0 || op.peer >= c.size)
+  const bool any = op.kind == OpKind::Recv && op.peer == kAnySource;
+  if (!any && (op.peer < 0 || op.peer >= c.size))
     return invalid_argument(std::string(name) + ": peer " + std::to_string(op.peer) +
                             " is out of range for a communicator of " + std::to_string(c.size) + " ranks");
   if (static_cast<unsigned>(op.dtype) > static_cast<unsigned>(DataType::Float64))
@@ -198,21 +202,10 @@ Result<std::shared_ptr<WorkState>> post_send(CommImpl& c, const Op& op) {
   return w;
 }
 
-Status do_recv(CommImpl& c, const Op& op) {
-  STRATA_RETURN_IF_ERROR(c.broken());
-  const int peer = op.peer;
-  auto d = Deadline::after(op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout);
-  uint32_t r = ++c.recv_seq[peer];
+/// Takes message `r` from `peer`, already posted: checks it against the receive, copies it,
+/// and acknowledges it (a mismatch is acknowledged too, so that the sender completes).
+Status take_message(CommImpl& c, const Op& op, int peer, uint32_t r, Deadline d) {
   const CtrlView& sv = c.peers[peer];
-  Status st = transport::wait_reached(sv.send_posted(c.rank), r, c.policy(d), "recv");
-  if (!st.is_ok()) {
-    Status full(
-        st.code(),
-        st.message() + " on rank " + std::to_string(c.rank) + " waiting for a send from rank " + std::to_string(peer),
-        peer);
-    if (st.code() != Code::Timeout) c.set_broken(full);
-    return full;
-  }
   P2pSlot sl = sv.slot(c.rank, r);
   if (sl.tag != op.tag || sl.dtype != static_cast<uint8_t>(op.dtype) || sl.count != op.count) {
     c.self.recv_error(peer).store(r, std::memory_order_release);
@@ -234,6 +227,58 @@ Status do_recv(CommImpl& c, const Op& op) {
   transport::publish(c.self.recv_done(peer), r);
   c.ops.fetch_add(1, std::memory_order_relaxed);
   return Status::ok();
+}
+
+Status do_recv(CommImpl& c, const Op& op) {
+  STRATA_RETURN_IF_ERROR(c.broken());
+  const int peer = op.peer;
+  auto d = Deadline::after(op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout);
+  uint32_t r = ++c.recv_seq[peer];
+  const CtrlView& sv = c.peers[peer];
+  Status st = transport::wait_reached(sv.send_posted(c.rank), r, c.policy(d), "recv");
+  if (!st.is_ok()) {
+    Status full(
+        st.code(),
+        st.message() + " on rank " + std::to_string(c.rank) + " waiting for a send from rank " + std::to_string(peer),
+        peer);
+    if (st.code() != Code::Timeout) c.set_broken(full);
+    return full;
+  }
+  return take_message(c, op, peer, r, d);
+}
+
+/// A receive from any rank: the first rank whose oldest unreceived message carries the
+/// receive's tag. Only each sender's oldest message is a candidate, so every sender's
+/// messages are still received in the order it sent them. Ranks are scanned from the one
+/// after the last match, so a busy sender cannot starve the others.
+Status do_recv_any(CommImpl& c, const Op& op, int* source) {
+  STRATA_RETURN_IF_ERROR(c.broken());
+  if (c.net)
+    return invalid_argument("recv from any source works among the ranks of one host; this communicator spans " +
+                            std::to_string(c.host_members.size()) + " hosts: name the source rank");
+  auto d = Deadline::after(op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout);
+  int found = -1;
+  auto ready = [&] {
+    for (int i = 0; i < c.size; ++i) {
+      const int p = (c.any_source_next + i) % c.size;
+      const uint32_t r = c.recv_seq[p] + 1;
+      if (!transport::reached(c.peers[p].send_posted(c.rank).value.load(std::memory_order_acquire), r)) continue;
+      if (c.peers[p].slot(c.rank, r).tag != op.tag) continue;
+      found = p;
+      return true;
+    }
+    return false;
+  };
+  Status st = transport::wait_until(ready, c.policy(d), "recv from any source");
+  if (!st.is_ok()) {
+    Status full(st.code(), st.message() + " on rank " + std::to_string(c.rank) + " waiting for a send with tag " +
+                               std::to_string(op.tag) + " from any rank");
+    if (st.code() != Code::Timeout) c.set_broken(full);
+    return full;
+  }
+  c.any_source_next = (found + 1) % c.size;
+  *source = found;
+  return take_message(c, op, found, ++c.recv_seq[found], d);
 }
 
 }  // namespace
@@ -592,9 +637,23 @@ Work Communicator::send_async(const void* buf, size_t count, DataType dt, int pe
 }
 
 void Communicator::recv(void* buf, size_t count, DataType dt, int peer, int tag, const CollOptions& o) {
+  if (peer == detail::kAnySource)
+    throw Error(Code::InvalidArgument, "recv: peer -1 is out of range; recv_any() receives from any rank",
+                need_impl(impl_).rank);
   run_blocking(impl_, p2p_op(OpKind::Recv, nullptr, buf, count, dt, peer, tag, o));
 }
+int Communicator::recv_any(void* buf, size_t count, DataType dt, int tag, const CollOptions& o) {
+  auto& c = need_impl(impl_);
+  Op op = p2p_op(OpKind::Recv, nullptr, buf, count, dt, detail::kAnySource, tag, o);
+  throw_if_error(detail::check_p2p(c, op, "recv_any"), c.rank);
+  int source = -1;
+  throw_if_error(detail::execute(c, [&] { return detail::do_recv_any(c, op, &source); }), c.rank);
+  return source;
+}
 Work Communicator::recv_async(void* buf, size_t count, DataType dt, int peer, int tag, const CollOptions& o) {
+  if (peer == detail::kAnySource)
+    throw Error(Code::InvalidArgument, "recv_async: peer -1 is out of range; recv_any() receives from any rank",
+                need_impl(impl_).rank);
   return run_async(impl_, p2p_op(OpKind::Recv, nullptr, buf, count, dt, peer, tag, o));
 }
 

@@ -57,10 +57,13 @@ Status validate(const CommImpl& c, const Op& op) {
   if (static_cast<unsigned>(op.dtype) > static_cast<unsigned>(DataType::Float64))
     return invalid_argument(str(": invalid dtype ", std::to_string(static_cast<int>(op.dtype))));
   if (reducing(op.kind)) {
-    if (static_cast<unsigned>(op.rop) > static_cast<unsigned>(ReduceOp::Avg))
+    if (static_cast<unsigned>(op.rop) > static_cast<unsigned>(ReduceOp::BXor))
       return invalid_argument(str(": invalid reduce op ", std::to_string(static_cast<int>(op.rop))));
     if (op.rop == ReduceOp::Avg && !is_floating(op.dtype))
       return invalid_argument(str(": op avg is defined for floating types only, not ", to_string(op.dtype)));
+    if (is_bitwise(op.rop) && is_floating(op.dtype))
+      return invalid_argument(
+          str(": op ", to_string(op.rop), " is defined for integer types only, not ", to_string(op.dtype)));
   }
   if (rooted(op.kind) && (op.root < 0 || op.root >= n))
     return invalid_argument(str(": root ", std::to_string(op.root), " is out of range for a communicator of ",

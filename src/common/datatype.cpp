@@ -42,6 +42,9 @@ const char* to_string(ReduceOp op) {
     case ReduceOp::Min: return "min";
     case ReduceOp::Max: return "max";
     case ReduceOp::Avg: return "avg";
+    case ReduceOp::BAnd: return "band";
+    case ReduceOp::BOr: return "bor";
+    case ReduceOp::BXor: return "bxor";
   }
   return "unknown";
 }

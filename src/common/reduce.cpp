@@ -9,6 +9,7 @@
 //   their payload with the quiet bit set), subnormals are kept.
 // - min/max follow std::min(acc, x) / std::max(acc, x): a NaN already in the accumulator
 //   stays, a NaN arriving later is ignored; with equal values (-0 vs +0) the accumulator wins.
+// - Bitwise and/or/xor (integers only) have scalar loops that the compiler vectorises.
 // - Integers wrap (two's complement). Avg is meant for floating types (the API rejects it
 //   for integers); here an integer Avg is the wrapped sum divided by avg_divisor, truncated.
 // - dst may alias a source exactly: each block of every source is read before dst is written.
@@ -80,6 +81,9 @@ inline A combine(A acc, A x) {
       using W = std::common_type_t<U, unsigned>;
       return static_cast<A>(U(W(U(acc)) * W(U(x))));
     }
+    if constexpr (kOp == ReduceOp::BAnd) return static_cast<A>(acc & x);
+    if constexpr (kOp == ReduceOp::BOr) return static_cast<A>(acc | x);
+    if constexpr (kOp == ReduceOp::BXor) return static_cast<A>(acc ^ x);
   } else {
     if constexpr (kOp == ReduceOp::Sum || kOp == ReduceOp::Avg) return acc + x;
     if constexpr (kOp == ReduceOp::Prod) return acc * x;
@@ -128,6 +132,17 @@ void reduce_typed(ReduceOp op, T* dst, const T* const* srcs, int n, size_t count
     case ReduceOp::Min: return run<T, ReduceOp::Min>(dst, srcs, n, count, divisor);
     case ReduceOp::Max: return run<T, ReduceOp::Max>(dst, srcs, n, count, divisor);
     case ReduceOp::Avg: return run<T, ReduceOp::Avg>(dst, srcs, n, count, divisor);
+    case ReduceOp::BAnd:
+    case ReduceOp::BOr:
+    case ReduceOp::BXor:
+      // Integers only (validate refuses them on floating types); the compiler vectorises
+      // these loops itself, so they have no hand-written SIMD twins.
+      if constexpr (std::is_integral_v<T>) {
+        if (op == ReduceOp::BAnd) return run<T, ReduceOp::BAnd>(dst, srcs, n, count, divisor);
+        if (op == ReduceOp::BOr) return run<T, ReduceOp::BOr>(dst, srcs, n, count, divisor);
+        return run<T, ReduceOp::BXor>(dst, srcs, n, count, divisor);
+      }
+      return;
   }
 }
 
@@ -394,6 +409,9 @@ STRATA_AVX2 void reduce_typed(ReduceOp op, T* dst, const T* const* srcs, int n, 
     case ReduceOp::Avg:
       if constexpr (std::is_integral_v<T>) return scalar::run<T, ReduceOp::Avg>(dst, srcs, n, count, divisor);
       else return run<T, ReduceOp::Avg>(dst, srcs, n, count, divisor);
+    case ReduceOp::BAnd:
+    case ReduceOp::BOr:
+    case ReduceOp::BXor: return scalar::reduce_typed<T>(op, dst, srcs, n, count, divisor);
   }
 }
 
@@ -662,6 +680,9 @@ STRATA_AVX512 void reduce_with(ReduceOp op, T* dst, const T* const* srcs, int n,
     case ReduceOp::Avg:
       if constexpr (std::is_integral_v<T>) return scalar::run<T, ReduceOp::Avg>(dst, srcs, n, count, divisor);
       else return run<W, T, ReduceOp::Avg>(dst, srcs, n, count, divisor);
+    case ReduceOp::BAnd:
+    case ReduceOp::BOr:
+    case ReduceOp::BXor: return scalar::reduce_typed<T>(op, dst, srcs, n, count, divisor);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -83,6 +84,37 @@ Status wait_reached(const Signal& s, uint32_t target, const WaitPolicy& policy, 
     v = s.value.load(std::memory_order_seq_cst);
     if (!reached(v, target)) futex_wait(&s.value, v, 1000000L /* 1 ms: bounds abort/deadline latency */);
     sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+Status wait_until(const std::function<bool()>& ready, const WaitPolicy& policy, const char* what) {
+  if (ready()) return Status::ok();
+  using Clock = std::chrono::steady_clock;
+  const auto spin_until = Clock::now() + std::chrono::microseconds(policy.spin_us);
+  const auto yield_until = spin_until + std::chrono::microseconds(policy.yield_us);
+  while (Clock::now() < spin_until) {
+    for (int i = 0; i < 16; ++i) STRATA_CPU_RELAX();
+    if (ready()) return Status::ok();
+  }
+  while (Clock::now() < yield_until) {
+    sched_yield();
+    if (ready()) return Status::ok();
+  }
+  long nap_ns = 20000;
+  auto next_check = Clock::now();
+  for (;;) {
+    if (ready()) return Status::ok();
+    if (policy.abort && policy.abort->load(std::memory_order_relaxed))
+      return aborted(std::string(what) + ": communicator aborted");
+    if (policy.deadline.expired()) return timeout_error(std::string(what) + ": timed out");
+    if (policy.check && Clock::now() >= next_check) {
+      Status st = policy.check();
+      if (!st.is_ok()) return st;
+      next_check = Clock::now() + std::chrono::milliseconds(4);
+    }
+    timespec ts{0, nap_ns};
+    nanosleep(&ts, nullptr);
+    nap_ns = std::min(nap_ns * 2, 1000000L);  // 1 ms: bounds the latency once idle
   }
 }
 

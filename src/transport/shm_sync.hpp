@@ -52,4 +52,9 @@ void publish_spinning(Signal& s, uint32_t v);
 /// returned when the wait cannot complete. `what` names the wait in the error message.
 Status wait_reached(const Signal& s, uint32_t target, const WaitPolicy& policy, const char* what);
 
+/// Waits until `ready()` is true, for a condition over several signals (a receive from any
+/// rank): spins and yields like wait_reached, then polls in naps growing to 1 ms, since no
+/// single futex word announces the condition. Same errors as wait_reached.
+Status wait_until(const std::function<bool()>& ready, const WaitPolicy& policy, const char* what);
+
 }  // namespace strata::transport

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -216,6 +217,15 @@ TEST(InvalidArgument, BadCallsAreRejectedWithAMessage) {
         },
         "avg");
     expect_invalid(
+        "band on floats",
+        [&] {
+          std::vector<float> v(4);
+          c.all_reduce(v, ReduceOp::BAnd);
+        },
+        "integer types only");
+    expect_invalid(
+        "recv from -1", [&] { c.recv(buf, -1); }, "recv_any");
+    expect_invalid(
         "too small",
         [&] {
           std::vector<float> out(3);
@@ -334,6 +344,114 @@ TEST(PointToPoint, TagMismatchNamesBoth) {
     }
   }));
   EXPECT_EQ(ok.load(), 2);
+}
+
+TEST(Bitwise, AndOrXorOnEveryPath) {
+  expect_no_failures(Team::get(3).run([](Communicator& c) {
+    // 10 elements go inline, 100000 through the two-shot pattern.
+    for (size_t count : {size_t{10}, size_t{100000}}) {
+      for (ReduceOp op : {ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor}) {
+        auto value = [&](int r, size_t i) {
+          return static_cast<uint32_t>((i * 2654435761u) ^ (0x9e3779b9u * (r + 1)));
+        };
+        std::vector<uint32_t> v(count);
+        for (size_t i = 0; i < count; ++i) v[i] = value(c.rank(), i);
+        c.all_reduce(v, op);
+        for (size_t i = 0; i < count; ++i) {
+          uint32_t want = value(0, i);
+          for (int r = 1; r < c.size(); ++r) {
+            if (op == ReduceOp::BAnd) want &= value(r, i);
+            if (op == ReduceOp::BOr) want |= value(r, i);
+            if (op == ReduceOp::BXor) want ^= value(r, i);
+          }
+          if (v[i] != want)
+            throw std::runtime_error(std::string(to_string(op)) + " wrong at " + std::to_string(i) + " of " +
+                                     std::to_string(count));
+        }
+      }
+    }
+  }));
+}
+
+TEST(PointToPoint, RecvAnyReportsSenderKeepsOrderAndMatchesTags) {
+  expect_no_failures(on_fresh_team(4, 5000ms, [](Communicator& c) {
+    const int me = c.rank();
+    if (me != 0) {
+      // Rank 3's first message has tag 2: its tag-1 messages wait behind it.
+      std::vector<Work> sends;
+      std::vector<std::vector<int32_t>> msgs;
+      msgs.reserve(4);
+      if (me == 3) {
+        msgs.push_back({me, -1});
+        sends.push_back(c.send_async(msgs.back(), 0, 2));
+      }
+      for (int k = 0; k < 3; ++k) {
+        msgs.push_back({me, k});
+        sends.push_back(c.send_async(msgs.back(), 0, 1));
+      }
+      for (auto& w : sends) w.wait();
+      return;
+    }
+    std::vector<int> next(4, 0);
+    std::vector<int32_t> m(2);
+    auto take = [&](int tag) {
+      const int src = c.recv_any(m, tag);
+      if (m[0] != src)
+        throw std::runtime_error("recv_any reported rank " + std::to_string(src) + " for a message of " +
+                                 std::to_string(m[0]));
+      if (tag == 1 && m[1] != next[src]++)
+        throw std::runtime_error("messages of rank " + std::to_string(src) + " out of order");
+      return src;
+    };
+    for (int i = 0; i < 6; ++i)
+      if (take(1) == 3) throw std::runtime_error("a tag-1 message overtook rank 3's tag-2 message");
+    if (take(2) != 3 || m[1] != -1) throw std::runtime_error("tag 2 did not come from rank 3");
+    for (int i = 0; i < 3; ++i)
+      if (take(1) != 3) throw std::runtime_error("the last tag-1 messages are rank 3's");
+    // Nobody sends now: the wait ends with Timeout.
+    CollOptions quick;
+    quick.timeout = 200ms;
+    try {
+      c.recv_any(m, 1, quick);
+      throw std::runtime_error("recv_any with no sender returned");
+    } catch (const Error& e) {
+      if (e.code() != Code::Timeout) throw;
+    }
+  }));
+}
+
+TEST(PointToPoint, RecvAnyCountMismatchNamesBoth) {
+  std::atomic<int> ok{0};
+  expect_no_failures(on_fresh_team(2, 3000ms, [&](Communicator& c) {
+    std::vector<float> v(4), w(5);
+    try {
+      if (c.rank() == 1) c.send(v, 0, 3);
+      else c.recv_any(w, 3);
+    } catch (const Error& e) {
+      if (e.code() == Code::InvalidArgument && std::string(e.what()).find("mismatch") != std::string::npos) ++ok;
+    }
+  }));
+  EXPECT_EQ(ok.load(), 2);
+}
+
+TEST(PointToPoint, RecvAnyAcrossHostsIsRefused) {
+  std::unique_ptr<Team> team;
+  try {
+    team = std::make_unique<Team>(std::vector<std::string>{"any-a", "any-b"}, 5000ms);
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << "no transport between hosts in this build: " << e.what();
+  }
+  std::atomic<int> refused{0};
+  expect_no_failures(team->run([&](Communicator& c) {
+    std::vector<float> v(4);
+    try {
+      c.recv_any(v, 0);
+    } catch (const Error& e) {
+      if (e.code() == Code::InvalidArgument && std::string(e.what()).find("name the source rank") != std::string::npos)
+        ++refused;
+    }
+  }));
+  EXPECT_EQ(refused.load(), 2);
 }
 
 TEST(Symmetric, SameOffsetsEverywhere) {

@@ -32,7 +32,8 @@ namespace {
 constexpr DataType kAllDtypes[] = {DataType::Int8,    DataType::UInt8,  DataType::Int32,   DataType::UInt32,
                                    DataType::Int64,   DataType::UInt64, DataType::Float16, DataType::BFloat16,
                                    DataType::Float32, DataType::Float64};
-constexpr ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg};
+constexpr ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max,
+                                ReduceOp::Avg, ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor};
 constexpr int kSourceCounts[] = {1, 2, 3, 8};
 constexpr size_t kCounts[] = {0, 1, 7, 15, 16, 17, 63, 64, 65, 1000, 4099};
 
@@ -86,6 +87,9 @@ A ref_op(ReduceOp op, A acc, A x) {
       case ReduceOp::Prod: return static_cast<A>(a * b);
       case ReduceOp::Min: return x < acc ? x : acc;
       case ReduceOp::Max: return acc < x ? x : acc;
+      case ReduceOp::BAnd: return static_cast<A>(a & b);
+      case ReduceOp::BOr: return static_cast<A>(a | b);
+      case ReduceOp::BXor: return static_cast<A>(a ^ b);
     }
   } else {
     switch (op) {
@@ -94,6 +98,7 @@ A ref_op(ReduceOp op, A acc, A x) {
       case ReduceOp::Prod: return acc * x;
       case ReduceOp::Min: return x < acc ? x : acc;  // std::min(acc, x)
       case ReduceOp::Max: return acc < x ? x : acc;  // std::max(acc, x)
+      default: break;                                // bitwise: integers only
     }
   }
   return acc;
@@ -270,6 +275,7 @@ template <class T>
 void check_all_cases(Isa isa) {
   std::mt19937_64 rng(0x5eed0000u + static_cast<unsigned>(dtype_of_v<T>) * 16 + static_cast<unsigned>(isa));
   for (ReduceOp op : kAllOps) {
+    if (is_bitwise(op) && !std::is_integral_v<T>) continue;  // refused by validation
     for (int n : kSourceCounts) {
       for (size_t count : kCounts) {
         for (Alias alias : {Alias::None, Alias::First, Alias::Last}) {

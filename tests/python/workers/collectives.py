@@ -40,11 +40,14 @@ def reference(op, stack, dt):
         return stack.min(axis=0)
     if op == "max":
         return stack.max(axis=0)
+    if op in ("band", "bor", "bxor"):
+        f = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op]
+        return f.reduce(stack, axis=0).astype(dt)
     return (stack.astype(np.float64).sum(axis=0) / stack.shape[0]).astype(dt)  # avg
 
 
 def ops_for(dt):
-    return ["sum", "prod", "min", "max"] + (["avg"] if np.dtype(dt).kind == "f" else [])
+    return ["sum", "prod", "min", "max"] + (["avg"] if np.dtype(dt).kind == "f" else ["band", "bor", "bxor"])
 
 
 def rtol(op, dt):
