@@ -132,4 +132,4 @@ lint: configure
 	  xargs -0 -r -n 4 -P $$(nproc) $(CLANG_TIDY) -p $(BUILD_DIR) --quiet
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) build-pip python/strata.egg-info
