@@ -22,13 +22,13 @@ struct Env {
   // STRATA_LOCAL_SIZE | LOCAL_WORLD_SIZE | OMPI_COMM_WORLD_LOCAL_SIZE | MPI_LOCALNRANKS |
   // SLURM_NTASKS_PER_NODE | SLURM_STEP_TASKS_PER_NODE (one node)
   std::optional<int> local_size;
-  std::string store;              // STRATA_STORE host:port | MASTER_ADDR:MASTER_PORT
-  std::string job_token;          // STRATA_JOB_TOKEN: secret the store requires on connect
-  std::string job_id;             // STRATA_JOB_ID | TORCHELASTIC_RUN_ID | SLURM_JOB_ID[.SLURM_STEP_ID]
-  std::string host_id;            // STRATA_HOST_ID: overrides hostname + boot id
-  std::optional<int> node_rank;   // STRATA_NODE_RANK | GROUP_RANK: this host's agent in a multi-node job
-  std::optional<int> nnodes;      // STRATA_NNODES: agents (hosts) in the job
-  std::string launcher;           // which variables were found: "strata", "torchrun", "mpirun", "mpiexec", "slurm", ""
+  std::string store;             // STRATA_STORE host:port | MASTER_ADDR:MASTER_PORT
+  std::string job_token;         // STRATA_JOB_TOKEN: secret the store requires on connect
+  std::string job_id;            // STRATA_JOB_ID | TORCHELASTIC_RUN_ID | SLURM_JOB_ID[.SLURM_STEP_ID]
+  std::string host_id;           // STRATA_HOST_ID: overrides hostname + boot id
+  std::optional<int> node_rank;  // STRATA_NODE_RANK | GROUP_RANK: this host's agent in a multi-node job
+  std::optional<int> nnodes;     // STRATA_NNODES: agents (hosts) in the job
+  std::string launcher;          // which variables were found: "strata", "torchrun", "mpirun", "mpiexec", "slurm", ""
 
   // Behaviour.
   std::chrono::milliseconds timeout{300000};               // STRATA_TIMEOUT (ms, or with s/ms/m suffix)
