@@ -239,3 +239,9 @@ def heap_tensors(comm=None):
     finally:
         if not was:
             use_heap_allocator(False)
+
+
+# Imported before torch.distributed was (strata.torch_backend_status() first): the hook in
+# __init__ left the registration to this module, now complete.
+if os.environ.get("STRATA_TORCH_BACKEND", "1") != "0":
+    register(dist.Backend)

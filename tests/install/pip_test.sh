@@ -57,9 +57,10 @@ pkg=$site/strata
 [[ -f $pkg/__init__.py && -x $pkg/bin/strata && -e $pkg/lib/libstrata.so.0 ]] ||
   fail "the installed package lacks __init__.py, bin/strata or lib/libstrata.so.0: $(ls -R "$pkg")"
 for so in "$pkg"/_strata*.so "$pkg/bin/strata"; do
-  resolved=$(ldd "$so" | grep -E 'libstrata|not found' || true)
-  [[ $resolved == *"$pkg/lib/libstrata.so.0"* && $resolved != *"not found"* ]] ||
-    fail "$so does not load the package's own libstrata: $resolved"
+  ! ldd "$so" | grep 'not found' || fail "$so misses libraries"
+  loaded=$(ldd "$so" | awk '$1 == "libstrata.so.0" { print $3 }')
+  [[ -n $loaded && $(realpath "$loaded") == $(realpath "$pkg/lib/libstrata.so.0") ]] ||
+    fail "$so does not load the package's own libstrata (it loads '$loaded')"
 done
 
 torch_expected=0
