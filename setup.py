@@ -8,7 +8,7 @@ launcher, installs them into a scratch prefix and copies into the package:
     strata/bin/strata                              (RPATH $ORIGIN/../lib; run by the `strata` script)
 
 Settings (environment):
-    STRATA_CMAKE_BUILD_DIR  build in (or reuse) this CMake tree instead of build-pip/ here; an
+    STRATA_CMAKE_BUILD_DIR  build in (or reuse) this CMake tree instead of build-pip/cmake; an
                             already configured tree is only built, not reconfigured
     STRATA_CMAKE_ARGS       extra arguments for the first configure (e.g. -DSTRATA_BUILD_TORCH=OFF)
     STRATA_BUILD_JOBS       compile jobs (default: the build tool's own)
@@ -37,7 +37,7 @@ class CMakeBuild(build_ext):
     """One placeholder Extension makes the wheel platform-specific; CMake builds the real ones."""
 
     def run(self):
-        build_dir = os.environ.get("STRATA_CMAKE_BUILD_DIR") or os.path.join(HERE, "build-pip")
+        build_dir = os.environ.get("STRATA_CMAKE_BUILD_DIR") or os.path.join(HERE, "build-pip", "cmake")
         build_dir = os.path.abspath(build_dir)
         if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
             cmd = ["cmake", "-S", HERE, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
@@ -84,4 +84,6 @@ class CMakeBuild(build_ext):
 setup(
     ext_modules=[Extension("strata._strata", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
+    # setuptools' own build/ would land in the CMake tree of `make build`
+    options={"build": {"build_base": os.path.join("build-pip", "setuptools")}},
 )

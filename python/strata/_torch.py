@@ -27,6 +27,7 @@ import datetime
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 
 import torch
@@ -242,6 +243,8 @@ def heap_tensors(comm=None):
 
 
 # Imported before torch.distributed was (strata.torch_backend_status() first): the hook in
-# __init__ left the registration to this module, now complete.
-if os.environ.get("STRATA_TORCH_BACKEND", "1") != "0":
-    register(dist.Backend)
+# __init__ left the registration to this module, now complete. (When the hook itself imports
+# this module, torch.distributed is still half-initialised, hence its c10d module here.)
+_c10d = sys.modules.get("torch.distributed.distributed_c10d")
+if os.environ.get("STRATA_TORCH_BACKEND", "1") != "0" and hasattr(_c10d, "Backend"):
+    register(_c10d.Backend)

@@ -103,4 +103,5 @@ PATH=$venv/bin:$PATH timeout -k 5 120 strata run -n 2 python job.py "$torch_expe
   { cat "$work/run.log"; fail "strata run failed"; }
 cat "$work/run.log"
 [[ $(grep -c ': OK' "$work/run.log") -eq 2 ]] || fail "not both ranks said OK"
+! grep -q "could not register" "$work/run.log" || fail "the torch backend's registration failed"
 echo "pip_test($mode): OK"
