@@ -3,7 +3,8 @@
 #   make build        dependencies, configure (Ninja, build/), build
 #   make test         main tree + ASan/UBSan + TSan trees, all ctest runs, "N passed, N failed"
 #   make test-fast    main tree only
-#   make demo         build, then run examples/demo on 4 ranks and examples/moe_layer on 2
+#   make demo         build, then run examples/demo on 4 ranks and examples/moe_layer on 2, compare
+#                     all_reduce with Open MPI and gloo (table + plot, its path printed), recover a rank
 #   make install PREFIX=/opt/strata
 #   make format | format-check | lint | clean
 #
@@ -132,4 +133,4 @@ lint: configure
 	  xargs -0 -r -n 4 -P $$(nproc) $(CLANG_TIDY) -p $(BUILD_DIR) --quiet
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) build-pip python/strata.egg-info

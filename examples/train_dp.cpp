@@ -7,7 +7,8 @@
 // synthetic data that depends only on (step, rank, data cursor, RNG state), so a run with
 // failures must end with the same parameter bytes as a run without. Rank 0 prints, per
 // recovery, the detection time, the RTO and its breakdown; with --times every rank also
-// prints a RECOVERY line with raw timestamps for scripts (scripts/bench_recovery.py).
+// prints START/INJECT/DONE and RECOVERY lines with raw timestamps for scripts
+// (scripts/bench_recovery.py, tests/recovery).
 //
 // Fault injection (each fires once, in the original process of RANK):
 //   --fail RANK:STEP[:kill|stop|exit|killmid|killdonor]  at STEP, after the local gradients:
@@ -61,7 +62,7 @@ struct Options {
   std::string checkpoint;
   uint64_t checkpoint_every = 5;
   bool quiet = false;
-  bool times = false;  // per-rank RECOVERY lines with raw timestamps, for scripts/bench_recovery.py
+  bool times = false;  // START/INJECT/DONE/RECOVERY lines with raw timestamps, for scripts
 };
 
 [[noreturn]] void usage(const std::string& msg) {
@@ -199,8 +200,13 @@ class Model {
 
 double ms(int64_t a, int64_t b) { return (a > 0 && b > 0) ? static_cast<double>(b - a) / 1e6 : -1.0; }
 
+// --times: the machine-readable START/INJECT/DONE/RECOVERY lines (raw timestamps) for scripts;
+// without it a person reads one line per event.
+bool g_times = false;
+
 void inject(strata::Communicator& comm, const std::string& mode) {
-  std::printf("INJECT rank=%d mode=%s t=%" PRId64 "\n", comm.rank(), mode.c_str(), now_ns());
+  if (g_times) std::printf("INJECT rank=%d mode=%s t=%" PRId64 "\n", comm.rank(), mode.c_str(), now_ns());
+  else std::printf("rank %d: injecting a failure (%s)\n", comm.rank(), mode.c_str());
   std::fflush(stdout);
   strata::recovery::mark_failure(comm);
   if (mode == "stop") ::raise(SIGSTOP);
@@ -219,7 +225,10 @@ int run_checkpointed(strata::Communicator& comm, const Options& o, Model& m) {
       in.read(reinterpret_cast<char*>(&rng), sizeof rng);
       in.read(reinterpret_cast<char*>(m.params.data()), static_cast<std::streamsize>(m.size() * sizeof(float)));
       in.read(reinterpret_cast<char*>(m.momentum.data()), static_cast<std::streamsize>(m.size() * sizeof(float)));
-      if (comm.rank() == 0) std::printf("CKPT_LOADED step=%" PRIu64 " t=%" PRId64 "\n", step, now_ns());
+      if (comm.rank() == 0) {
+        if (o.times) std::printf("CKPT_LOADED step=%" PRIu64 " t=%" PRId64 "\n", step, now_ns());
+        else std::printf("loaded the checkpoint of step %" PRIu64 "\n", step);
+      }
     }
   }
   const bool restarted = step > 0;
@@ -233,7 +242,8 @@ int run_checkpointed(strata::Communicator& comm, const Options& o, Model& m) {
     cursor += static_cast<uint64_t>(comm.size()) * o.batch;
     rng = mix(rng);
     if (comm.rank() == 0) {
-      std::printf("STEP_DONE step=%" PRIu64 " t=%" PRId64 "\n", step - 1, now_ns());
+      if (o.times) std::printf("STEP_DONE step=%" PRIu64 " t=%" PRId64 "\n", step - 1, now_ns());
+      else if (!o.quiet) std::printf("step %" PRIu64 " done\n", step - 1);
       if (step % o.checkpoint_every == 0) {
         std::string tmp = o.checkpoint + ".tmp";
         std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -270,11 +280,13 @@ int main(int argc, char** argv) {
 
 int train(int argc, char** argv) {
   Options o = parse(argc, argv);
+  g_times = o.times;
   const int64_t started = now_ns();
   strata::Communicator comm = strata::init();
   const int rank = comm.rank();
   const bool replacement = strata::recovery::is_replacement();
-  std::printf("START rank=%d pid=%d replacement=%d\n", rank, static_cast<int>(getpid()), replacement ? 1 : 0);
+  if (o.times)
+    std::printf("START rank=%d pid=%d replacement=%d\n", rank, static_cast<int>(getpid()), replacement ? 1 : 0);
   std::fflush(stdout);
   Model m(comm, o);
   if (!o.checkpoint.empty()) return run_checkpointed(comm, o, m);
@@ -318,7 +330,10 @@ int train(int argc, char** argv) {
     cursor += static_cast<uint64_t>(comm.size()) * o.batch;
     rng = mix(rng);
     int64_t t = now_ns();
-    if (rank == 0 && !o.quiet) std::printf("STEP_DONE step=%" PRIu64 " t=%" PRId64 "\n", step, t);
+    if (rank == 0 && !o.quiet) {
+      if (o.times) std::printf("STEP_DONE step=%" PRIu64 " t=%" PRId64 "\n", step, t);
+      else std::printf("step %" PRIu64 " done\n", step);
+    }
     if (report_pending) {
       report_pending = false;
       const auto& r = last;
@@ -365,8 +380,9 @@ int train(int argc, char** argv) {
     std::fprintf(stderr, "rank %d: training failed: %s\n", rank, e.what());
     return 1;
   }
-  std::printf("DONE rank=%d pid=%d steps=%" PRIu64 " startup_ms=%.1f\n", rank, static_cast<int>(getpid()), state.step(),
-              ms(started, now_ns()));
+  if (o.times)
+    std::printf("DONE rank=%d pid=%d steps=%" PRIu64 " startup_ms=%.1f\n", rank, static_cast<int>(getpid()),
+                state.step(), ms(started, now_ns()));
   if (rank == 0) std::printf("final params hash %016" PRIx64 " after %" PRIu64 " steps\n", m.hash(), state.step());
   return 0;
 }

@@ -69,7 +69,7 @@ def baseline_once(build, n, steps, fail_step, hidden, every, env):
             os.remove(f)
     cmd = [f"{build}/strata", "run", "--ft", "--restart-all", "--max-failures", "1", "-n", str(n), "--",
            f"{build}/examples/train_dp", "--steps", str(steps), "--hidden", str(hidden), "--checkpoint", ckpt,
-           "--checkpoint-every", str(every), "--fail", f"1:{fail_step}:kill"]
+           "--checkpoint-every", str(every), "--times", "--fail", f"1:{fail_step}:kill"]
     rc, out, err, _ = run(cmd, env)
     for f in (ckpt, ckpt + ".tmp"):
         if os.path.exists(f):

@@ -55,10 +55,11 @@ def main():
     py = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
     if subprocess.run([py, "-c", "import torch.distributed"], capture_output=True).returncode == 0:
         here = os.path.dirname(os.path.abspath(__file__))
-        # gloo is ~1000x slower at small sizes: fewer sizes and capped iterations keep it to seconds
+        # the same sizes as the others; gloo is far slower at small sizes, so capped iterations
+        # keep it to seconds
         systems["gloo"] = run("gloo", [py, os.path.join(here, "..", "bench", "peers", "torch_bench.py"), "all_reduce",
-                                       "-n", str(N), "-b", MIN, "-e", MAX, "-f", "64", "--max-iters", "50",
-                                       "--label", "gloo"] + QUICK, f"{out_dir}/gloo.json")
+                                       "-n", str(N)] + sizes + ["--max-iters", "50", "--label", "gloo"] + QUICK,
+                              f"{out_dir}/gloo.json")
     else:
         print("  gloo: skipped (no torch for /usr/bin/python3)")
     systems = {k: v for k, v in systems.items() if v}

@@ -40,6 +40,14 @@ PACKAGES=(
   python3-setuptools
   python3-wheel
   python3-venv
+  # tests/launchers: real launchers start Strata programs (each test skips, saying why, without
+  # its launcher): a one-node Slurm cluster (auth/none, no munged needed), MPICH's mpiexec
+  # (mpiexec.mpich; Open MPI keeps the mpirun/mpiexec names by priority), Open MPI's mpirun
+  slurmctld
+  slurmd
+  slurm-client
+  mpich
+  openmpi-bin
   # make demo: the plot of Strata next to Open MPI and gloo
   python3-matplotlib
   # transport/ucx: ranks on other hosts (UCX 1.13 in Debian 12); the build skips it when absent

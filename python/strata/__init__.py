@@ -168,6 +168,11 @@ def torch_backend_status():
 # imported and registers right after it, so `import strata` never pays for importing torch.
 
 def _register(c10d_module):
+    # strata._torch imports torch.distributed itself, which lands here while _torch is half
+    # initialised (torch_backend_status() before any torch import); it registers when done.
+    half = sys.modules.get(__name__ + "._torch")
+    if half is not None and not hasattr(half, "register"):
+        return
     try:
         from . import _torch
         _torch.register(c10d_module.Backend)

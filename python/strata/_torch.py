@@ -27,6 +27,7 @@ import datetime
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 
 import torch
@@ -253,3 +254,11 @@ def heap_tensors(comm=None):
     finally:
         if not was:
             use_heap_allocator(False)
+
+
+# Imported before torch.distributed was (strata.torch_backend_status() first): the hook in
+# __init__ left the registration to this module, now complete. (When the hook itself imports
+# this module, torch.distributed is still half-initialised, hence its c10d module here.)
+_c10d = sys.modules.get("torch.distributed.distributed_c10d")
+if os.environ.get("STRATA_TORCH_BACKEND", "1") != "0" and hasattr(_c10d, "Backend"):
+    register(_c10d.Backend)

@@ -46,7 +46,14 @@ const char* kUsage =
     "  MoE dispatch/combine: Prefill and Decode schedules vs the Relay baseline, bfloat16, top-8 of 64\n"
     "  experts; prefill 4096 tokens/rank x hidden 4096, decode 1/32/128 tokens/rank x hidden 7168.\n"
     "  Times are medians over iterations of the slowest rank; GB/s counts hidden x 2 bytes per\n"
-    "  (token, expert) selection per rank. --json appends one JSON object per line to FILE.\n";
+    "  (token, expert) selection per rank.\n"
+    "\n"
+    "options:\n"
+    "  -n, --np N              ranks on this host (1-4096)\n"
+    "  --quick                 fewer iterations per case (the same sizes)\n"
+    "  --only prefill|decode   run one of the two schedules' cases\n"
+    "  --json FILE             append one JSON object per case and line to FILE\n"
+    "  -h, --help              show this help\n";
 
 double us_since(Clock::time_point t) { return std::chrono::duration<double, std::micro>(Clock::now() - t).count(); }
 

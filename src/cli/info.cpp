@@ -171,7 +171,8 @@ std::string probe_cma(const Env& env) {
 }
 
 std::string job_placement(const Env& env) {
-  if (env.launcher.empty() && env.store.empty()) return "none (not started by strata run, torchrun, mpirun or Slurm)";
+  if (env.launcher.empty() && env.store.empty())
+    return "none (not started by strata run, torchrun, mpirun, mpiexec or Slurm)";
   auto job = bootstrap::detect_job(env);
   if (!job.is_ok()) return "invalid: " + job.status().message();
   std::string s = "rank " + std::to_string(job->rank) + " of " + std::to_string(job->world_size);

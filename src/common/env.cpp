@@ -90,6 +90,9 @@ Env parse(Lookup lookup, void* ctx) {
   if (get("STRATA_RANK")) e.launcher = "strata";
   else if (get("RANK") && get("WORLD_SIZE")) e.launcher = "torchrun";
   else if (get("OMPI_COMM_WORLD_RANK")) e.launcher = "mpirun";
+  // MPICH's mpiexec (Hydra) before Slurm: under an allocation its ranks inherit the proxy's
+  // SLURM_PROCID, which is not theirs.
+  else if (get("PMI_RANK") && get("PMI_SIZE")) e.launcher = "mpiexec";
   else if (get("SLURM_PROCID")) e.launcher = "slurm";
 
   if (e.launcher == "strata") {
@@ -107,11 +110,22 @@ Env parse(Lookup lookup, void* ctx) {
     e.world_size = first_int({"OMPI_COMM_WORLD_SIZE"});
     e.local_rank = first_int({"OMPI_COMM_WORLD_LOCAL_RANK"});
     e.local_size = first_int({"OMPI_COMM_WORLD_LOCAL_SIZE"});
+  } else if (e.launcher == "mpiexec") {
+    e.rank = first_int({"PMI_RANK"});
+    e.world_size = first_int({"PMI_SIZE"});
+    e.local_rank = first_int({"MPI_LOCALRANKID"});
+    e.local_size = first_int({"MPI_LOCALNRANKS"});
   } else if (e.launcher == "slurm") {
     e.rank = first_int({"SLURM_PROCID"});
     e.world_size = first_int({"SLURM_NTASKS"});
     e.local_rank = first_int({"SLURM_LOCALID"});
     e.local_size = first_int({"SLURM_NTASKS_PER_NODE"});
+    // srun sets SLURM_NTASKS_PER_NODE only when asked for it; SLURM_STEP_TASKS_PER_NODE is
+    // "4" on one node but "2(x3),1" across several, where this node's count is not in it.
+    if (!e.local_size) {
+      auto t = get("SLURM_STEP_TASKS_PER_NODE");
+      if (t && !t->empty() && t->find_first_not_of("0123456789") == std::string::npos) e.local_size = to_int(t, 1);
+    }
   }
 
   if (auto s = get("STRATA_STORE"); s && !s->empty()) {
@@ -123,7 +137,13 @@ Env parse(Lookup lookup, void* ctx) {
   if (auto s = get("STRATA_JOB_TOKEN")) e.job_token = *s;
   if (auto s = get("STRATA_JOB_ID")) e.job_id = *s;
   else if (auto t = get("TORCHELASTIC_RUN_ID")) e.job_id = *t;
-  else if (auto t = get("SLURM_JOB_ID")) e.job_id = *t;
+  else if (auto t = get("SLURM_JOB_ID"); t && e.launcher == "slurm") {
+    // Steps of one allocation run at the same time; each is a job of its own here. (mpirun or
+    // mpiexec inside an allocation inherit SLURM_JOB_ID too, but are not its steps: their id
+    // comes from their store.)
+    auto step = get("SLURM_STEP_ID");
+    e.job_id = *t + (step && !step->empty() ? "." + *step : std::string());
+  }
   if (auto s = get("STRATA_HOST_ID")) e.host_id = *s;
   e.node_rank = to_int(get("STRATA_NODE_RANK"), 0);
   if (!e.node_rank && e.launcher == "torchrun") e.node_rank = to_int(get("GROUP_RANK"), 0);

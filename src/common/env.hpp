@@ -1,6 +1,6 @@
 #pragma once
 // The one typed view of every STRATA_* setting (and of the launcher variables of torchrun,
-// Open MPI and Slurm). Nothing else in the library calls getenv.
+// Open MPI, MPICH's Hydra and Slurm). Nothing else in the library calls getenv.
 
 #include <chrono>
 #include <cstddef>
@@ -14,18 +14,21 @@
 namespace strata {
 
 struct Env {
-  // Job placement. Filled from STRATA_* first, then torchrun, Open MPI, Slurm.
-  std::optional<int> rank;        // STRATA_RANK | RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID
-  std::optional<int> world_size;  // STRATA_WORLD_SIZE | WORLD_SIZE | OMPI_COMM_WORLD_SIZE | SLURM_NTASKS
-  std::optional<int> local_rank;  // STRATA_LOCAL_RANK | LOCAL_RANK | OMPI_COMM_WORLD_LOCAL_RANK | SLURM_LOCALID
-  std::optional<int> local_size;  // STRATA_LOCAL_SIZE | LOCAL_WORLD_SIZE | OMPI_COMM_WORLD_LOCAL_SIZE
-  std::string store;              // STRATA_STORE host:port | MASTER_ADDR:MASTER_PORT
-  std::string job_token;          // STRATA_JOB_TOKEN: secret the store requires on connect
-  std::string job_id;             // STRATA_JOB_ID | TORCHELASTIC_RUN_ID | SLURM_JOB_ID
-  std::string host_id;            // STRATA_HOST_ID: overrides hostname + boot id
-  std::optional<int> node_rank;   // STRATA_NODE_RANK | GROUP_RANK: this host's agent in a multi-node job
-  std::optional<int> nnodes;      // STRATA_NNODES: agents (hosts) in the job
-  std::string launcher;           // which variables were found: "strata", "torchrun", "mpirun", "slurm", ""
+  // Job placement. Filled from STRATA_* first, then torchrun, Open MPI, MPICH (Hydra), Slurm.
+  std::optional<int> rank;        // STRATA_RANK | RANK | OMPI_COMM_WORLD_RANK | PMI_RANK | SLURM_PROCID
+  std::optional<int> world_size;  // STRATA_WORLD_SIZE | WORLD_SIZE | OMPI_COMM_WORLD_SIZE | PMI_SIZE | SLURM_NTASKS
+  // STRATA_LOCAL_RANK | LOCAL_RANK | OMPI_COMM_WORLD_LOCAL_RANK | MPI_LOCALRANKID | SLURM_LOCALID
+  std::optional<int> local_rank;
+  // STRATA_LOCAL_SIZE | LOCAL_WORLD_SIZE | OMPI_COMM_WORLD_LOCAL_SIZE | MPI_LOCALNRANKS |
+  // SLURM_NTASKS_PER_NODE | SLURM_STEP_TASKS_PER_NODE (one node)
+  std::optional<int> local_size;
+  std::string store;             // STRATA_STORE host:port | MASTER_ADDR:MASTER_PORT
+  std::string job_token;         // STRATA_JOB_TOKEN: secret the store requires on connect
+  std::string job_id;            // STRATA_JOB_ID | TORCHELASTIC_RUN_ID | SLURM_JOB_ID[.SLURM_STEP_ID]
+  std::string host_id;           // STRATA_HOST_ID: overrides hostname + boot id
+  std::optional<int> node_rank;  // STRATA_NODE_RANK | GROUP_RANK: this host's agent in a multi-node job
+  std::optional<int> nnodes;     // STRATA_NNODES: agents (hosts) in the job
+  std::string launcher;          // which variables were found: "strata", "torchrun", "mpirun", "mpiexec", "slurm", ""
 
   // Behaviour.
   std::chrono::milliseconds timeout{300000};               // STRATA_TIMEOUT (ms, or with s/ms/m suffix)

@@ -16,12 +16,13 @@ PARSERS = {
     "bench": ["bench_args.cpp"],
     "info": ["info.cpp"],
     "store": ["store_cmd.cpp"],
+    "bench moe": ["bench_moe.cpp"],
 }
 # Options the launcher passes to its own children; users never type them, so help omits them.
-INTERNAL = {"bench": {"--as-rank", "--worker-fds"}}
+INTERNAL = {"bench": {"--as-rank", "--worker-fds"}, "bench moe": {"--worker-fds"}}
 
 OPTION = re.compile(r'"(--?[A-Za-z][A-Za-z0-9_-]*)"')
-PARSE_LINE = re.compile(r'arg\s*==|take_option\(')
+PARSE_LINE = re.compile(r'==\s*"-|take_option\(')
 
 
 def parser_options(src_dir, files):
@@ -40,7 +41,7 @@ def main():
         opts = parser_options(src_dir, files) - INTERNAL.get(cmd, set())
         if not opts:
             missing.append(f"{cmd}: no options found in {files} (did the parser move?)")
-        out = subprocess.run([strata, cmd, "--help"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run([strata, *cmd.split(), "--help"], capture_output=True, text=True, timeout=30)
         text = out.stdout + out.stderr
         if out.returncode != 0:
             missing.append(f"{cmd} --help exited with {out.returncode}")

@@ -115,6 +115,41 @@ TEST(EnvParse, SlurmVariables) {
   EXPECT_EQ(e.job_id, "12345");
 }
 
+TEST(EnvParse, SlurmLocalSizeAndStep) {
+  // srun without --ntasks-per-node: the step's tasks per node, when it is one number.
+  Env e = env_of({{"SLURM_PROCID", "1"},
+                  {"SLURM_NTASKS", "4"},
+                  {"SLURM_LOCALID", "1"},
+                  {"SLURM_STEP_TASKS_PER_NODE", "4"},
+                  {"SLURM_JOB_ID", "7"},
+                  {"SLURM_STEP_ID", "2"}});
+  EXPECT_EQ(e.local_size, 4);
+  EXPECT_EQ(e.job_id, "7.2");
+  EXPECT_TRUE(e.check().is_ok());
+  // Several nodes ("2(x2)"): unknown here, and not an error.
+  e = env_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}});
+  EXPECT_FALSE(e.local_size.has_value());
+  EXPECT_TRUE(e.check().is_ok());
+}
+
+TEST(EnvParse, MpichHydraVariables) {
+  // Hydra's ranks under a Slurm allocation also carry the proxy's SLURM_PROCID.
+  const Env e = env_of({{"PMI_RANK", "3"},
+                        {"PMI_SIZE", "4"},
+                        {"MPI_LOCALRANKID", "1"},
+                        {"MPI_LOCALNRANKS", "2"},
+                        {"SLURM_PROCID", "0"},
+                        {"SLURM_NTASKS", "2"},
+                        {"SLURM_JOB_ID", "9"},
+                        {"SLURM_STEP_ID", "0"}});
+  EXPECT_EQ(e.launcher, "mpiexec");
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.world_size, 4);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_size, 2);
+  EXPECT_EQ(e.job_id, "");  // not the allocation's: detect_job derives one from the store
+}
+
 TEST(EnvParse, BehaviourAndHeapSettings) {
   const Env e = env_of({{"STRATA_TIMEOUT", "30s"},
                         {"STRATA_STORE_TIMEOUT", "1500"},

@@ -21,6 +21,17 @@ def test_every_op_and_ddp_under_strata_run(n):
     launch("torch_ops.py", n, timeout=240)
 
 
+def test_backend_registered_when_status_asked_first():
+    # torch_backend_status() imports strata._torch, which imports torch.distributed: the
+    # registration hook must not run against the half-imported module (it did, and "strata"
+    # was then never registered).
+    code = ("import strata; ok, why = strata.torch_backend_status(); assert ok, why\n"
+            "import torch.distributed as dist\n"
+            "assert 'STRATA' in getattr(dist.Backend, '_plugins', {}) or hasattr(dist.Backend, 'STRATA')\n")
+    p = subprocess.run([PYTHON, "-c", code], env=_clean_env({}), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "could not register" not in p.stderr, p.stderr
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# MPICH's mpiexec (Hydra): its ranks find rank and size in PMI_RANK/PMI_SIZE (local rank in
+# MPI_LOCALRANKID) and meet at a `strata store`.
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+
+MPIEXEC=$(command -v mpiexec.mpich || command -v mpiexec.hydra || true)
+[[ -n $MPIEXEC ]] || skip "MPICH's mpiexec (mpiexec.mpich / mpiexec.hydra) is not installed (Debian: apt-get install mpich)"
+"$MPIEXEC" --version 2>&1 | grep -qi hydra || skip "$MPIEXEC is not Hydra"
+
+start_store
+# Hydra passes the whole environment on by default (-genvall).
+run_case mpiexec 4 "$MPIEXEC" -n 4 "$PROBE" 4
