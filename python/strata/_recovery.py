@@ -33,7 +33,9 @@ def recovery_run(comm, state, total_steps, compute, apply, *, max_recoveries=16,
         raise InvalidArgument("recovery_run: compute and apply must be callables taking the step number")
     if max_recoveries < 0:
         raise InvalidArgument(f"recovery_run: max_recoveries must be >= 0, got {max_recoveries}")
-    need_restore = is_replacement()
+    # A rank whose first setup a failure interrupted was rebuilt inside init(): it joins the
+    # replacement's restore like any survivor (epoch > 0 before its first step).
+    need_restore = is_replacement() or comm.epoch > 0
     recoveries = 0
     while True:
         try:

@@ -239,21 +239,32 @@ bool probe_cma(const CommImpl& c) {
   return ok;
 }
 
+namespace {
+
+// Attaches every peer's control block to `c` and meets them: what make_comm does once the
+// communicator exists.
+Status connect_comm(CommImpl& c, const std::vector<memory::SegRef>& ctrl_refs, Deadline d) {
+  for (int r = 0; r < c.size; ++r)
+    if (r != c.rank) STRATA_RETURN_IF_ERROR(c.attach_peer(r, ctrl_refs[r], d));
+  // Everyone has mapped everyone before any operation publishes into the blocks.
+  STRATA_RETURN_IF_ERROR(c.sync(d, "communicator setup"));
+  // CMA probe: can we read each peer's control block through process_vm_readv? The verdict
+  // must be the same on every rank (a rank decides alone whether to publish a registered
+  // buffer for CMA), so each publishes its result and all take the AND.
+  c.self.hdr()->cma_ok = probe_cma(c) ? 1 : 0;
+  STRATA_RETURN_IF_ERROR(c.sync(d, "communicator setup"));
+  c.cma_all = true;
+  for (int r = 0; r < c.size; ++r) c.cma_all = c.cma_all && c.peers[r].hdr()->cma_ok;
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<std::shared_ptr<CommImpl>> make_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id,
                                             std::vector<int> members, int rank, void* ctrl_mem,
                                             const std::vector<memory::SegRef>& ctrl_refs, Deadline d) {
   auto c = new_comm(ctx, std::move(id), std::move(members), rank, ctrl_mem);
-  for (int r = 0; r < c->size; ++r)
-    if (r != rank) STRATA_RETURN_IF_ERROR(c->attach_peer(r, ctrl_refs[r], d));
-  // Everyone has mapped everyone before any operation publishes into the blocks.
-  STRATA_RETURN_IF_ERROR(c->sync(d, "communicator setup"));
-  // CMA probe: can we read each peer's control block through process_vm_readv? The verdict
-  // must be the same on every rank (a rank decides alone whether to publish a registered
-  // buffer for CMA), so each publishes its result and all take the AND.
-  c->self.hdr()->cma_ok = probe_cma(*c) ? 1 : 0;
-  STRATA_RETURN_IF_ERROR(c->sync(d, "communicator setup"));
-  c->cma_all = true;
-  for (int r = 0; r < c->size; ++r) c->cma_all = c->cma_all && c->peers[r].hdr()->cma_ok;
+  STRATA_RETURN_IF_ERROR(connect_comm(*c, ctrl_refs, d));
   return c;
 }
 
@@ -367,7 +378,8 @@ Result<std::shared_ptr<CommImpl>> new_world(const std::shared_ptr<ContextImpl>& 
   return new_comm(ctx, "world", std::move(members), me, ctrl);
 }
 
-Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>& ctx) {
+Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>& ctx,
+                                             std::shared_ptr<CommImpl>* published) {
   const int n = ctx->job.world_size, me = ctx->job.rank;
   Deadline d = Deadline::after(ctx->timeout);
   STRATA_ASSIGN_OR_RETURN(void* ctrl, new_ctrl_block(*ctx, me, n));
@@ -397,7 +409,16 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
       }
     }
   }
-  if (!spans) return make_comm(ctx, "world", std::move(members), me, ctrl, refs, d);
+  if (!spans) {
+    auto c = new_comm(ctx, "world", std::move(members), me, ctrl);
+    if (published) *published = c;
+    // A failure announced before `c` was registered did not revoke it: a record read above
+    // may be a replacement's, which meets the survivors in the rebuild, not here.
+    if (ctx->epochs.latest.load(std::memory_order_acquire) > ctx->epochs.joined)
+      return aborted("a failure was announced while rank " + std::to_string(me) + " was joining the job");
+    STRATA_RETURN_IF_ERROR(connect_comm(*c, refs, d));
+    return c;
+  }
   if (Status s = ensure_net(*ctx); !s.is_ok()) {
     int other = 0;
     while (ctx->hosts[other] == ctx->job.host_id) ++other;

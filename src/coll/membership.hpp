@@ -153,8 +153,11 @@ class Membership {
 /// `timeout` is the default deadline of operations (0: the Env's).
 Result<ContextRef> make_context(const Env& env, const bootstrap::JobInfo& job, std::chrono::milliseconds timeout);
 /// Builds the world communicator of a job in its first epoch: every rank publishes its
-/// control block in the store and attaches every other rank's.
-Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>& ctx);
+/// control block in the store and attaches every other rank's. When that fails once this
+/// rank's block is published (within one host), `*published` is the communicator of that
+/// block, so that a failure during setup can be recovered (rebuild) rather than end the rank.
+Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>& ctx,
+                                             std::shared_ptr<CommImpl>* published = nullptr);
 /// The world communicator of a rank started to replace a failed one: this rank's new control
 /// block, no peer attached yet (the recovery layer's rebuild attaches them).
 Result<std::shared_ptr<CommImpl>> new_world(const std::shared_ptr<ContextImpl>& ctx);

@@ -29,6 +29,26 @@ Result<std::shared_ptr<CommImpl>> join_world(const ContextRef& ctx) {
   return c;
 }
 
+/// The world communicator of a rank of the first epoch. A failure announced while the ranks
+/// are still meeting (a rank killed before its first step) does not end the others: as long
+/// as this rank's block is published, it meets the replacement in the rebuild like any
+/// survivor, and keeps its process.
+Result<std::shared_ptr<CommImpl>> start_world(const ContextRef& ctx) {
+  std::shared_ptr<CommImpl> published;
+  auto w = make_world(ctx.impl(), &published);
+  if (w.is_ok() || !published || !ctx.has_monitor()) return w;
+  const Code code = w.status().code();
+  if (code != Code::Aborted && code != Code::PeerFailed && code != Code::Timeout) return w;
+  // The failure may have been seen here (a pidfd, an fd server gone) before the
+  // controller's notice: rebuild_world waits for it, with the communicator's deadline.
+  Membership m(published);
+  auto quiet = m.quiesce(aborted("operation queued before rank " + std::to_string(m.rank()) + " joined the job"));
+  if (Status s = rebuild_world(m, /*fresh=*/true); !s.is_ok())
+    return s.with_context("after " + w.status().message() + ": ");
+  m.probe_cma_alone();
+  return published;
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -46,7 +66,7 @@ Communicator init(const InitOptions& opts) {
   detail::ContextRef ctx = value_or_throw(detail::make_context(env, job, opts.timeout), rank);
   throw_if_error(detail::start_recovery_services(ctx), rank);
   if (env.epoch > 0 && job.world_size > 1) return Communicator(value_or_throw(detail::join_world(ctx), rank));
-  return Communicator(value_or_throw(detail::make_world(ctx.impl()), rank));
+  return Communicator(value_or_throw(detail::start_world(ctx), rank));
 }
 
 }  // namespace strata

@@ -178,7 +178,7 @@ Status rebuild_world(Membership& m, bool fresh) {
     rep = recovery::Report{};
     rep.epoch = e;
     rep.failed = failed;
-    rep.replacement = fresh;
+    rep.replacement = contains(failed, me);
     // Several epochs may have passed since the last rebuild (failures during this one):
     // the failure that started it is the first of them.
     for (uint64_t k = e; k > prev_joined; --k) {

@@ -7,7 +7,8 @@
 namespace strata::detail {
 
 /// Rebuilds the world communicator in the newest epoch: survivors keep everything that did
-/// not touch a failed rank; `fresh` is a replacement joining for the first time. The caller
+/// not touch a failed rank. `fresh`: attach every peer (a replacement joining for the first
+/// time, or a rank of the first epoch whose setup a failure interrupted). The caller
 /// holds the lock Membership::quiesce returned.
 Status rebuild_world(Membership& m, bool fresh);
 

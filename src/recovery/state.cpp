@@ -207,7 +207,9 @@ void run(Communicator& comm, State& state, uint64_t total_steps, const StepFunct
   if (!fns.compute || !fns.apply)
     throw Error(Code::InvalidArgument, "recovery::run: both StepFunctions::compute and ::apply are required",
                 comm.rank());
-  bool need_restore = is_replacement();
+  // A rank whose first setup a failure interrupted was rebuilt inside init(): it joins the
+  // replacement's restore like any survivor (epoch > 0 before its first step).
+  bool need_restore = is_replacement() || comm.epoch() > 0;
   int recoveries = 0;
   for (;;) {
     try {

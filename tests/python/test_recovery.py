@@ -118,6 +118,7 @@ class FakeComm:
 
     def __init__(self, log, barrier_errors=(), recover_errors=()):
         self.log = log
+        self.epoch = 0  # built in the first epoch: nothing to restore at the start
         self.barrier_errors = list(barrier_errors)
         self.recover_errors = list(recover_errors)
 

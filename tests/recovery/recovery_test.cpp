@@ -86,6 +86,9 @@ void expect_recovered(const Job& j, const std::vector<int>& failed, int min_repl
   ASSERT_EQ(static_cast<int>(j.done_pid.size()), kRanks) << j.o.out << j.o.err;
   for (int r = 0; r < kRanks; ++r) {
     bool was_failed = std::find(failed.begin(), failed.end(), r) != failed.end();
+    ASSERT_TRUE(j.first_pid.count(r) && j.done_pid.count(r))
+        << "rank " << r << " printed no first START or no DONE line\n"
+        << j.o.out << j.o.err;
     if (was_failed) EXPECT_NE(j.done_pid.at(r), j.first_pid.at(r)) << "rank " << r << " should have been replaced";
     else EXPECT_EQ(j.done_pid.at(r), j.first_pid.at(r)) << "healthy rank " << r << " lost its process";
   }
