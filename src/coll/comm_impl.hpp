@@ -21,6 +21,7 @@
 
 #include "coll/context_impl.hpp"
 #include "coll/ctrl_block.hpp"
+#include "coll/flight.hpp"
 #include "coll/membership.hpp"
 #include "coll/op.hpp"
 #include "coll/work_state.hpp"
@@ -67,6 +68,11 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   std::mutex err_mu;
   Status sticky;                       // set when the communicator is broken (timeout, peer failure, abort)
   std::atomic<bool> is_broken{false};  // lets the hot path skip err_mu
+
+  // ---- flight recorder (coll/flight.hpp) ---------------------------------------------------
+  FlightRecorder flight;                   // the last STRATA_FLIGHT_RECORDER operations
+  uint64_t flight_pub = 0;                 // operations published in the control block (under exec_mu)
+  std::atomic<bool> flight_dumped{false};  // the ring went to stderr when the communicator broke
 
   // ---- counters (Communicator::stats) ------------------------------------------------------
   std::atomic<uint64_t> ops{0}, staged_bytes{0}, direct_bytes{0}, cma_bytes{0}, temp_bytes{0};
@@ -162,8 +168,9 @@ Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImp
                                                 const std::vector<memory::SegRef>& local_refs, Deadline d);
 
 /// Runs one collective (blocking, on the calling thread) with the algorithm that
-/// coll/select.cpp chooses (coll/run.cpp). Validation already done.
-Status run_collective(CommImpl& c, coll::Op& op);
+/// coll/select.cpp chooses (coll/run.cpp). Validation already done. `queued`: the flight
+/// recorder's handle of _async work (recorded when it was queued), or 0.
+Status run_collective(CommImpl& c, coll::Op& op, uint64_t queued = 0);
 /// Compares peer r's descriptor `d` (and its count vector `vec` for v-collectives, when
 /// known) with this rank's (`me`, `mine`, `op`) in a communicator of n ranks: ok, or
 /// InvalidArgument naming both ranks and both calls.

@@ -55,10 +55,18 @@ int open_pidfd(int pid) {
 std::string world_key(const ContextImpl& ctx, int rank) { return ctx.key("world/" + std::to_string(rank)); }
 
 void CommImpl::set_broken(const Status& s) {
-  std::lock_guard<std::mutex> g(err_mu);
-  if (sticky.is_ok())
-    sticky = Status(s.code(), "communicator is unusable after an earlier failure: " + s.message(), s.peer());
-  is_broken.store(true, std::memory_order_release);
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> g(err_mu);
+    if (sticky.is_ok()) {
+      sticky = Status(s.code(), "communicator is unusable after an earlier failure: " + s.message(), s.peer());
+      first = true;
+    }
+    is_broken.store(true, std::memory_order_release);
+  }
+  // A hang or an abort is when the user asks what this rank was doing: say it once.
+  if (first && (s.code() == Code::Timeout || s.code() == Code::Aborted) && !flight_dumped.exchange(true))
+    flight_dump_stderr(*this, s.code() == Code::Timeout ? "timed out" : "aborted");
 }
 
 transport::WaitPolicy CommImpl::policy(Deadline d) {
@@ -91,10 +99,13 @@ Status CommImpl::sync(Deadline d, const char* what) {
     int r = (rank + k) % size;
     Status s = transport::wait_reached(peers[r].hdr()->slot(seq).ready, phase, pol, what);
     if (!s.is_ok()) {
-      Status full(s.code(),
-                  s.message() + " on rank " + std::to_string(rank) + " waiting for rank " + std::to_string(r) +
-                      " (operation #" + std::to_string(seq) + ", timeout " + std::to_string(timeout.count()) + " ms)",
-                  s.peer() >= 0 ? s.peer() : r);
+      std::string msg = s.message() + " on rank " + std::to_string(rank) + " waiting for rank " + std::to_string(r) +
+                        " (operation #" + std::to_string(seq) + ", timeout " + std::to_string(timeout.count()) + " ms)";
+      if (s.code() == Code::Timeout || s.code() == Code::PeerFailed) {
+        std::string peer = peer_activity(*this, r);
+        if (!peer.empty()) msg += "; " + peer;
+      }
+      Status full(s.code(), std::move(msg), s.peer() >= 0 ? s.peer() : r);
       set_broken(full);
       return full;
     }
@@ -210,6 +221,7 @@ static std::shared_ptr<CommImpl> base_comm(const std::shared_ptr<ContextImpl>& c
   c->pidfds.assign(c->size, -1);
   c->send_seq.assign(c->size, 0);
   c->recv_seq.assign(c->size, 0);
+  c->flight.init(ctx->env.flight_recorder);
   std::lock_guard<std::mutex> g(ctx->mu);
   // Drop entries of communicators that are gone, so a job that splits often stays small.
   std::erase_if(ctx->comms, [](const std::weak_ptr<CommImpl>& w) { return w.expired(); });
@@ -355,6 +367,7 @@ Result<ContextRef> make_context(const Env& env, const bootstrap::JobInfo& job, s
                             " ranks needs a store (STRATA_STORE or MASTER_ADDR/MASTER_PORT)");
   }
   STRATA_ASSIGN_OR_RETURN(ctx->heap, memory::Heap::create(memory::HeapOptions::from_env(env), job.job_id, job.rank));
+  flight_watch(ctx);
   return ContextRef(std::move(ctx));
 }
 

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "coll/flight.hpp"
 #include "coll/op.hpp"
 #include "transport/shm_sync.hpp"
 
@@ -58,6 +59,9 @@ struct alignas(64) CtrlHeader {
   uint64_t self_addr = 0;  // the block's address in its owner's address space (CMA probe)
   uint32_t cma_ok = 0;     // owner could read every peer with process_vm_readv
   OpSlot slots[2];
+  /// The owner's current and last finished operation, in turn (coll/flight.hpp): what a peer
+  /// that times out waiting for this rank reports about it. Only its owner writes them.
+  FlightEntry flight[2];
   /// The slot of operation `seq`.
   OpSlot& slot(uint32_t seq) { return slots[seq & 1]; }
 };
