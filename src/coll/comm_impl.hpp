@@ -71,8 +71,8 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
 
   // ---- flight recorder (coll/flight.hpp) ---------------------------------------------------
   FlightRecorder flight;                   // the last STRATA_FLIGHT_RECORDER operations
-  uint64_t flight_pub = 0;                 // operations published in the control block (under exec_mu)
   std::atomic<bool> flight_dumped{false};  // the ring went to stderr when the communicator broke
+  std::vector<uint32_t> peer_flight_len;   // per comm rank: entries of its ring we have mapped (0: none)
 
   // ---- counters (Communicator::stats) ------------------------------------------------------
   std::atomic<uint64_t> ops{0}, staged_bytes{0}, direct_bytes{0}, cma_bytes{0}, temp_bytes{0};

@@ -47,10 +47,6 @@ void fill(FlightEntry& e, uint64_t id, const coll::Op& op, FlightState state, ui
   e.id.store(id, std::memory_order_release);
 }
 
-/// Whether this kind runs under the communicator's exec_mu (one at a time): only those are
-/// published in the control block, which has room for one current operation.
-bool published(coll::OpKind k) { return k != coll::OpKind::Send; }
-
 std::string ms_ago(uint64_t t, uint64_t now) {
   if (!t) return "?";
   const uint64_t ms = now > t ? (now - t) / 1000000 : 0;
@@ -114,13 +110,22 @@ uint64_t flight_now_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-void FlightRecorder::init(size_t n) {
-  if (n == 0) return;
-  size_t p = 1;
+uint32_t flight_entries(size_t n) {
+  if (n == 0) return 0;
+  uint32_t p = 1;
   while (p < n) p <<= 1;
-  n_ = p;
-  mask_ = p - 1;
-  ring_ = std::make_unique<FlightEntry[]>(p);
+  return p;
+}
+
+void FlightRecorder::init(size_t n, FlightEntry* storage) {
+  n_ = flight_entries(n);
+  if (!n_) return;
+  mask_ = n_ - 1;
+  if (!storage) {
+    own_ = std::make_unique<FlightEntry[]>(n_);
+    storage = own_.get();
+  }
+  ring_ = storage;
 }
 
 FlightEntry* FlightRecorder::entry(uint64_t h) const {
@@ -184,15 +189,9 @@ std::string describe(const FlightEntry::Snapshot& e) {
 uint64_t flight_begin(CommImpl& c, const coll::Op& op, uint32_t seq, uint64_t queued) {
   if (!c.flight.capacity()) return 0;
   const uint64_t now = flight_now_ns();
-  uint64_t h = queued;
-  if (h) c.flight.start(h, seq, now);
-  else h = c.flight.begin(op, FlightState::Started, seq, now);
-  if (c.self.base() && published(op.kind)) {
-    // Two entries used in turn: the one not written now keeps the last finished operation.
-    FlightEntry& e = c.self.hdr()->flight[c.flight_pub++ & 1];
-    fill(e, h, op, FlightState::Started, seq, now);
-  }
-  return h;
+  if (!queued) return c.flight.begin(op, FlightState::Started, seq, now);
+  c.flight.start(queued, seq, now);
+  return queued;
 }
 
 uint64_t flight_queue(CommImpl& c, const coll::Op& op) {
@@ -200,27 +199,19 @@ uint64_t flight_queue(CommImpl& c, const coll::Op& op) {
   return c.flight.begin(op, FlightState::Queued, 0, flight_now_ns());
 }
 
-void flight_end(CommImpl& c, uint64_t h, coll::OpKind kind, const Status& st) {
-  if (!h) return;
-  const uint64_t now = flight_now_ns();
-  c.flight.end(h, st.is_ok(), now);
-  if (c.self.base() && published(kind)) {
-    FlightEntry& e = c.self.hdr()->flight[(c.flight_pub - 1) & 1];
-    if (e.id.load(std::memory_order_relaxed) != h) return;
-    e.t_done.store(now, std::memory_order_relaxed);
-    e.info.store(
-        with_state(e.info.load(std::memory_order_relaxed), st.is_ok() ? FlightState::Done : FlightState::Failed),
-        std::memory_order_release);
-  }
+void flight_end(CommImpl& c, uint64_t h, coll::OpKind, const Status& st) {
+  if (h) c.flight.end(h, st.is_ok(), flight_now_ns());
 }
 
 std::string peer_activity(const CommImpl& c, int r) {
-  if (!c.flight.capacity() || r < 0 || r >= static_cast<int>(c.peers.size()) || !c.peers[r].base()) return "";
-  const CtrlHeader* h = c.peers[r].hdr();
+  if (!c.flight.capacity() || r < 0 || r >= static_cast<int>(c.peer_flight_len.size()) || !c.peers[r].base()) return "";
+  // The length the peer's block had when it was mapped (attach_peer checked it lies mapped).
+  const uint32_t len = c.peer_flight_len[r];
+  const FlightEntry* ring = c.peers[r].flight();
   FlightEntry::Snapshot pending, last;
-  for (const FlightEntry& e : h->flight) {
+  for (uint32_t i = 0; i < len; ++i) {
     bool ok = false;
-    auto s = e.read(&ok);
+    auto s = ring[i].read(&ok);
     if (!ok) continue;
     if (s.state == FlightState::Started && s.id > pending.id) pending = s;
     if ((s.state == FlightState::Done || s.state == FlightState::Failed) && s.id > last.id) last = s;

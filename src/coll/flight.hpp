@@ -3,12 +3,12 @@
 // operation leaves one entry in a fixed ring (sequence number, kind, type, count, root or
 // peer, queued/started/done times); the ring is dumped when an operation times out, when the
 // communicator is aborted, and when the process gets SIGUSR1 (strata run forwards it and
-// merges the ranks' dumps). Within a host each rank also publishes its current and its last
-// finished operation in its control block (FlightEntry pair in CtrlHeader), so that a rank
-// that times out waiting for a peer can say what that peer is doing.
+// merges the ranks' dumps). Within a host the ring lies right after the rank's control block
+// in the shared heap, so that a rank that times out waiting for a peer reads what that peer
+// is doing; a communicator that spans hosts keeps it in process memory.
 //
-// The hot path costs a few relaxed stores to lines only this process writes, one uncontended
-// fetch_add and two reads of the coarse monotonic clock (no allocation, no lock).
+// The hot path costs a few relaxed stores to a line only this process writes, one
+// uncontended fetch_add and two reads of the coarse monotonic clock (no allocation, no lock).
 
 #include <atomic>
 #include <cstddef>
@@ -58,6 +58,9 @@ struct alignas(64) FlightEntry {
 };
 static_assert(sizeof(FlightEntry) == 64);
 
+/// Ring entries for a setting of `n` (STRATA_FLIGHT_RECORDER): n rounded up to a power of two.
+uint32_t flight_entries(size_t n);
+
 /// The coarse monotonic clock in ns (a few ns to read; ms resolution is what a hang needs).
 uint64_t flight_now_ns();
 
@@ -65,9 +68,10 @@ uint64_t flight_now_ns();
 /// no-op returning handle 0.
 class FlightRecorder {
  public:
-  /// Keeps the last `n` operations (rounded up to a power of two; 0: off). Called once, before
-  /// the communicator runs anything.
-  void init(size_t n);
+  /// Keeps the last `n` operations (a power of two, flight_entries(); 0: off) in `storage`
+  /// (n zeroed entries, e.g. after the control block), or in memory of its own when null.
+  /// Called once, before the communicator runs anything.
+  void init(size_t n, FlightEntry* storage = nullptr);
   /// Entries kept.
   size_t capacity() const { return n_; }
   /// Claims an entry for `op`, in state `state` (Queued for _async work, Started otherwise),
@@ -83,7 +87,8 @@ class FlightRecorder {
  private:
   FlightEntry* entry(uint64_t h) const;
   size_t n_ = 0, mask_ = 0;
-  std::unique_ptr<FlightEntry[]> ring_;
+  FlightEntry* ring_ = nullptr;
+  std::unique_ptr<FlightEntry[]> own_;
   std::atomic<uint64_t> next_{0};
 };
 
@@ -92,9 +97,8 @@ std::string describe(const FlightEntry::Snapshot& e);
 
 // ---- what the hooks on the collective path call ---------------------------------------------
 
-/// Records the start of `op` as operation `seq` on `c` (its ring and, within a host, its
-/// control block); `queued` is the handle of the Queued entry of _async work, or 0. Returns
-/// the handle flight_end takes.
+/// Records the start of `op` as operation `seq` on `c`; `queued` is the handle of the Queued
+/// entry of _async work, or 0. Returns the handle flight_end takes.
 uint64_t flight_begin(CommImpl& c, const coll::Op& op, uint32_t seq, uint64_t queued = 0);
 /// Records the end of the operation (of kind `kind`) of handle `h` with `st`.
 void flight_end(CommImpl& c, uint64_t h, coll::OpKind kind, const Status& st);
@@ -102,9 +106,9 @@ void flight_end(CommImpl& c, uint64_t h, coll::OpKind kind, const Status& st);
 /// returns the handle flight_begin takes as `queued`.
 uint64_t flight_queue(CommImpl& c, const coll::Op& op);
 
-/// What member `r` of a single-host communicator is doing, from its control block: "rank 1's
-/// last operation: #4 all_reduce float32 x1024 done, nothing pending". Empty when the
-/// recorder is off or the block is not mapped.
+/// What member `r` of a single-host communicator is doing, from its ring after its control
+/// block: "rank 1's last operation: #4 all_reduce float32 x1024 done 2 ms ago, nothing
+/// pending". Empty when this rank's recorder is off or the peer's block is not mapped.
 std::string peer_activity(const CommImpl& c, int r);
 
 /// Writes this rank's recent operations on `c` to stderr (a few lines), saying `why`.

@@ -153,8 +153,12 @@ namespace {
 /// The others time out; their errors name rank 1, the operation number, and what rank 1 did
 /// last (read from its control block: its flight recorder's current and last operation).
 TEST(FlightRecorder, TimeoutNamesTheMissingRankAndItsLastOperation) {
+  // Joining and the first operations get time to spare on a loaded machine; the operation
+  // that waits for rank 1 has a short deadline of its own.
   const auto timeout = 800ms;
-  auto results = run_forked(3, timeout, [&](Communicator& c, std::string& report) {
+  CollOptions short_wait;
+  short_wait.timeout = timeout;
+  auto results = run_forked(3, 4 * timeout, [&](Communicator& c, std::string& report) {
     auto a = c.alloc<float>(1024);
     for (int i = 0; i < 4; ++i) c.all_reduce(a, ReduceOp::Sum);
     if (c.rank() == 1) {
@@ -163,7 +167,7 @@ TEST(FlightRecorder, TimeoutNamesTheMissingRankAndItsLastOperation) {
       return 0;
     }
     try {
-      c.all_reduce(a, ReduceOp::Sum);
+      c.all_reduce(a, ReduceOp::Sum, short_wait);
       report = "all_reduce #5 finished without rank 1";
       return 1;
     } catch (const Error& e) {
@@ -187,7 +191,9 @@ TEST(FlightRecorder, TimeoutNamesTheMissingRankAndItsLastOperation) {
 /// sends. The error says what it is in, and since when.
 TEST(FlightRecorder, TimeoutNamesThePeersPendingOperation) {
   const auto timeout = 800ms;
-  auto results = run_forked(3, timeout, [&](Communicator& c, std::string& report) {
+  CollOptions short_wait;
+  short_wait.timeout = timeout;
+  auto results = run_forked(3, 4 * timeout, [&](Communicator& c, std::string& report) {
     auto a = c.alloc<float>(16);
     c.all_reduce(a, ReduceOp::Sum);
     if (c.rank() == 1) {
@@ -202,7 +208,7 @@ TEST(FlightRecorder, TimeoutNamesThePeersPendingOperation) {
       return 0;
     }
     try {
-      c.all_reduce(a, ReduceOp::Sum);
+      c.all_reduce(a, ReduceOp::Sum, short_wait);
       report = "finished";
       return 1;
     } catch (const Error& e) {
