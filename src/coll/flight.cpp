@@ -287,8 +287,8 @@ std::string flight_dump_lines(ContextImpl& ctx) {
   const uint64_t now = flight_now_ns();
   const std::string m = kFlightMarker;
   std::string out = m + " begin rank=" + std::to_string(global) + " pid=" + std::to_string(::getpid()) + "\n";
-  for (const auto& c : live)
-    if (!c->destroyed) out += comm_lines(*c, global, now);
+  // A destroyed communicator still answers while the dump holds it (its flag is the owner's).
+  for (const auto& c : live) out += comm_lines(*c, global, now);
   out += m + " end rank=" + std::to_string(global) + "\n";
   return out;
 }

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <set>
 #include <string>
 #include <thread>
@@ -172,6 +173,8 @@ TEST(FlightRecorder, TimeoutNamesTheMissingRankAndItsLastOperation) {
       return 1;
     } catch (const Error& e) {
       report = std::to_string(static_cast<int>(e.code())) + " " + e.what();
+      // Stay until the other waiter has timed out too (an exit would be its PeerFailed).
+      std::this_thread::sleep_for(timeout * 2);
       return 0;
     }
   });
@@ -213,6 +216,7 @@ TEST(FlightRecorder, TimeoutNamesThePeersPendingOperation) {
       return 1;
     } catch (const Error& e) {
       report = e.what();
+      std::this_thread::sleep_for(timeout * 2);  // as above: no exit while the other waits
       return 0;
     }
   });
@@ -223,6 +227,35 @@ TEST(FlightRecorder, TimeoutNamesThePeersPendingOperation) {
     EXPECT_NE(m.find("rank 1 is in #1 recv int32 x4 from rank 2, started "), std::string::npos) << m;
     EXPECT_NE(m.find("(before it: #1 all_reduce float32 x16 done)"), std::string::npos) << m;
   }
+}
+
+/// abort() writes the rank's recent operations to stderr (a few lines) before it fails them.
+TEST(FlightRecorder, AbortDumpsTheRecorderToStderr) {
+  auto results = run_forked(2, 5000ms, [&](Communicator& c, std::string& report) {
+    auto a = c.alloc<float>(16);
+    c.all_reduce(a, ReduceOp::Sum);
+    c.barrier();
+    if (c.rank() == 1) return 0;
+    FILE* f = std::tmpfile();
+    if (!f) return 2;
+    const int saved = ::dup(STDERR_FILENO);
+    ::dup2(::fileno(f), STDERR_FILENO);
+    c.abort();
+    ::dup2(saved, STDERR_FILENO);
+    std::rewind(f);
+    char buf[4096];
+    report.assign(buf, std::fread(buf, 1, sizeof buf, f));
+    std::fclose(f);
+    return 0;
+  });
+  ASSERT_EQ(results[0].exit_code, 0) << results[0].output;
+  const std::string& m = results[0].output;
+  EXPECT_NE(
+      m.find("strata: rank 0 aborted; flight recorder of communicator 'world' (rank 0 of 2), last 2 operation(s):"),
+      std::string::npos)
+      << m;
+  EXPECT_NE(m.find("#1 all_reduce float32 x16 done"), std::string::npos) << m;
+  EXPECT_NE(m.find("#2 barrier done"), std::string::npos) << m;
 }
 
 }  // namespace
