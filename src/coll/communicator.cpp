@@ -390,15 +390,14 @@ Result<std::shared_ptr<detail::WorkState>> posted_send(detail::CommImpl& c, cons
   const uint64_t h = detail::flight_begin(c, op, c.send_seq[op.peer] + 1);
   auto w = c.net ? detail::post_send_net(c, op) : detail::post_send(c, op);
   if (!w.is_ok()) {
-    detail::flight_end(c, h, OpKind::Send, w.status());
+    detail::flight_end(c, h, w.status());
     return w;
   }
   if (h && w.value()->poll) {
     auto self = c.shared_from_this();
     w.value()->poll = [self, h, inner = std::move(w.value()->poll)](bool block) {
       Status s = inner(block);
-      if (block || s.code() != Code::Unavailable || s.message() != "pending")
-        detail::flight_end(*self, h, OpKind::Send, s);
+      if (block || s.code() != Code::Unavailable || s.message() != "pending") detail::flight_end(*self, h, s);
       return s;
     };
   }
@@ -409,7 +408,7 @@ Result<std::shared_ptr<detail::WorkState>> posted_send(detail::CommImpl& c, cons
 Status recorded_recv(detail::CommImpl& c, const Op& op, uint64_t queued) {
   const uint64_t h = detail::flight_begin(c, op, c.recv_seq[op.peer] + 1, queued);
   Status st = c.net ? detail::recv_net(c, op) : detail::do_recv(c, op);
-  detail::flight_end(c, h, OpKind::Recv, st);
+  detail::flight_end(c, h, st);
   return st;
 }
 

@@ -199,7 +199,7 @@ uint64_t flight_queue(CommImpl& c, const coll::Op& op) {
   return c.flight.begin(op, FlightState::Queued, 0, flight_now_ns());
 }
 
-void flight_end(CommImpl& c, uint64_t h, coll::OpKind, const Status& st) {
+void flight_end(CommImpl& c, uint64_t h, const Status& st) {
   if (h) c.flight.end(h, st.is_ok(), flight_now_ns());
 }
 

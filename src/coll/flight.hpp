@@ -100,8 +100,8 @@ std::string describe(const FlightEntry::Snapshot& e);
 /// Records the start of `op` as operation `seq` on `c`; `queued` is the handle of the Queued
 /// entry of _async work, or 0. Returns the handle flight_end takes.
 uint64_t flight_begin(CommImpl& c, const coll::Op& op, uint32_t seq, uint64_t queued = 0);
-/// Records the end of the operation (of kind `kind`) of handle `h` with `st`.
-void flight_end(CommImpl& c, uint64_t h, coll::OpKind kind, const Status& st);
+/// Records the end of the operation of handle `h` with `st`.
+void flight_end(CommImpl& c, uint64_t h, const Status& st);
 /// Records _async work `op` as queued on `c` (its sequence number comes when it starts);
 /// returns the handle flight_begin takes as `queued`.
 uint64_t flight_queue(CommImpl& c, const coll::Op& op);
