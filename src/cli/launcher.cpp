@@ -70,7 +70,7 @@ Status Launcher::prepare() {
   if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) return errno_status("prctl(PR_SET_CHILD_SUBREAPER)", errno);
   sigset_t set;
   sigemptyset(&set);
-  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, s);
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&set, s);
   if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) return errno_status("sigprocmask", errno);
   sigfd_ = ::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
   if (sigfd_ < 0) return errno_status("signalfd", errno);
@@ -356,7 +356,8 @@ void Launcher::loop() {
     }
 
     std::optional<Clock::time_point> wake;
-    for (const auto& t : {kill_at_, job_deadline_, drain_until_})
+    finish_flight(now);
+    for (const auto& t : {kill_at_, job_deadline_, drain_until_, flight_until_})
       if (t && (!wake || *t < *wake)) wake = t;
     int timeout = -1;
     if (wake) {
@@ -388,6 +389,7 @@ void Launcher::loop() {
     // its death.
     for (size_t i = 0; i < streams.size(); ++i)
       if (fds[i + first_stream].revents) relay(*streams[i].first, *streams[i].second);
+    finish_flight(Clock::now());
     if (fds[0].revents & POLLIN) on_signals();
     if ((fds[1].revents & POLLIN) && !stopping_) check_heartbeats();
     if (link_fd_ >= 0 && (fds[2].revents & POLLIN))
@@ -400,6 +402,10 @@ void Launcher::on_signals() {
   while (::read(sigfd_, &info, sizeof info) == sizeof info) {
     int sig = static_cast<int>(info.ssi_signo);
     if (sig == SIGCHLD) continue;  // reaped below, once for any number of SIGCHLDs
+    if (sig == SIGUSR1) {
+      request_flight();  // a question, not a stop: the job keeps running
+      continue;
+    }
     if (!stopping_) {
       say("received " + signal_name(sig) + "; forwarding it to " + std::to_string(running_count()) + " rank(s)");
       exit_code_ = 128 + sig;
@@ -413,6 +419,43 @@ void Launcher::on_signals() {
     }
   }
   reap();
+}
+
+void Launcher::request_flight() {
+  if (flight_) {
+    say("received SIGUSR1; a flight-recorder report is already being collected");
+    return;
+  }
+  flight_ = std::make_unique<FlightReport>();
+  int asked = 0, skipped = 0;
+  for (const auto& r : ranks_) {
+    if (!r.running || !r.current) continue;
+    // The library installs its handler at init; before that (or with the recorder off)
+    // SIGUSR1 would end the rank, so it is only sent to ranks that catch it.
+    if (!catches_signal(r.pid, SIGUSR1)) {
+      ++skipped;
+      continue;
+    }
+    if (::kill(r.pid, SIGUSR1) == 0) {
+      flight_->expect(r.global);
+      ++asked;
+    }
+  }
+  say("received SIGUSR1; asking " + std::to_string(asked) + " rank(s) for their flight recorder" +
+      (skipped ? " (" + std::to_string(skipped) + " without a SIGUSR1 handler not asked)" : std::string()));
+  flight_until_ = Clock::now() + kFlightWait;
+}
+
+void Launcher::finish_flight(Clock::time_point now) {
+  if (!flight_ || !(flight_->complete() || (flight_until_ && now >= *flight_until_))) return;
+  std::vector<int> all;
+  for (const auto& r : ranks_)
+    if (r.current) all.push_back(r.global);
+  std::string msg = "flight recorder report (" + std::to_string(all.size()) + " rank(s)):";
+  for (const auto& l : flight_->render(all)) msg += "\n  " + l;
+  say(msg);
+  flight_.reset();
+  flight_until_.reset();
 }
 
 void Launcher::reap() {
@@ -509,7 +552,9 @@ void Launcher::emit(const Rank& r, Stream& s, bool at_eof) {
     } else {
       break;
     }
-    out.append(prefix).append(s.pending, start, len).push_back('\n');
+    // A flight-recorder dump asked for by SIGUSR1 goes into the merged report instead.
+    if (!(flight_ && &s == &r.err && flight_->take(s.pending.substr(start, len))))
+      out.append(prefix).append(s.pending, start, len).push_back('\n');
     start += len + (nl != std::string::npos ? 1 : 0);
   }
   s.pending.erase(0, start);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bootstrap/store.hpp"
+#include "cli/flight_report.hpp"
 #include "cli/ft_controller.hpp"
 #include "cli/node_link.hpp"
 #include "cli/output_queue.hpp"
@@ -41,6 +42,8 @@ inline constexpr size_t kMaxQueuedOutput = 8 * 1024 * 1024;
 /// How long a SIGKILLed process group may take to vanish before the launcher reports the
 /// stuck process instead of waiting on (a process in uninterruptible sleep does not die).
 inline constexpr std::chrono::seconds kKillWait{5};
+/// How long the launcher waits for the ranks' flight-recorder dumps after a SIGUSR1.
+inline constexpr std::chrono::seconds kFlightWait{2};
 /// Exit status when --timeout ends the job, as timeout(1).
 inline constexpr int kTimeoutExit = 124;
 /// Exit status when the program cannot be started, as a shell.
@@ -116,6 +119,10 @@ class Launcher {
   void loop();
   /// Drains the signalfd: forwards SIGINT/SIGTERM/SIGHUP, reaps on SIGCHLD.
   void on_signals();
+  /// SIGUSR1: asks every running rank that catches it for its flight recorder.
+  void request_flight();
+  /// Prints the merged report once every asked rank answered or kFlightWait passed.
+  void finish_flight(Clock::time_point now);
   /// Collects exited ranks (and, with --ft, replaces the failed ones together).
   void reap();
   /// One rank exited: report it and stop the job, or queue it for replacement (--ft).
@@ -174,6 +181,8 @@ class Launcher {
   int exit_code_ = 0;
   bool stopping_ = false;
   std::optional<Clock::time_point> kill_at_, job_deadline_, drain_until_;
+  std::unique_ptr<FlightReport> flight_;  // a SIGUSR1 report being collected
+  std::optional<Clock::time_point> flight_until_;
 };
 
 }  // namespace strata::cli::launch

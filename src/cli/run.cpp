@@ -65,7 +65,11 @@ const char kUsage[] =
     "the failed rank's code (128+N for a signal). SIGINT, SIGTERM and SIGHUP are forwarded\n"
     "to every rank; a second one kills them. Nothing a rank started outlives the launcher,\n"
     "even a killed one. Output a slow terminal cannot take is dropped and counted\n"
-    "(\"... N bytes dropped\"), so the job never waits for the terminal.\n";
+    "(\"... N bytes dropped\"), so the job never waits for the terminal.\n"
+    "\n"
+    "SIGUSR1 (kill -USR1 <strata run's pid>) asks every rank for its flight recorder and\n"
+    "prints one report: each rank's last completed and pending operation, and which ranks\n"
+    "the pending ones wait for. The job keeps running (docs/SEMANTICS.md, 'Diagnosing a hang').\n";
 
 int usage_error(const std::string& msg) {
   print_error(kRunWho, msg + " (try 'strata run --help')");

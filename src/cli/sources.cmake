@@ -14,6 +14,7 @@ target_sources(strata_cli PRIVATE
   # strata run: command line (run), one host (launcher), multi-node agent, --ft
   ${CMAKE_CURRENT_LIST_DIR}/run.cpp
   ${CMAKE_CURRENT_LIST_DIR}/launcher.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/flight_report.cpp
   ${CMAKE_CURRENT_LIST_DIR}/node_agent.cpp
   ${CMAKE_CURRENT_LIST_DIR}/node_link.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ft_run.cpp

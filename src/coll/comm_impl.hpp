@@ -22,6 +22,7 @@
 #include "coll/context_impl.hpp"
 #include "coll/ctrl_block.hpp"
 #include "coll/descriptor.hpp"
+#include "coll/flight.hpp"
 #include "coll/membership.hpp"
 #include "coll/op.hpp"
 #include "coll/work_state.hpp"
@@ -69,6 +70,11 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   std::mutex err_mu;
   Status sticky;                       // set when the communicator is broken (timeout, peer failure, abort)
   std::atomic<bool> is_broken{false};  // lets the hot path skip err_mu
+
+  // ---- flight recorder (coll/flight.hpp) ---------------------------------------------------
+  FlightRecorder flight;                   // the last STRATA_FLIGHT_RECORDER operations
+  std::atomic<bool> flight_dumped{false};  // the ring went to stderr when the communicator broke
+  std::vector<uint32_t> peer_flight_len;   // per comm rank: entries of its ring we have mapped (0: none)
 
   // ---- counters (Communicator::stats) ------------------------------------------------------
   std::atomic<uint64_t> ops{0}, staged_bytes{0}, direct_bytes{0}, cma_bytes{0}, temp_bytes{0};
@@ -164,8 +170,9 @@ Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImp
                                                 const std::vector<memory::SegRef>& local_refs, Deadline d);
 
 /// Runs one collective (blocking, on the calling thread) with the algorithm that
-/// coll/select.cpp chooses (coll/run.cpp). Validation already done.
-Status run_collective(CommImpl& c, coll::Op& op);
+/// coll/select.cpp chooses (coll/run.cpp). Validation already done. `queued`: the flight
+/// recorder's handle of _async work (recorded when it was queued), or 0.
+Status run_collective(CommImpl& c, coll::Op& op, uint64_t queued = 0);
 /// Point-to-point on a communicator that spans hosts: the send is posted now and completes
 /// through the returned work's poll; the receive lands straight in the caller's buffer.
 Result<std::shared_ptr<WorkState>> post_send_net(CommImpl& c, const coll::Op& op);

@@ -125,11 +125,12 @@ Status send_done(CommImpl& c, int peer, uint32_t s, Deadline d, bool block) {
     STRATA_RETURN_IF_ERROR(c.broken());
     Status st = transport::wait_reached(done, s, c.policy(d), "send");
     if (!st.is_ok()) {
-      Status full(st.code(),
-                  st.message() + " on rank " + std::to_string(c.rank) + " waiting for rank " + std::to_string(peer) +
-                      " to receive",
-                  peer);
+      std::string msg = st.message() + " on rank " + std::to_string(c.rank) + " waiting for rank " +
+                        std::to_string(peer) + " to receive (send #" + std::to_string(s) + ")";
+      if (std::string a = peer_activity(c, peer); !a.empty()) msg += "; " + a;
+      Status full(st.code(), std::move(msg), peer);
       if (st.code() != Code::Timeout) c.set_broken(full);
+      else flight_dump_stderr(c, "timed out");
       return full;
     }
   } else if (!transport::reached(done.value.load(std::memory_order_acquire), s)) {
@@ -237,11 +238,12 @@ Status do_recv(CommImpl& c, const Op& op) {
   const CtrlView& sv = c.peers[peer];
   Status st = transport::wait_reached(sv.send_posted(c.rank), r, c.policy(d), "recv");
   if (!st.is_ok()) {
-    Status full(
-        st.code(),
-        st.message() + " on rank " + std::to_string(c.rank) + " waiting for a send from rank " + std::to_string(peer),
-        peer);
+    std::string msg = st.message() + " on rank " + std::to_string(c.rank) + " waiting for a send from rank " +
+                      std::to_string(peer) + " (receive #" + std::to_string(r) + ")";
+    if (std::string a = peer_activity(c, peer); !a.empty()) msg += "; " + a;
+    Status full(st.code(), std::move(msg), peer);
     if (st.code() != Code::Timeout) c.set_broken(full);
+    else flight_dump_stderr(c, "timed out");
     return full;
   }
   return take_message(c, op, peer, r, d);
@@ -428,18 +430,44 @@ namespace {
 using coll::Op;
 using coll::OpKind;
 
+/// Posts a send, recorded by the flight recorder from now until the receiver has it.
+Result<std::shared_ptr<detail::WorkState>> posted_send(detail::CommImpl& c, const Op& op) {
+  const uint64_t h = detail::flight_begin(c, op, c.send_seq[op.peer] + 1);
+  auto w = c.net ? detail::post_send_net(c, op) : detail::post_send(c, op);
+  if (!w.is_ok()) {
+    detail::flight_end(c, h, w.status());
+    return w;
+  }
+  if (h && w.value()->poll) {
+    auto self = c.shared_from_this();
+    w.value()->poll = [self, h, inner = std::move(w.value()->poll)](bool block) {
+      Status s = inner(block);
+      if (block || s.code() != Code::Unavailable || s.message() != "pending") detail::flight_end(*self, h, s);
+      return s;
+    };
+  }
+  return w;
+}
+
+/// A receive, recorded (under exec_mu, like a collective); `queued` as in run_collective.
+Status recorded_recv(detail::CommImpl& c, const Op& op, uint64_t queued) {
+  const uint64_t h = detail::flight_begin(c, op, c.recv_seq[op.peer] + 1, queued);
+  Status st = c.net ? detail::recv_net(c, op) : detail::do_recv(c, op);
+  detail::flight_end(c, h, st);
+  return st;
+}
+
 void run_blocking(const std::shared_ptr<detail::CommImpl>& impl, Op op) {
   auto& c = need_impl(impl);
   throw_if_error(detail::usable(c), c.rank);
   if (op.kind == OpKind::Send || op.kind == OpKind::Recv) {
     throw_if_error(detail::check_p2p(c, op, coll::to_string(op.kind)), c.rank);
     if (op.kind == OpKind::Send) {
-      auto w = value_or_throw(c.net ? detail::post_send_net(c, op) : detail::post_send(c, op), c.rank);
+      auto w = value_or_throw(posted_send(c, op), c.rank);
       Work(w).wait();
       return;
     }
-    throw_if_error(detail::execute(c, [&] { return c.net ? detail::recv_net(c, op) : detail::do_recv(c, op); }),
-                   c.rank);
+    throw_if_error(detail::execute(c, [&] { return recorded_recv(c, op, 0); }), c.rank);
     return;
   }
   throw_if_error(detail::validate(c, op), c.rank);
@@ -452,17 +480,18 @@ Work run_async(const std::shared_ptr<detail::CommImpl>& impl, Op op) {
   if (op.kind == OpKind::Send) {
     throw_if_error(detail::check_p2p(c, op, "send"), c.rank);
     // Posting happens now, so a later receive (ours or the peer's) can never wait behind it.
-    return Work(value_or_throw(c.net ? detail::post_send_net(c, op) : detail::post_send(c, op), c.rank));
+    return Work(value_or_throw(posted_send(c, op), c.rank));
   }
   if (op.kind == OpKind::Recv) {
     throw_if_error(detail::check_p2p(c, op, "recv"), c.rank);
     auto keep = impl;
-    return Work(detail::submit(
-        c, [keep, op]() mutable { return keep->net ? detail::recv_net(*keep, op) : detail::do_recv(*keep, op); }));
+    const uint64_t q = detail::flight_queue(c, op);
+    return Work(detail::submit(c, [keep, op, q]() mutable { return recorded_recv(*keep, op, q); }));
   }
   throw_if_error(detail::validate(c, op), c.rank);
   auto keep = impl;
-  return Work(detail::submit(c, [keep, op]() mutable { return detail::run_collective(*keep, op); }));
+  const uint64_t q = detail::flight_queue(c, op);
+  return Work(detail::submit(c, [keep, op, q]() mutable { return detail::run_collective(*keep, op, q); }));
 }
 
 Op make(OpKind k, const void* in, void* out, size_t count, DataType dt, const CollOptions& o) {

@@ -55,10 +55,18 @@ int open_pidfd(int pid) {
 std::string world_key(const ContextImpl& ctx, int rank) { return ctx.key("world/" + std::to_string(rank)); }
 
 void CommImpl::set_broken(const Status& s) {
-  std::lock_guard<std::mutex> g(err_mu);
-  if (sticky.is_ok())
-    sticky = Status(s.code(), "communicator is unusable after an earlier failure: " + s.message(), s.peer());
-  is_broken.store(true, std::memory_order_release);
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> g(err_mu);
+    if (sticky.is_ok()) {
+      sticky = Status(s.code(), "communicator is unusable after an earlier failure: " + s.message(), s.peer());
+      first = true;
+    }
+    is_broken.store(true, std::memory_order_release);
+  }
+  // A hang or an abort is when the user asks what this rank was doing: say it once.
+  if (first && (s.code() == Code::Timeout || s.code() == Code::Aborted) && !flight_dumped.exchange(true))
+    flight_dump_stderr(*this, s.code() == Code::Timeout ? "timed out" : "aborted");
 }
 
 transport::WaitPolicy CommImpl::policy(Deadline d) {
@@ -91,10 +99,13 @@ Status CommImpl::sync(Deadline d, const char* what) {
     int r = (rank + k) % size;
     Status s = transport::wait_reached(peers[r].hdr()->slot(seq).ready, phase, pol, what);
     if (!s.is_ok()) {
-      Status full(s.code(),
-                  s.message() + " on rank " + std::to_string(rank) + " waiting for rank " + std::to_string(r) +
-                      " (operation #" + std::to_string(seq) + ", timeout " + std::to_string(timeout.count()) + " ms)",
-                  s.peer() >= 0 ? s.peer() : r);
+      std::string msg = s.message() + " on rank " + std::to_string(rank) + " waiting for rank " + std::to_string(r) +
+                        " (operation #" + std::to_string(seq) + ", timeout " + std::to_string(timeout.count()) + " ms)";
+      if (s.code() == Code::Timeout || s.code() == Code::PeerFailed) {
+        std::string peer = peer_activity(*this, r);
+        if (!peer.empty()) msg += "; " + peer;
+      }
+      Status full(s.code(), std::move(msg), s.peer() >= 0 ? s.peer() : r);
       set_broken(full);
       return full;
     }
@@ -169,6 +180,11 @@ Status CommImpl::attach_peer(int r, const memory::SegRef& ref, Deadline d) {
     return internal_error("control block of rank " + std::to_string(r) + " is not initialised (magic " +
                           std::to_string(h->magic) + ", rank " + std::to_string(h->rank) + ")");
   peers[r] = v;
+  // The peer's flight-recorder ring follows its block: map that far too, or never read it.
+  peer_flight_len[r] = 0;
+  if (const uint32_t len = h->flight_len; len > 0 && len <= (1u << 20) && (len & (len - 1)) == 0)
+    if (ctx->heap->peer_ptr(members[r], ref, CtrlView::bytes_with_flight(size, len), d).is_ok())
+      peer_flight_len[r] = len;
   if (pidfds[r] >= 0) ::close(pidfds[r]);
   pidfds[r] = -1;
   pids[r] = h->pid;
@@ -210,6 +226,7 @@ static std::shared_ptr<CommImpl> base_comm(const std::shared_ptr<ContextImpl>& c
   c->pidfds.assign(c->size, -1);
   c->send_seq.assign(c->size, 0);
   c->recv_seq.assign(c->size, 0);
+  c->peer_flight_len.assign(c->size, 0);
   std::lock_guard<std::mutex> g(ctx->mu);
   // Drop entries of communicators that are gone, so a job that splits often stays small.
   std::erase_if(ctx->comms, [](const std::weak_ptr<CommImpl>& w) { return w.expired(); });
@@ -222,6 +239,8 @@ std::shared_ptr<CommImpl> new_comm(const std::shared_ptr<ContextImpl>& ctx, std:
   auto c = base_comm(ctx, std::move(id), std::move(members), rank);
   c->ctrl_mem = ctrl_mem;
   c->self = CtrlView(ctrl_mem, c->size);
+  // The ring lies after the control block (new_ctrl_block sized it), where peers read it.
+  c->flight.init(c->self.hdr()->flight_len, c->self.flight());
   c->peers.resize(c->size);
   c->peers[rank] = c->self;
   c->cma_tmp.resize(c->size);
@@ -269,10 +288,14 @@ Result<std::shared_ptr<CommImpl>> make_comm(const std::shared_ptr<ContextImpl>& 
 }
 
 Result<void*> new_ctrl_block(ContextImpl& ctx, int rank, int n) {
-  size_t bytes = CtrlView::bytes(n);
+  const uint32_t flight = flight_entries(ctx.env.flight_recorder);
+  size_t bytes = CtrlView::bytes_with_flight(n, flight);
   STRATA_ASSIGN_OR_RETURN(void* mem, ctx.heap->alloc(bytes));
   std::memset(mem, 0, bytes);
   auto* h = new (mem) CtrlHeader();
+  h->flight_len = flight;
+  FlightEntry* ring = CtrlView(mem, n).flight();
+  for (uint32_t i = 0; i < flight; ++i) new (ring + i) FlightEntry();
   h->rank = rank;
   h->size = n;
   h->pid = static_cast<int>(getpid());
@@ -318,6 +341,7 @@ Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImp
   auto c = base_comm(ctx, std::move(id), std::move(members), rank);
   c->net = ctx->net.get();
   c->tag_base = fnv1a16(c->id);
+  c->flight.init(ctx->env.flight_recorder);  // no block of its own: process memory
   c->host_of.assign(c->size, -1);
   c->local_of.assign(c->size, -1);
   std::vector<std::string> names;
@@ -366,6 +390,7 @@ Result<ContextRef> make_context(const Env& env, const bootstrap::JobInfo& job, s
                             " ranks needs a store (STRATA_STORE or MASTER_ADDR/MASTER_PORT)");
   }
   STRATA_ASSIGN_OR_RETURN(ctx->heap, memory::Heap::create(memory::HeapOptions::from_env(env), job.job_id, job.rank));
+  flight_watch(ctx);
   return ContextRef(std::move(ctx));
 }
 

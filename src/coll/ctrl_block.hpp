@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "coll/flight.hpp"
 #include "coll/op.hpp"
 #include "transport/shm_sync.hpp"
 
@@ -57,6 +58,9 @@ struct alignas(64) CtrlHeader {
   int32_t pid = 0;
   uint64_t self_addr = 0;  // the block's address in its owner's address space (CMA probe)
   uint32_t cma_ok = 0;     // owner could read every peer with process_vm_readv
+  /// Entries of the owner's flight-recorder ring, which follows the block (CtrlView::flight):
+  /// a peer that times out waiting for this rank reads what it is doing there.
+  uint32_t flight_len = 0;
   OpSlot slots[2];
   /// The slot of operation `seq`.
   OpSlot& slot(uint32_t seq) { return slots[seq & 1]; }
@@ -86,6 +90,12 @@ class CtrlView {
     return reinterpret_cast<P2pSlot*>(peer_area(peer) + 192)[seq % kP2pDepth];
   }
   void* base() const { return base_; }
+  /// The owner's flight-recorder ring (hdr()->flight_len entries), right after the block.
+  FlightEntry* flight() const { return reinterpret_cast<FlightEntry*>(base_ + bytes(n_)); }
+  /// Bytes of a block of n ranks with a ring of `flight_len` entries.
+  static size_t bytes_with_flight(int n, uint32_t flight_len) {
+    return bytes(n) + static_cast<size_t>(flight_len) * sizeof(FlightEntry);
+  }
 
  private:
   static size_t align64(size_t v) { return (v + 63) & ~size_t{63}; }

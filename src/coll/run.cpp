@@ -8,10 +8,17 @@
 
 namespace strata::detail {
 
-Status run_collective(CommImpl& c, coll::Op& op) {
-  STRATA_RETURN_IF_ERROR(c.broken());
+Status run_collective(CommImpl& c, coll::Op& op, uint64_t queued) {
+  if (Status b = c.broken(); !b.is_ok()) {
+    if (queued) flight_end(c, queued, b);  // never started: the queued entry fails
+    return b;
+  }
   const coll::Algo algo = coll::select_algorithm(coll::shape_of(c), op).algo;
-  return c.net ? net::run(c, op, algo) : shm::run(c, op, algo);
+  // Both sides number the operation c.seq + 1 (under exec_mu, nothing else runs meanwhile).
+  const uint64_t h = flight_begin(c, op, c.seq + 1, queued);
+  Status st = c.net ? net::run(c, op, algo) : shm::run(c, op, algo);
+  flight_end(c, h, st);
+  return st;
 }
 
 }  // namespace strata::detail

@@ -2,6 +2,7 @@ target_sources(strata PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/communicator.cpp
   ${CMAKE_CURRENT_LIST_DIR}/context.cpp
   ${CMAKE_CURRENT_LIST_DIR}/descriptor.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/flight.cpp
   ${CMAKE_CURRENT_LIST_DIR}/membership.cpp
   ${CMAKE_CURRENT_LIST_DIR}/op.cpp
   ${CMAKE_CURRENT_LIST_DIR}/run.cpp

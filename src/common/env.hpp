@@ -51,6 +51,9 @@ struct Env {
   size_t oneshot_max_bytes = 256 * 1024;  // STRATA_ONESHOT_MAX_BYTES: one-shot vs two-shot all_reduce (2 ranks)
   std::string log_level = "warn";         // STRATA_LOG: error|warn|info|debug
   std::string kernels;                    // STRATA_KERNELS: scalar|avx2|avx512 (empty/auto: best the CPU has)
+  // STRATA_FLIGHT_RECORDER: operations each communicator remembers for hang reports
+  // (rounded up to a power of two; 0 turns the recorder, its dumps and the SIGUSR1 handler off).
+  size_t flight_recorder = 64;
 
   // Heap.
   size_t heap_segment_size = size_t{1} << 30;    // STRATA_HEAP_SEGMENT_SIZE: bytes per memfd segment (virtual)

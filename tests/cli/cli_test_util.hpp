@@ -97,6 +97,7 @@ class CliProcess {
 
   pid_t pid() const { return pid_; }
   const std::string& out() const { return outcome_.out; }
+  const std::string& err() const { return outcome_.err; }
 
   /// Collects output for `for_how_long` (or until both pipes close).
   void pump(std::chrono::milliseconds for_how_long) { read_until(Clock::now() + for_how_long); }

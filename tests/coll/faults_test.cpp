@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <set>
 #include <string>
 #include <thread>
@@ -142,6 +143,120 @@ void peer_dies_or_hangs(int sig, const std::vector<Code>& allowed) {
 TEST(Faults, PeerSigkilledMidCollective) { peer_dies_or_hangs(SIGKILL, {Code::PeerFailed, Code::Timeout}); }
 
 TEST(Faults, PeerSigstoppedMidCollective) { peer_dies_or_hangs(SIGSTOP, {Code::Timeout, Code::PeerFailed}); }
+
+}  // namespace
+}  // namespace strata::test
+
+namespace strata::test {
+namespace {
+
+/// Issue 20 item 1: rank 1 skips the fifth all_reduce and stays alive (outside the library).
+/// The others time out; their errors name rank 1, the operation number, and what rank 1 did
+/// last (read from its control block: its flight recorder's current and last operation).
+TEST(FlightRecorder, TimeoutNamesTheMissingRankAndItsLastOperation) {
+  // Joining and the first operations get time to spare on a loaded machine; the operation
+  // that waits for rank 1 has a short deadline of its own.
+  const auto timeout = 800ms;
+  CollOptions short_wait;
+  short_wait.timeout = timeout;
+  auto results = run_forked(3, 4 * timeout, [&](Communicator& c, std::string& report) {
+    auto a = c.alloc<float>(1024);
+    for (int i = 0; i < 4; ++i) c.all_reduce(a, ReduceOp::Sum);
+    if (c.rank() == 1) {
+      std::this_thread::sleep_for(timeout * 3);  // skipped #5, alive
+      report = "slept";
+      return 0;
+    }
+    try {
+      c.all_reduce(a, ReduceOp::Sum, short_wait);
+      report = "all_reduce #5 finished without rank 1";
+      return 1;
+    } catch (const Error& e) {
+      report = std::to_string(static_cast<int>(e.code())) + " " + e.what();
+      // Stay until the other waiter has timed out too (an exit would be its PeerFailed).
+      std::this_thread::sleep_for(timeout * 2);
+      return 0;
+    }
+  });
+  ASSERT_EQ(results[1].exit_code, 0) << results[1].output;
+  for (int r : {0, 2}) {
+    const std::string& m = results[r].output;
+    ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << m;
+    EXPECT_EQ(m.rfind(std::to_string(static_cast<int>(Code::Timeout)) + " ", 0), 0u) << m;
+    EXPECT_NE(m.find("timed out on rank " + std::to_string(r) + " waiting for rank 1 (operation #5"), std::string::npos)
+        << m;
+    EXPECT_NE(m.find("rank 1's last operation: #4 all_reduce float32 x1024 done"), std::string::npos) << m;
+    EXPECT_NE(m.find("nothing pending"), std::string::npos) << m;
+  }
+}
+
+/// The peer is not idle but inside another operation: a receive from a rank that never
+/// sends. The error says what it is in, and since when.
+TEST(FlightRecorder, TimeoutNamesThePeersPendingOperation) {
+  const auto timeout = 800ms;
+  CollOptions short_wait;
+  short_wait.timeout = timeout;
+  auto results = run_forked(3, 4 * timeout, [&](Communicator& c, std::string& report) {
+    auto a = c.alloc<float>(16);
+    c.all_reduce(a, ReduceOp::Sum);
+    if (c.rank() == 1) {
+      std::vector<int32_t> buf(4);
+      CollOptions o;
+      o.timeout = timeout * 3;  // still waiting when the others give up
+      try {
+        c.recv(buf.data(), buf.size(), DataType::Int32, 2, 7, o);
+      } catch (const Error&) {
+      }
+      report = "recv over";
+      return 0;
+    }
+    try {
+      c.all_reduce(a, ReduceOp::Sum, short_wait);
+      report = "finished";
+      return 1;
+    } catch (const Error& e) {
+      report = e.what();
+      std::this_thread::sleep_for(timeout * 2);  // as above: no exit while the other waits
+      return 0;
+    }
+  });
+  for (int r : {0, 2}) {
+    const std::string& m = results[r].output;
+    ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << m;
+    EXPECT_NE(m.find("waiting for rank 1 (operation #2"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 1 is in #1 recv int32 x4 from rank 2, started "), std::string::npos) << m;
+    EXPECT_NE(m.find("(before it: #1 all_reduce float32 x16 done)"), std::string::npos) << m;
+  }
+}
+
+/// abort() writes the rank's recent operations to stderr (a few lines) before it fails them.
+TEST(FlightRecorder, AbortDumpsTheRecorderToStderr) {
+  auto results = run_forked(2, 5000ms, [&](Communicator& c, std::string& report) {
+    auto a = c.alloc<float>(16);
+    c.all_reduce(a, ReduceOp::Sum);
+    c.barrier();
+    if (c.rank() == 1) return 0;
+    FILE* f = std::tmpfile();
+    if (!f) return 2;
+    const int saved = ::dup(STDERR_FILENO);
+    ::dup2(::fileno(f), STDERR_FILENO);
+    c.abort();
+    ::dup2(saved, STDERR_FILENO);
+    std::rewind(f);
+    char buf[4096];
+    report.assign(buf, std::fread(buf, 1, sizeof buf, f));
+    std::fclose(f);
+    return 0;
+  });
+  ASSERT_EQ(results[0].exit_code, 0) << results[0].output;
+  const std::string& m = results[0].output;
+  EXPECT_NE(
+      m.find("strata: rank 0 aborted; flight recorder of communicator 'world' (rank 0 of 2), last 2 operation(s):"),
+      std::string::npos)
+      << m;
+  EXPECT_NE(m.find("#1 all_reduce float32 x16 done"), std::string::npos) << m;
+  EXPECT_NE(m.find("#2 barrier done"), std::string::npos) << m;
+}
 
 }  // namespace
 }  // namespace strata::test

@@ -200,6 +200,20 @@ TEST(EnvParse, BooleanSpellings) {
   EXPECT_TRUE(env_of({{"STRATA_CMA", ""}}).cma);  // empty keeps the default
 }
 
+// STRATA_FLIGHT_RECORDER: entries per communicator; 0 turns the recorder off; nonsense and
+// absurd sizes are refused (the ring lies in every control block).
+TEST(EnvParse, FlightRecorderSize) {
+  EXPECT_EQ(env_of({}).flight_recorder, 64u);
+  EXPECT_EQ(env_of({{"STRATA_FLIGHT_RECORDER", "0"}}).flight_recorder, 0u);
+  EXPECT_EQ(env_of({{"STRATA_FLIGHT_RECORDER", "200"}}).flight_recorder, 200u);
+  for (const char* bad : {"-1", "lots", "2000000"}) {
+    const Env e = env_of({{"STRATA_FLIGHT_RECORDER", bad}});
+    EXPECT_EQ(e.flight_recorder, 64u) << bad;
+    ASSERT_EQ(e.invalid.size(), 1u) << bad;
+    EXPECT_EQ(e.invalid[0].rfind(std::string("STRATA_FLIGHT_RECORDER=") + bad, 0), 0u) << e.invalid[0];
+  }
+}
+
 // A value that does not parse keeps the default instead of becoming 0.
 TEST(EnvParse, InvalidValuesKeepDefaults) {
   const Env e = env_of({{"STRATA_TIMEOUT", "soon"},

@@ -102,3 +102,10 @@ def test_rendezvous_keeps_the_token_out_of_torchs_store(monkeypatch):
     assert token2 == "shared-secret-123"
     assert "shared-secret-123" not in store2.get(_torch._RENDEZVOUS_KEY).decode()
     assert _torch.rendezvous(store2, 1)[1] == "shared-secret-123"
+
+
+def test_timeout_names_the_missing_rank_and_its_last_operation():
+    # Rank 1 skips an all_reduce: the torch backend runs on the same communicators, so the
+    # others' Timeout carries rank 1's last operation from its flight recorder.
+    out, _ = launch("torch_hang.py", 3, timeout=60, env=dict(STRATA_TIMEOUT="1500ms"))
+    assert "flight recorder of communicator" in out, out
