@@ -57,7 +57,7 @@ def load_summary(results):
         min(busy), max(busy), statistics.median(busy), min(loads), max(loads))
 
 
-def section(series, labels, neighbour, command, load_line):
+def section(series, labels, neighbour, command, load_line, notes=()):
     mpi = "openmpi" if "openmpi" in labels else None
     stratas = [l for l in labels if l != "openmpi"]
     colls = sorted({c for (_, c) in series}, key=lambda c: (c != "all_reduce", c))
@@ -66,7 +66,14 @@ def section(series, labels, neighbour, command, load_line):
          "200 us then sleeping 100-500 us) shares the cores, strata and Open MPI alternating in one run; "
          "median over the rounds of each round's median (us). Target: strata within %gx of Open MPI "
          "(ratio = strata / Open MPI; PASS when <= %g)." % (neighbour, TARGET, TARGET), "",
-         "Reproduce: `%s`. Load: %s." % (command, load_line), ""]
+         "Reproduce: `%s`. Load: %s." % (command, load_line), "",
+         "Why this case is measured: a wait spins for up to STRATA_SPIN_US (500 us) before it yields "
+         "and sleeps. When the peer is not running beside the waiter (a neighbour holds the other core, "
+         "or the host is loaded) the peer often needs the waiter's own core, so the whole spin is lost: "
+         "each wait cost exactly the spin, 2 waits per call gave the 1 ms plateau. Since issue 19 a thread "
+         "whose spins run out halves its next spin (down to 1/256) and steps back up whenever a wait ends "
+         "while spinning (src/transport/shm_sync.cpp). Columns other than strata-heap and Open MPI are "
+         "strata runs under VARIANT_ENV (see the script).", ""] + [n for note in notes for n in (note, "")]
     misses = 0
     for coll in colls:
         sizes = sorted({s for (l, c), d in series.items() if c == coll for s in d})
@@ -105,12 +112,13 @@ def main():
     ap.add_argument("--docs", help="write the section into DOCS/PERFORMANCE.md")
     ap.add_argument("--neighbour", default="sleepy")
     ap.add_argument("--command", default="scripts/bench_neighbour.sh")
+    ap.add_argument("--note", action="append", default=[], help="a paragraph to add under the method")
     o = ap.parse_args()
     series, labels = load(o.results)
     if not series:
         print("neighbour_report: no results in %s" % o.results, file=sys.stderr)
         return 1
-    lines, _ = section(series, labels, o.neighbour, o.command, load_summary(o.results))
+    lines, _ = section(series, labels, o.neighbour, o.command, load_summary(o.results), o.note)
     print("\n".join(lines))
     if o.docs and not replace_section(os.path.join(o.docs, "PERFORMANCE.md"), lines, BEGIN, END):
         print("neighbour_report: %s/PERFORMANCE.md is missing" % o.docs, file=sys.stderr)
