@@ -72,7 +72,7 @@ def section(series, labels, neighbour, command, load_line, notes=()):
          "or the host is loaded) the peer often needs the waiter's own core, so the whole spin is lost: "
          "each wait cost exactly the spin, 2 waits per call gave the 1 ms plateau. Since issue 19 a thread "
          "whose spins run out halves its next spin (down to 1/256) and steps back up whenever a wait ends "
-         "while spinning (src/transport/shm_sync.cpp). Columns other than strata-heap and Open MPI are "
+         "while spinning; every 256th wait spins the full budget (src/transport/shm_sync.cpp). Columns other than strata-heap and Open MPI are "
          "strata runs under VARIANT_ENV (see the script).", ""] + [n for note in notes for n in (note, "")]
     misses = 0
     for coll in colls:

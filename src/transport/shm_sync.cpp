@@ -38,9 +38,13 @@ void futex_wake_all(const std::atomic<uint32_t>* addr) {
 // host is loaded), and every microsecond spun delays it by as much. A fixed 500 us spin then
 // cost each wait exactly 500 us (issue 19: 2 waits per call, a 1 ms plateau). A wait that
 // ends while spinning steps back toward the full spin, so ranks that do have cores of their
-// own keep it.
+// own keep it. Every kProbeEvery-th wait spins the full budget whatever the count: short spins
+// that keep missing (the peer arrives a little later than they last) would otherwise never
+// learn that the host has become quiet again, and both ranks would stay on the futex path.
 constexpr int kMaxSpinHalvings = 8;
+constexpr uint32_t kProbeEvery = 256;
 thread_local int t_missed_spins = 0;
+thread_local uint32_t t_waits = 0;
 
 }  // namespace
 
@@ -56,7 +60,8 @@ Status wait_reached(const Signal& s, uint32_t target, const WaitPolicy& policy, 
   // Spin, then yield, then sleep: the clock is read every 64 polls only (vDSO, ~20 ns).
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  const auto spin_until = t0 + std::chrono::microseconds(policy.spin_us >> t_missed_spins);
+  const int shift = ++t_waits % kProbeEvery == 0 ? 0 : t_missed_spins;
+  const auto spin_until = t0 + std::chrono::microseconds(policy.spin_us >> shift);
   for (;;) {
     for (int i = 0; i < 64; ++i) {
       if (reached(s.value.load(std::memory_order_acquire), target)) {
