@@ -31,7 +31,8 @@ struct WaitPolicy {
   /// Microseconds of pure spinning (CPU pause) before yielding the core, at most. Long when
   /// every rank has a core of its own (the peer is running and arrives soon), near zero when
   /// the host is oversubscribed (the peer may need our core to arrive at all). A thread whose
-  /// spins keep running out (the peer was not running beside it) spins less, down to 1/256.
+  /// spins keep running out (the peer was not running beside it) spins less, down to 1/256
+  /// (every 256th wait spins in full, to notice when that has changed).
   uint32_t spin_us = 500;
   /// Microseconds of sched_yield polling after the spin, before sleeping on the futex.
   uint32_t yield_us = 200;
