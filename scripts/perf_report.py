@@ -19,6 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import moe_report  # noqa: E402
+import neighbour_report  # noqa: E402
 import perf_multihost_report  # noqa: E402
 from report_common import (fb, fr, ft, human, log_axes, md_row, md_rule, md_table, pyplot, read_json,  # noqa: E402
                            write_lines)
@@ -413,6 +414,9 @@ def main():
           "time): [PERFORMANCE_PYTHON.md](PERFORMANCE_PYTHON.md), measured by `python/bench_torch.py`.", ""]
     L += multihost_section(o.docs) + [""]
     L += moe_section(o.docs)
+    nb = neighbour_report.section_lines(o.docs)  # kept: scripts/bench_neighbour.sh writes it
+    if nb:
+        L += [""] + nb
 
     path = os.path.join(o.docs, "PERFORMANCE.md")
     write_lines(path, L)

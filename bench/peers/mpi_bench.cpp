@@ -250,6 +250,23 @@ int MpiBench::run() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The neighbour is forked before MPI_Init, while this process is still single-threaded (the
+  // child starts threads); mpirun tells each rank its number in the environment.
+  NeighbourProcess neighbour;
+  {
+    Options pre;
+    bool pre_help = false;
+    const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (parse_options(argc, argv, 1, Tool::Mpi, pre, pre_help).empty() && !pre_help &&
+        pre.neighbour != Neighbour::None && (!world_rank || std::strcmp(world_rank, "0") == 0)) {
+      std::string nerr = neighbour.start(pre.neighbour);
+      if (!nerr.empty()) std::fprintf(stderr, "mpi_bench: %s\n", nerr.c_str());
+      else
+        std::printf("# neighbour: %s (pid %d)\n", neighbour_description(pre.neighbour, neighbour.threads()).c_str(),
+                    static_cast<int>(neighbour.pid()));
+      std::fflush(stdout);
+    }
+  }
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -267,5 +284,6 @@ int main(int argc, char** argv) {
     rc = b.run();
   }
   MPI_Finalize();
+  neighbour.stop();
   return rc;
 }

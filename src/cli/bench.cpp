@@ -455,6 +455,20 @@ int launch(const Options& o, int argc, char** argv) {
     }
   }
 
+  // Started before the ranks (the launcher is still single-threaded here) and killed after the
+  // last one exits, so every size runs beside it.
+  NeighbourProcess neighbour;
+  if (o.neighbour != Neighbour::None) {
+    std::string nerr = neighbour.start(o.neighbour);
+    if (!nerr.empty()) {
+      print_error(kWho, nerr);
+      if (temp_fd >= 0) ::close(temp_fd);
+      return 1;
+    }
+    write_all(STDOUT_FILENO, "# neighbour: " + neighbour_description(o.neighbour, neighbour.threads()) + " (pid " +
+                                 std::to_string(neighbour.pid()) + ")\n");
+  }
+
   // Duplicates without close-on-exec: every rank inherits them; rank 0 writes the table and
   // the progress there, unprefixed.
   int out_fd = ::fcntl(STDOUT_FILENO, F_DUPFD, 10);
@@ -472,6 +486,7 @@ int launch(const Options& o, int argc, char** argv) {
   for (auto& a : args) run_argv.push_back(a.data());
   run_argv.push_back(nullptr);
   int rc = run_main(static_cast<int>(args.size()), run_argv.data());
+  neighbour.stop();
   if (out_fd >= 0) ::close(out_fd);
   if (err_fd >= 0) ::close(err_fd);
 

@@ -77,6 +77,16 @@ std::string usage_text(Tool tool) {
   u += "  --label NAME        system name in the JSON/CSV (default " +
        std::string(tool == Tool::Strata ? "strata-<buffers>" : "openmpi") +
        ")\n"
+       "  --neighbour K       run a neighbour process beside the ranks for the whole sweep, one\n"
+       "                      thread per usable core: sleepy (each thread spins " +
+       std::to_string(kSleepyBusyUs) +
+       " us, then\n"
+       "                      sleeps " +
+       std::to_string(kSleepyMinSleepUs) + "-" + std::to_string(kSleepyMaxSleepUs) +
+       " us, drawn at random), busy (spins), none\n"
+       "                      (default); " +
+       std::string(tool == Tool::Strata ? "started by the launcher" : "started by rank 0") +
+       ", killed at the end\n"
        "  -q, --quiet         no progress on stderr\n"
        "  -h, --help          this help\n"
        "\n"
@@ -210,6 +220,11 @@ std::string parse_options(int argc, char** argv, int first, Tool tool, Options& 
     } else if (take(i, {"--csv"}, v, err)) {
       if (!err.empty()) return err;
       o.csv = v;
+    } else if (take(i, {"--neighbour"}, v, err)) {
+      if (!err.empty()) return err;
+      auto n = parse_neighbour(v);
+      if (!n) return "--neighbour must be none, sleepy or busy, got '" + v + "'";
+      o.neighbour = *n;
     } else if (take(i, {"--label"}, v, err)) {
       if (!err.empty()) return err;
       o.label = v;

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "cli/bench_colls.hpp"
+#include "cli/bench_neighbour.hpp"
 #include "common/status.hpp"
 
 namespace strata::bench {
@@ -46,6 +47,7 @@ struct Options {
   int max_iters = 10000;
   bool check = true;
   bool quiet = false;
+  Neighbour neighbour = Neighbour::None;  // started beside the ranks for the whole sweep
   std::string json, csv, plot, label;
   // strata bench internals: descriptors the launcher side hands its worker ranks.
   int worker_out_fd = -1, worker_err_fd = -1;

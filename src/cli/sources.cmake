@@ -5,6 +5,7 @@ set(STRATA_BENCH_SHARED_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/bench_args.cpp
   ${CMAKE_CURRENT_LIST_DIR}/bench_sweep.cpp
   ${CMAKE_CURRENT_LIST_DIR}/bench_output.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/bench_neighbour.cpp
   ${CMAKE_CURRENT_LIST_DIR}/../common/parse.cpp
 )
 
@@ -30,5 +31,6 @@ target_sources(strata_cli PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/bench_args.cpp
   ${CMAKE_CURRENT_LIST_DIR}/bench_sweep.cpp
   ${CMAKE_CURRENT_LIST_DIR}/bench_output.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/bench_neighbour.cpp
 )
 target_compile_definitions(strata_cli PRIVATE STRATA_VERSION="${PROJECT_VERSION}")

@@ -91,9 +91,7 @@ Status CommImpl::check_peers() {
 
 Status CommImpl::sync(Deadline d, const char* what) {
   ++phase;
-  // Oversubscribed peers sleep often: they need the fenced wake-up.
-  if (oversubscribed) transport::publish(self.hdr()->slot(seq).ready, phase);
-  else transport::publish_spinning(self.hdr()->slot(seq).ready, phase);
+  transport::publish(self.hdr()->slot(seq).ready, phase);
   auto pol = policy(d);
   for (int k = 1; k < size; ++k) {
     int r = (rank + k) % size;

@@ -33,6 +33,20 @@ void futex_wake_all(const std::atomic<uint32_t>* addr) {
   syscall(SYS_futex, reinterpret_cast<const uint32_t*>(addr), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
+// How often in a row (net of successes) this thread's waits outlasted their spin phase, up to
+// kMaxSpinHalvings; each halves the next spin. A spin that runs out means the peer was not
+// running beside us: often it needs this very core (a neighbour took the other one, or the
+// host is loaded), and every microsecond spun delays it by as much. A fixed 500 us spin then
+// cost each wait exactly 500 us (issue 19: 2 waits per call, a 1 ms plateau). A wait that
+// ends while spinning steps back toward the full spin, so ranks that do have cores of their
+// own keep it. Every kProbeEvery-th wait spins the full budget whatever the count: short spins
+// that keep missing (the peer arrives a little later than they last) would otherwise never
+// learn that the host has become quiet again, and both ranks would stay on the futex path.
+constexpr int kMaxSpinHalvings = 8;
+constexpr uint32_t kProbeEvery = 256;
+thread_local int t_missed_spins = 0;
+thread_local uint32_t t_waits = 0;
+
 }  // namespace
 
 void publish(Signal& s, uint32_t v) {
@@ -42,25 +56,25 @@ void publish(Signal& s, uint32_t v) {
   if (s.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&s.value);
 }
 
-void publish_spinning(Signal& s, uint32_t v) {
-  s.value.store(v, std::memory_order_release);
-  if (s.sleepers.load(std::memory_order_relaxed) != 0) futex_wake_all(&s.value);
-}
-
 Status wait_reached(const Signal& s, uint32_t target, const WaitPolicy& policy, const char* what) {
   if (reached(s.value.load(std::memory_order_acquire), target)) return Status::ok();
   // Spin, then yield, then sleep: the clock is read every 64 polls only (vDSO, ~20 ns).
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  const auto spin_until = t0 + std::chrono::microseconds(policy.spin_us);
-  const auto yield_until = spin_until + std::chrono::microseconds(policy.yield_us);
+  const int shift = ++t_waits % kProbeEvery == 0 ? 0 : t_missed_spins;
+  const auto spin_until = t0 + std::chrono::microseconds(policy.spin_us >> shift);
   for (;;) {
     for (int i = 0; i < 64; ++i) {
-      if (reached(s.value.load(std::memory_order_acquire), target)) return Status::ok();
+      if (reached(s.value.load(std::memory_order_acquire), target)) {
+        if (t_missed_spins > 0) --t_missed_spins;
+        return Status::ok();
+      }
       STRATA_CPU_RELAX();
     }
     if (Clock::now() >= spin_until) break;
   }
+  if (t_missed_spins < kMaxSpinHalvings) ++t_missed_spins;
+  const auto yield_until = Clock::now() + std::chrono::microseconds(policy.yield_us);
   while (Clock::now() < yield_until) {
     for (int i = 0; i < 4; ++i) {
       if (reached(s.value.load(std::memory_order_acquire), target)) return Status::ok();

@@ -28,9 +28,11 @@ inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_
 struct WaitPolicy {
   Deadline deadline = Deadline::never();
   const std::atomic<bool>* abort = nullptr;  // set by Communicator::abort() or revocation
-  /// Microseconds of pure spinning (CPU pause) before yielding the core. Long when every
-  /// rank has a core of its own (the peer is running and arrives soon), near zero when the
-  /// host is oversubscribed (the peer may need our core to arrive at all).
+  /// Microseconds of pure spinning (CPU pause) before yielding the core, at most. Long when
+  /// every rank has a core of its own (the peer is running and arrives soon), near zero when
+  /// the host is oversubscribed (the peer may need our core to arrive at all). A thread whose
+  /// spins keep running out (the peer was not running beside it) spins less, down to 1/256
+  /// (every 256th wait spins in full, to notice when that has changed).
   uint32_t spin_us = 500;
   /// Microseconds of sched_yield polling after the spin, before sleeping on the futex.
   uint32_t yield_us = 200;
@@ -39,14 +41,9 @@ struct WaitPolicy {
   std::function<Status()> check;
 };
 
-/// Stores `v` with release order and wakes sleepers, if any.
+/// Stores `v` and wakes sleepers, if any. The store and the check for sleepers are seq_cst
+/// (a Dekker handshake with wait_reached): a waiter going to sleep either sees `v` or is woken.
 void publish(Signal& s, uint32_t v);
-/// publish() without the full fence between the store and the check for sleepers: the
-/// caller goes on (to read its peers' lines) while the store's cache line is still being
-/// claimed. The price: a peer that falls asleep in the instant before the store lands may
-/// miss the wake-up and sleep until its 1 ms timeout. For peers that each own a core (they
-/// spin for STRATA_SPIN_US before sleeping), where that instant almost never comes.
-void publish_spinning(Signal& s, uint32_t v);
 
 /// Waits until reached(s.value, target). Returns Timeout, Aborted or whatever `check`
 /// returned when the wait cannot complete. `what` names the wait in the error message.
