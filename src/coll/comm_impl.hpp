@@ -63,6 +63,15 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   std::vector<uint32_t> send_seq;  // per peer
   std::vector<uint32_t> recv_seq;  // per peer
   int any_source_next = 0;         // where a receive from any rank starts its scan
+  // Across hosts, a receive from any rank must read a header to learn its tag; one whose tag
+  // did not match waits here (per peer) for the receive that takes it (coll/net/p2p.cpp).
+  struct StashedHeader {
+    bool full = false;
+    P2pHeader h;
+    size_t received = 0;     // bytes of the header's message (header + data of a small one)
+    std::vector<char> data;  // kEagerBytes once used: the data that rode with the header
+  };
+  std::vector<StashedHeader> net_stash;  // per peer; empty until a receive from any rank
   int split_count = 0;
 
   // ---- failure and wait policy: failures are sticky; every wait polls the abort flag -------
@@ -177,6 +186,9 @@ Status run_collective(CommImpl& c, coll::Op& op, uint64_t queued = 0);
 /// through the returned work's poll; the receive lands straight in the caller's buffer.
 Result<std::shared_ptr<WorkState>> post_send_net(CommImpl& c, const coll::Op& op);
 Status recv_net(CommImpl& c, const coll::Op& op);
+/// A receive from any rank on a communicator that spans hosts (same matching rule as on
+/// one host); `*source` is the sender's comm rank.
+Status recv_any_net(CommImpl& c, const coll::Op& op, int* source);
 /// Validates a collective's arguments for this rank; InvalidArgument names what is wrong.
 Status validate(const CommImpl& c, const coll::Op& op);
 

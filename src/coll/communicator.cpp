@@ -255,9 +255,7 @@ Status do_recv(CommImpl& c, const Op& op) {
 /// after the last match, so a busy sender cannot starve the others.
 Status do_recv_any(CommImpl& c, const Op& op, int* source) {
   STRATA_RETURN_IF_ERROR(c.broken());
-  if (c.net)
-    return invalid_argument("recv from any source works among the ranks of one host; this communicator spans " +
-                            std::to_string(c.host_members.size()) + " hosts: name the source rank");
+  if (c.net) return recv_any_net(c, op, source);
   auto d = Deadline::after(op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout);
   int found = -1;
   auto ready = [&] {

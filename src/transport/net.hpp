@@ -85,6 +85,9 @@ class Net {
   virtual Status wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, const char* what) = 0;
   /// Drives progress once and reports whether `x` has finished (for Work::test).
   virtual bool test(const Transfer& x) = 0;
+  /// Drives progress once and reports whether a message with exactly `tag` from `peer` has
+  /// arrived and waits for its receive (it stays queued: a later recv takes it).
+  virtual bool probe(int peer, uint64_t tag) = 0;
   /// Whether an endpoint error was seen for `peer` (it died or its link broke).
   virtual bool peer_failed(int peer) const = 0;
 };

@@ -105,6 +105,7 @@ class Ucx final : public Net {
   Result<TransferPtr> put(int peer, uint64_t tag, const void* buf, size_t bytes, RemoteRef dst) override;
   Status wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, const char* what) override;
   bool test(const Transfer& x) override;
+  bool probe(int peer, uint64_t tag) override;
   bool peer_failed(int peer) const override { return peers_[peer]->failed.load(std::memory_order_acquire); }
 
   static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
@@ -492,6 +493,16 @@ bool Ucx::test(const Transfer& x) {
     progress_locked();
   }
   return x.done.load(std::memory_order_acquire);
+}
+
+bool Ucx::probe(int peer, uint64_t tag) {
+  // The tag names its sender (make_tag's source bits), so matching it exactly is enough;
+  // the message stays in UCX's unexpected queue (remove = 0) for the receive that follows.
+  (void)peer;
+  std::lock_guard<std::mutex> g(mu_);
+  progress_locked();
+  ucp_tag_recv_info_t info{};
+  return ucp_tag_probe_nb(worker_, tag, ~uint64_t{0}, 0, &info) != nullptr;
 }
 
 Status Ucx::wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, const char* what) {
