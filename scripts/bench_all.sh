@@ -53,16 +53,8 @@ fi
 GLOO_F=$(( ${AR_F%.*} < 4 ? 4 : ${AR_F%.*} ))   # gloo is ~1000x slower at small sizes: fewer sizes
 TUNED_ENV=(MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296)
 
-# Percent of the CPU time other processes used over 0.4 s (our own ranks are not running then).
-others_busy() {
-  local a b c d e f g h t1 i1 t2 i2
-  read -r _ a b c d e f g h _ </proc/stat
-  t1=$((a + b + c + d + e + f + g + h)) i1=$((d + e))
-  sleep 0.4
-  read -r _ a b c d e f g h _ </proc/stat
-  t2=$((a + b + c + d + e + f + g + h)) i2=$((d + e))
-  echo $((100 * ((t2 - t1) - (i2 - i1)) / (t2 - t1 > 0 ? t2 - t1 : 1)))
-}
+# shellcheck source=scripts/bench_lib.sh
+source "$ROOT/scripts/bench_lib.sh"
 say() { printf '[bench_all %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 start=$(date +%s)
 

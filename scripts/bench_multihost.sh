@@ -97,16 +97,8 @@ MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np $((HOSTS * PER_HOST)) --h
   --map-by slot --mca plm_rsh_agent "$ROOT/tests/multihost/mpi_rsh_agent.sh" --mca mpi_yield_when_idle 1
   --mca btl tcp,vader,self --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet")
 
-# Percent of the CPU time other processes used over 0.4 s (nothing of ours runs then).
-others_busy() {
-  local a b c d e f g h t1 i1 t2 i2
-  read -r _ a b c d e f g h _ </proc/stat
-  t1=$((a + b + c + d + e + f + g + h)) i1=$((d + e))
-  sleep 0.4
-  read -r _ a b c d e f g h _ </proc/stat
-  t2=$((a + b + c + d + e + f + g + h)) i2=$((d + e))
-  echo $((100 * ((t2 - t1) - (i2 - i1)) / (t2 - t1 > 0 ? t2 - t1 : 1)))
-}
+# shellcheck source=scripts/bench_lib.sh
+source "$ROOT/scripts/bench_lib.sh"
 
 # run NAME CMD...: one measurement, log in NAME.log; a failure is counted, not fatal.
 run() {

@@ -39,16 +39,8 @@ fi
 MPIRUN=(mpirun -np 2 --bind-to none)
 [[ $(id -u) == 0 ]] && MPIRUN+=(--allow-run-as-root)
 
-# Percent of the CPU time other processes used over 0.4 s (nothing of ours runs then).
-others_busy() {
-  local a b c d e f g h t1 i1 t2 i2
-  read -r _ a b c d e f g h _ </proc/stat
-  t1=$((a + b + c + d + e + f + g + h)) i1=$((d + e))
-  sleep 0.4
-  read -r _ a b c d e f g h _ </proc/stat
-  t2=$((a + b + c + d + e + f + g + h)) i2=$((d + e))
-  echo $((100 * ((t2 - t1) - (i2 - i1)) / (t2 - t1 > 0 ? t2 - t1 : 1)))
-}
+# shellcheck source=scripts/bench_lib.sh
+source "$ROOT/scripts/bench_lib.sh"
 
 rm -rf "$OUT" && mkdir -p "$OUT"
 common=(-b "$MIN" -e "$MAX" -f 2 --repeats "$REPEATS" --target-ms "$TARGET_MS" -q --neighbour "$NEIGHBOUR")

@@ -90,6 +90,24 @@ int try_connect(const std::string& path) {
   return rc;
 }
 
+// Forks a child that runs `body(report)`, where report(value) sends one T to the parent (and
+// returns false when it could not); the child may stay alive afterwards. The parent waits for
+// the value: true with `*out` set, false when the child ended without reporting.
+template <class T, class Body>
+bool spawn_reporting(Body body, T* out, pid_t* pid) {
+  int fds[2];
+  if (pipe(fds) != 0) return false;
+  *pid = spawn([&] {
+    close(fds[0]);
+    auto report = [&](const T& v) { return write(fds[1], &v, sizeof(T)) == static_cast<ssize_t>(sizeof(T)); };
+    return body(report);
+  });
+  close(fds[1]);
+  const bool got = read(fds[0], out, sizeof(T)) == static_cast<ssize_t>(sizeof(T));
+  close(fds[0]);
+  return got;
+}
+
 // Rank 1 reads a block rank 0 wrote, through the fd channel: the job works.
 void expect_job_works(Heap& h0, Heap& h1, unsigned char value) {
   auto p = h0.alloc(4096);
@@ -126,21 +144,19 @@ TEST(FdAuth, AnotherUserCannotTakeTheNameNorConnect) {
 
   // Before rank 1 starts, nobody tries to bind its name; while rank 0 runs, nobody tries to
   // connect to it. The child reports both errnos.
-  int to_parent[2];
-  ASSERT_EQ(pipe(to_parent), 0);
-  const pid_t child = spawn([&] {
-    close(to_parent[0]);
-    if (!become(nobody)) return 90;
-    const int results[2] = {try_listen(rank1), try_connect(rank0)};
-    return write(to_parent[1], results, sizeof(results)) == sizeof(results) ? 0 : 91;
-  });
-  close(to_parent[1]);
-  int results[2] = {-1, -1};
-  ASSERT_EQ(read(to_parent[0], results, sizeof(results)), static_cast<ssize_t>(sizeof(results)));
-  close(to_parent[0]);
+  struct Errnos {
+    int bind = -1, connect = -1;
+  } results;
+  pid_t child = -1;
+  ASSERT_TRUE(spawn_reporting(
+      [&](auto report) {
+        if (!become(nobody)) return 90;
+        return report(Errnos{try_listen(rank1), try_connect(rank0)}) ? 0 : 91;
+      },
+      &results, &child));
   ASSERT_EQ(reap(child), 0);
-  EXPECT_EQ(results[0], EACCES) << "nobody bound rank 1's socket name: " << std::strerror(results[0]);
-  EXPECT_EQ(results[1], EACCES) << "nobody connected to rank 0's socket: " << std::strerror(results[1]);
+  EXPECT_EQ(results.bind, EACCES) << "nobody bound rank 1's socket name: " << std::strerror(results.bind);
+  EXPECT_EQ(results.connect, EACCES) << "nobody connected to rank 0's socket: " << std::strerror(results.connect);
 
   auto h1 = make_heap(key, 1);
   ASSERT_TRUE(h1) << "rank 1 could not start after the squat attempt";
@@ -217,22 +233,18 @@ TEST(FdAuth, AServerOfAnotherUserIsNotBelieved) {
   ASSERT_FALSE(base.path.empty());
   ASSERT_EQ(chmod(base.path.c_str(), 0777), 0);
   const std::string path = base.path + "/impostor";
-  int ready[2];
-  ASSERT_EQ(pipe(ready), 0);
-  const pid_t child = spawn([&] {
-    close(ready[0]);
-    if (!become(nobody)) return 90;
-    if (try_listen(path) != 0) return 91;
-    // The listening socket stays open in this process (try_listen keeps it): answer nothing.
-    const char ok = 1;
-    if (write(ready[1], &ok, 1) != 1) return 92;
-    pause();
-    return 0;
-  });
-  close(ready[1]);
   char ok = 0;
-  ASSERT_EQ(read(ready[0], &ok, 1), 1);
-  close(ready[0]);
+  pid_t child = -1;
+  ASSERT_TRUE(spawn_reporting(
+      [&](auto report) {
+        if (!become(nobody)) return 90;
+        if (try_listen(path) != 0) return 91;
+        // The listening socket stays open in this process (try_listen keeps it): answer nothing.
+        if (!report(char{1})) return 92;
+        pause();
+        return 0;
+      },
+      &ok, &child));
   auto f = fetch_segment_fd(path, 0, 1, soon(2000));
   kill(child, SIGKILL);
   reap(child);
@@ -268,20 +280,16 @@ TEST(FdAuth, ThePidTheStorePublishedIsRequired) {
 TEST(FdAuth, AKilledRanksSocketIsTakenOverAndALiveOneIsNot) {
   const std::string key = unique_key("takeover");
   // Rank 1 in a child, SIGKILLed: its socket file stays behind with nobody listening.
-  int ready[2];
-  ASSERT_EQ(pipe(ready), 0);
-  const pid_t child = spawn([&] {
-    close(ready[0]);
-    auto h = make_heap(key, 1);
-    const char ok = h ? 1 : 0;
-    if (write(ready[1], &ok, 1) != 1) return 91;
-    pause();
-    return 0;
-  });
-  close(ready[1]);
   char ok = 0;
-  ASSERT_EQ(read(ready[0], &ok, 1), 1);
-  close(ready[0]);
+  pid_t child = -1;
+  ASSERT_TRUE(spawn_reporting(
+      [&](auto report) {
+        auto h = make_heap(key, 1);
+        if (!report(char{h ? 1 : 0})) return 91;
+        pause();
+        return 0;
+      },
+      &ok, &child));
   ASSERT_EQ(ok, 1);
   ASSERT_EQ(kill(child, SIGKILL), 0);
   reap(child);
