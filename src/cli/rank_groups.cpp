@@ -27,7 +27,7 @@ constexpr size_t kGuardCapacity = 1 << 16;
 constexpr int32_t kDisarm = 0;
 
 // State letter and process group of `pid` from /proc/PID/stat, or false when it is gone.
-bool read_stat(pid_t pid, char& state, pid_t& pgrp) {
+bool read_stat(pid_t pid, char& state, pid_t& ppid, pid_t& pgrp) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
   if (!f || !std::getline(f, line)) return false;
@@ -35,8 +35,9 @@ bool read_stat(pid_t pid, char& state, pid_t& pgrp) {
   auto close = line.rfind(')');
   if (close == std::string::npos || close + 2 >= line.size()) return false;
   state = line[close + 2];
-  long ppid = 0, group = 0;
-  if (std::sscanf(line.c_str() + close + 3, "%ld %ld", &ppid, &group) != 2) return false;
+  long ppid_long = 0, group = 0;
+  if (std::sscanf(line.c_str() + close + 3, "%ld %ld", &ppid_long, &group) != 2) return false;
+  ppid = static_cast<pid_t>(ppid_long);
   pgrp = static_cast<pid_t>(group);
   return true;
 }
@@ -115,9 +116,9 @@ std::vector<GroupMember> group_members(pid_t pgid) {
     long pid = std::strtol(e->d_name, &end, 10);
     if (pid <= 0 || *end != '\0') continue;
     char state = '?';
-    pid_t pgrp = 0;
-    if (read_stat(static_cast<pid_t>(pid), state, pgrp) && pgrp == pgid)
-      out.push_back({static_cast<pid_t>(pid), state});
+    pid_t ppid = 0, pgrp = 0;
+    if (read_stat(static_cast<pid_t>(pid), state, ppid, pgrp) && pgrp == pgid)
+      out.push_back({static_cast<pid_t>(pid), state, ppid});
   }
   ::closedir(d);
   return out;
@@ -145,13 +146,13 @@ Status kill_group_and_wait(pid_t pgid, int sig, Deadline deadline) {
     reap_group(pgid);
     if (::kill(-pgid, 0) != 0 && errno == ESRCH) return Status::ok();
     // Still a member: alive, or a zombie of a parent other than us (gone for our purpose).
+    // A zombie of ours is not gone until reaped: a leader whose other threads are still
+    // exiting shows Z before waitpid can take it, and a caller expects it reaped on return.
+    const pid_t self = ::getpid();
     std::vector<GroupMember> live;
     for (const auto& m : group_members(pgid))
-      if (m.state != 'Z' && m.state != 'X') live.push_back(m);
-    if (live.empty()) {
-      reap_group(pgid);  // those zombies that are ours
-      return Status::ok();
-    }
+      if ((m.state != 'Z' && m.state != 'X') || m.ppid == self) live.push_back(m);
+    if (live.empty()) return Status::ok();
     if (deadline.expired()) {
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Deadline::Clock::now() - start);
       std::string who;

@@ -22,6 +22,7 @@ namespace strata::cli::launch {
 struct GroupMember {
   pid_t pid = 0;
   char state = '?';  // the state letter of /proc/PID/stat: R, S, D, T, t, Z...
+  pid_t ppid = 0;
 };
 
 /// The processes whose process group is `pgid` (zombies included).
