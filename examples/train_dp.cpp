@@ -22,6 +22,7 @@
 //   --fail-in-recovery RANK         RANK dies as soon as it enters the first recovery
 //   --fail-replacement RANK         the first replacement of RANK dies before restoring
 //   --no-replica                    every rank is its own replica group: nothing to restore from
+//   --pace MS                       every step sleeps MS ms more (tests: time for a spare to start)
 // Baseline (restart everything, reload a checkpoint; run with `strata run --ft --restart-all`):
 //   --checkpoint PATH --checkpoint-every K
 
@@ -30,6 +31,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <csignal>
@@ -59,6 +61,7 @@ struct Options {
   int fail_in_recovery = -1;
   int fail_replacement = -1;
   bool no_replica = false;
+  int pace_ms = 0;
   std::string checkpoint;
   uint64_t checkpoint_every = 5;
   bool quiet = false;
@@ -97,6 +100,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--fail-in-recovery") o.fail_in_recovery = std::stoi(next());
     else if (a == "--fail-replacement") o.fail_replacement = std::stoi(next());
     else if (a == "--no-replica") o.no_replica = true;
+    else if (a == "--pace") o.pace_ms = std::stoi(next());
     else if (a == "--checkpoint") o.checkpoint = next();
     else if (a == "--checkpoint-every") o.checkpoint_every = std::stoull(next());
     else if (a == "--quiet") o.quiet = true;
@@ -312,6 +316,7 @@ int train(int argc, char** argv) {
   strata::recovery::Report last;
   strata::recovery::StepFunctions fns;
   fns.compute = [&](uint64_t step) {
+    if (o.pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.pace_ms));
     m.gradients(rank, cursor, rng);
     for (const Fault& f : o.faults) {
       if (replacement || f.rank != rank || f.step != step) continue;
@@ -333,6 +338,7 @@ int train(int argc, char** argv) {
     if (rank == 0 && !o.quiet) {
       if (o.times) std::printf("STEP_DONE step=%" PRIu64 " t=%" PRId64 "\n", step, t);
       else std::printf("step %" PRIu64 " done\n", step);
+      if (o.pace_ms > 0) std::fflush(stdout);  // a paced run is watched as it goes
     }
     if (report_pending) {
       report_pending = false;
