@@ -5,7 +5,8 @@
 // With --spares K the replacement is already running: K processes started with the job run
 // the program up to strata::init() and wait there (recovery/spare.cpp). A failed rank goes to
 // the oldest waiting spare; the spare used is replaced in the background once the recovery
-// is complete, so its start-up never competes with the recovery for the cores.
+// is complete (its rebuild, then kRefillSettle for the state transfer and the redone step),
+// so that its start-up does not compete with the recovery for the cores.
 
 #include <algorithm>
 #include <csignal>
@@ -86,6 +87,7 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
   if (used_spare) {
     refill_by_ = Clock::now() + kRefillWait;
     refill_check_ = Clock::now() + kRefillPoll;
+    refill_at_.reset();
   }
 }
 
@@ -110,10 +112,18 @@ Launcher::Rank* Launcher::waiting_spare() {
 void Launcher::refill_spares(Clock::time_point now) {
   refill_check_.reset();
   if (stopping_ || spares_off_ || !ranks_running()) return;
-  if (now < *refill_by_ && !ft_->recovered()) {
-    refill_check_ = now + kRefillPoll;
+  if (!refill_at_) {
+    if (now < *refill_by_ && !ft_->recovered()) {
+      refill_check_ = now + kRefillPoll;
+      return;
+    }
+    refill_at_ = now + kRefillSettle;
+  }
+  if (now < *refill_at_) {
+    refill_check_ = refill_at_;
     return;
   }
+  refill_at_.reset();
   int waiting = 0;
   for (const auto& r : ranks_) waiting += r.spare >= 0 && r.running && r.current;
   for (; waiting < opts_.spares; ++waiting)

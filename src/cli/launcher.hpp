@@ -48,6 +48,9 @@ inline constexpr std::chrono::seconds kFlightWait{2};
 /// started in the background, and how often the recovery's completion is checked meanwhile.
 inline constexpr std::chrono::seconds kRefillWait{2};
 inline constexpr std::chrono::milliseconds kRefillPoll{5};
+/// After the rebuild the ranks still restore the state and redo the step: the new spare's
+/// start-up (exec, loading, a Python program's imports) waits this much longer.
+inline constexpr std::chrono::milliseconds kRefillSettle{250};
 /// Exit status when --timeout ends the job, as timeout(1).
 inline constexpr int kTimeoutExit = 124;
 /// Exit status when the program cannot be started, as a shell.
@@ -142,8 +145,9 @@ class Launcher {
   bool start_spare();
   /// The waiting spare that takes a failed rank next (the oldest), or nullptr.
   Rank* waiting_spare();
-  /// Starts spares up to --spares K once the recovery that used one is complete (so that the
-  /// new spare's start-up does not compete with it), or after kRefillWait in any case.
+  /// Starts spares up to --spares K kRefillSettle after the rebuild that used one is complete
+  /// (so that the new spare's start-up does not compete with the recovery), or after
+  /// kRefillWait in any case.
   void refill_spares(Clock::time_point now);
   /// A spare exited while waiting: start another, unless spares keep failing.
   void on_spare_exit(Rank& r, int status);
@@ -184,7 +188,7 @@ class Launcher {
   int next_spare_ = 0;   // number of the next spare started
   int spares_lost_ = 0;  // spares that died while waiting
   bool spares_off_ = false;
-  std::optional<Clock::time_point> refill_check_, refill_by_;
+  std::optional<Clock::time_point> refill_check_, refill_by_, refill_at_;
   std::vector<Rank*> exited_;  // failed in the current reap pass (--ft)
   std::string exited_why_;
   int exited_code_ = 0;

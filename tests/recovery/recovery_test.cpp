@@ -323,12 +323,13 @@ TEST(Recovery, SpareTakesTheKilledRank) {
 }
 
 // Two failures in a row with one spare: the first goes to the spare started with the job,
-// the second to the one started in the background after the first recovery.
+// the second to the one started in the background after the first recovery (its rebuild,
+// then 250 ms: 12 paced steps of 40 ms leave room for it).
 TEST(Recovery, TwoFailuresWithOneSpareUseTheRefilledSpare) {
   STRATA_REQUIRE_BIN();
   cli_test::TempDir dir;
   const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
-  Job j = run_job({"run", "--ft", "--spares", "1"}, {"--pace", "20", "--fail", "1:3:kill", "--fail", "2:12:kill"},
+  Job j = run_job({"run", "--ft", "--spares", "1"}, {"--pace", "40", "--fail", "1:2:kill", "--fail", "2:14:kill"},
                   {socket_env});
   expect_recovered(j, {1, 2}, 2);
   const int first = spare_pid_for(j.o.err, 1, 0), second = spare_pid_for(j.o.err, 2, 1);
