@@ -377,6 +377,34 @@ TEST(Recovery, SpareKilledWhileWaitingIsReplaced) {
   expect_nothing_left(socket_env, dir.path() + "/sockets");
 }
 
+// A launcher SIGKILLed mid-job takes its waiting spare with it (PR_SET_PDEATHSIG and the
+// rank-group guard), as it does its ranks.
+TEST(Recovery, SparesDieWithTheLauncher) {
+  STRATA_REQUIRE_BIN();
+  cli_test::TempDir dir;
+  const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
+  std::vector<std::string> env = kEnv;
+  env.push_back(socket_env);
+  cli_test::CliProcess p({"run", "--ft", "--spares", "2", "-n", "2", "--", STRATA_TRAIN_DP, "--steps", "400", "--times",
+                          "--pace", "25"},
+                         env);
+  const auto until = cli_test::Clock::now() + std::chrono::seconds(60);
+  while (!contains(p.out(), "STEP_DONE step=1 ") && cli_test::Clock::now() < until)
+    p.pump(std::chrono::milliseconds(5));
+  ASSERT_TRUE(contains(p.out(), "STEP_DONE step=1 ")) << p.out() << p.err();
+  std::vector<pid_t> job = processes_with_env(socket_env);
+  size_t spares = 0;
+  for (pid_t s : processes_with_env("STRATA_SPARE=0")) spares += std::count(job.begin(), job.end(), s);
+  for (pid_t s : processes_with_env("STRATA_SPARE=1")) spares += std::count(job.begin(), job.end(), s);
+  EXPECT_EQ(spares, 2u) << "the two spares are not running";
+  ASSERT_EQ(::kill(p.pid(), SIGKILL), 0);
+  Outcome o = p.finish(std::chrono::seconds(30));
+  EXPECT_EQ(o.term_signal, SIGKILL);
+  std::vector<pid_t> left = cli_test::survivors(job, std::chrono::seconds(5));
+  for (pid_t q : left) ::kill(q, SIGKILL);
+  EXPECT_TRUE(left.empty()) << left.size() << " process(es) of the job outlived the killed launcher";
+}
+
 TEST(Recovery, SparesUsageErrorsNameTheOption) {
   STRATA_REQUIRE_BIN();
   struct Case {
