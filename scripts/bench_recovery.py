@@ -222,8 +222,8 @@ def write_doc(a, rows):
              "segment with `mincore` cost ~10 ms per peer and was most of the join before.\n")
     L.append("A hot spare removes the process start-up and the program's own initialisation (imports in "
              "Python, loading the library) from the RTO: they are paid when the job starts, and again in the "
-             "background after each recovery that used a spare (`strata run` starts the new spare once the "
-             "epoch's rebuild is complete, so it does not compete with the recovery for the cores). For a C++ "
+             "background after each recovery that used a spare (`strata run` starts the new spare 250 ms after the "
+             "epoch's rebuild is complete, so that it does not compete with the recovery for the cores). For a C++ "
              "program that starts in a few milliseconds the gain is small; for a Python program importing "
              "numpy or torch it is hundreds of milliseconds to seconds (here `import numpy, strata` takes ~0.1 s, "
              "`import torch, strata` ~1 s).\n")
