@@ -113,6 +113,11 @@ Status FtController::assign_spare(int spare, int rank) {
   return store_->set(keys::assign(job_, spare), std::to_string(rank) + " " + std::to_string(epoch_));
 }
 
+bool FtController::spare_waiting(int spare) {
+  auto v = store_->try_get(keys::spare(job_, spare));
+  return v.is_ok() && v.value();
+}
+
 bool FtController::recovered() {
   auto ready = store_->try_get(keys::ready(job_, epoch_));
   return ready.is_ok() && ready.value();

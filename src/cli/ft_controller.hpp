@@ -49,6 +49,8 @@ class FtController {
   void on_spawned();
   /// Hands `rank` to hot spare `spare` in the current epoch (it waits in strata::init()).
   Status assign_spare(int spare, int rank);
+  /// Whether hot spare `spare` has reached strata::init() and waits there.
+  bool spare_waiting(int spare);
   /// Whether the rebuild of the current epoch is complete (its ready flag is up).
   bool recovered();
   /// restart_all: the restarted job runs under a new id (nothing of the old one is reused).

@@ -104,9 +104,15 @@ bool Launcher::start_spare() {
 }
 
 Launcher::Rank* Launcher::waiting_spare() {
-  for (auto& r : ranks_)
-    if (r.spare >= 0 && r.running && r.current) return &r;  // the oldest: the likeliest to be waiting
-  return nullptr;
+  // One already waiting in strata::init() first; else the oldest, the likeliest to get there
+  // first (the assignment waits for it in the store).
+  Rank* oldest = nullptr;
+  for (auto& r : ranks_) {
+    if (r.spare < 0 || !r.running || !r.current) continue;
+    if (ft_->spare_waiting(r.spare)) return &r;
+    if (!oldest) oldest = &r;
+  }
+  return oldest;
 }
 
 void Launcher::refill_spares(Clock::time_point now) {

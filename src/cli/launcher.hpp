@@ -143,7 +143,8 @@ class Launcher {
   void check_heartbeats();
   /// Starts one more hot spare (no rank, STRATA_SPARE set); false when it could not start.
   bool start_spare();
-  /// The waiting spare that takes a failed rank next (the oldest), or nullptr.
+  /// The spare that takes a failed rank next (one waiting in strata::init(), else the
+  /// oldest), or nullptr.
   Rank* waiting_spare();
   /// Starts spares up to --spares K kRefillSettle after the rebuild that used one is complete
   /// (so that the new spare's start-up does not compete with the recovery), or after
