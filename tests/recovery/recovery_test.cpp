@@ -385,9 +385,9 @@ TEST(Recovery, SparesDieWithTheLauncher) {
   const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
   std::vector<std::string> env = kEnv;
   env.push_back(socket_env);
-  cli_test::CliProcess p({"run", "--ft", "--spares", "2", "-n", "2", "--", STRATA_TRAIN_DP, "--steps", "400", "--times",
-                          "--pace", "25"},
-                         env);
+  cli_test::CliProcess p(
+      {"run", "--ft", "--spares", "2", "-n", "2", "--", STRATA_TRAIN_DP, "--steps", "400", "--times", "--pace", "25"},
+      env);
   const auto until = cli_test::Clock::now() + std::chrono::seconds(60);
   while (!contains(p.out(), "STEP_DONE step=1 ") && cli_test::Clock::now() < until)
     p.pump(std::chrono::milliseconds(5));
