@@ -102,7 +102,11 @@ def main():
         opt.step()
 
     def on_failure():
-        if mode == "recovery" and not replacement and rank == (fail_rank + 1) % world and not state_flag["done"]:
+        # The second victim: the next rank after the first, but not rank 0 (see docs/RECOVERY.md:
+        # rank 0 dying while a replacement is still inside init() is not recovered yet).
+        second = next(r for r in range(1, world + 1) if (fail_rank + r) % world not in (0, fail_rank))
+        second = (fail_rank + second) % world
+        if mode == "recovery" and not replacement and rank == second and not state_flag["done"]:
             state_flag["done"] = True
             die(rank, current["step"], "recovery")
 

@@ -205,7 +205,9 @@ def recovery_run(group, state, total_steps, compute, apply, *, max_recoveries=16
     _check_ft(comm)
     # A rank whose first setup a failure interrupted was rebuilt inside init(): it joins the
     # replacement's restore like any survivor (epoch > 0 before its first step).
-    need_restore = is_replacement() or comm.epoch > 0
+    # For a torch group every rank starts with a restore: at the start it moves nothing, but it
+    # compares what the ranks registered, so a mismatch is reported now, not at the first failure.
+    need_restore = is_replacement() or comm.epoch > 0 or pg is not None
     if pg is not None:
         if state.step < total_steps and ddp_warmup > 0:
             pg._strata_local = True
