@@ -95,6 +95,9 @@ def main():
                 current["kill_in_backward"] = False
 
     def apply(step):
+        if args.report and recovered["pending"]:
+            recovered["pending"] = False  # the interrupted step, done again: the end of the RTO
+            print(f"redone step={step} ns={strata.now_ns()}", flush=True)
         if victim and step == fail_step and mode in ("step", "recovery"):
             with torch.no_grad():
                 model[0].weight.add_(1.0)  # a half-done update dies with the process
@@ -102,17 +105,20 @@ def main():
         opt.step()
 
     def on_failure():
+        if mode != "recovery" or replacement or state_flag["done"] or world < 3:
+            return
         # The second victim: the next rank after the first, but not rank 0 (see docs/RECOVERY.md:
         # rank 0 dying while a replacement is still inside init() is not recovered yet).
-        second = next(r for r in range(1, world + 1) if (fail_rank + r) % world not in (0, fail_rank))
-        second = (fail_rank + second) % world
-        if mode == "recovery" and not replacement and rank == second and not state_flag["done"]:
+        second = next((fail_rank + k) % world for k in range(1, world) if (fail_rank + k) % world != 0)
+        if rank == second:
             state_flag["done"] = True
             die(rank, current["step"], "recovery")
 
     state_flag = {"done": False}
+    recovered = {"pending": False}
 
     def on_recovered(report):
+        recovered["pending"] = True
         if args.report:
             print(f"recovered epoch={report.epoch} failed={list(report.failed)} "
                   f"detected_ns={report.detected_ns} injected_ns={report.injected_ns} "

@@ -29,6 +29,11 @@ def _resolve(group):
     (None: the default group)."""
     if group is not None and not _is_torch_group(group):
         return group, None  # a Communicator (or an object standing in for one)
+    import sys
+    dist = sys.modules.get("torch.distributed")
+    if group is None and (dist is None or not dist.is_initialized()):
+        raise InvalidArgument("got None for the group: pass a strata.Communicator, or call "
+                              "torch.distributed.init_process_group('strata') first (None means its default group)")
     from . import _torch  # imports torch: only for torch groups
     pg = _torch.process_group(group)
     return _torch.communicator(pg), pg
@@ -208,6 +213,7 @@ def recovery_run(group, state, total_steps, compute, apply, *, max_recoveries=16
     # For a torch group every rank starts with a restore: at the start it moves nothing, but it
     # compares what the ranks registered, so a mismatch is reported now, not at the first failure.
     need_restore = is_replacement() or comm.epoch > 0 or pg is not None
+    check_only = need_restore and not (is_replacement() or comm.epoch > 0)  # no recovery to report
     if pg is not None:
         if state.step < total_steps and ddp_warmup > 0:
             pg._strata_local = True
@@ -223,7 +229,9 @@ def recovery_run(group, state, total_steps, compute, apply, *, max_recoveries=16
             if need_restore:
                 state.restore()
                 need_restore = False
-                if on_recovered is not None:
+                if check_only:
+                    check_only = False
+                elif on_recovered is not None:
                     on_recovered(last_recovery(comm))
             if state.step >= total_steps:
                 return
@@ -251,6 +259,7 @@ def recovery_run(group, state, total_steps, compute, apply, *, max_recoveries=16
                     if recoveries > max_recoveries:
                         raise
             need_restore = True
+            check_only = False
             continue
         apply(state.step)
         state.step += 1
