@@ -495,9 +495,12 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     at::Tensor t = single(tensors, "broadcast");
     int root = static_cast<int>(opts.rootRank);
     auto o = coll_options(opts.timeout);
-    return submit(c10d::OpType::BROADCAST, "strata:broadcast", {t}, [c = comm_, t, root, o]() mutable {
-      c.broadcast(t.data_ptr(), t.data_ptr(), nbytes(t), DataType::UInt8, root, o);
-    }, [] {});
+    return submit(
+        c10d::OpType::BROADCAST, "strata:broadcast", {t},
+        [c = comm_, t, root, o]() mutable {
+          c.broadcast(t.data_ptr(), t.data_ptr(), nbytes(t), DataType::UInt8, root, o);
+        },
+        [] {});
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
@@ -507,9 +510,12 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     DataType dt = reduce_type(t, "allreduce");
     ReduceOp op = reduce_op(opts.reduceOp, "allreduce");
     auto o = coll_options(opts.timeout);
-    return submit(c10d::OpType::ALLREDUCE, "strata:all_reduce", {t}, [c = comm_, t, dt, op, o]() mutable {
-      c.all_reduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), dt, op, o);
-    }, [] {});
+    return submit(
+        c10d::OpType::ALLREDUCE, "strata:all_reduce", {t},
+        [c = comm_, t, dt, op, o]() mutable {
+          c.all_reduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), dt, op, o);
+        },
+        [] {});
   }
 
   /// Sparse COO all_reduce: SUM only, like gloo; the result replaces the tensor's contents.
@@ -535,13 +541,14 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     DataType dt = reduce_type(tensors[0], "allreduce_coalesced");
     ReduceOp op = reduce_op(opts.reduceOp, "allreduce_coalesced");
     auto o = coll_options(opts.timeout);
-    return submit(c10d::OpType::ALLREDUCE_COALESCED, "strata:all_reduce_coalesced", tensors,
-                  [c = comm_, ts = tensors, dt, op, o]() mutable {
-                    at::Tensor flat = flat_cat(ts);
-                    c.all_reduce(flat.data_ptr(), flat.data_ptr(), static_cast<size_t>(flat.numel()), dt, op, o);
-                    copy_out(flat, ts);
-                  },
-                  [] {});
+    return submit(
+        c10d::OpType::ALLREDUCE_COALESCED, "strata:all_reduce_coalesced", tensors,
+        [c = comm_, ts = tensors, dt, op, o]() mutable {
+          at::Tensor flat = flat_cat(ts);
+          c.all_reduce(flat.data_ptr(), flat.data_ptr(), static_cast<size_t>(flat.numel()), dt, op, o);
+          copy_out(flat, ts);
+        },
+        [] {});
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
@@ -568,15 +575,18 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     }
     auto o = coll_options(opts.timeout);
     std::vector<at::Tensor> outs = outputs[0];
-    return submit(c10d::OpType::ALLGATHER, "strata:all_gather", outs, [c = comm_, in, outs, o]() mutable {
-      at::Tensor block = as_one_block(outs);
-      const bool direct = block.defined();
-      if (!direct) block = at::empty({in.numel() * static_cast<int64_t>(outs.size())}, in.options());
-      c.all_gather(in.data_ptr(), block.data_ptr(), nbytes(in), DataType::UInt8, o);
-      if (!direct) copy_out(block, outs);
-    }, [in, outs]() mutable {
-      for (auto& t : outs) t.copy_(in);
-    });
+    return submit(
+        c10d::OpType::ALLGATHER, "strata:all_gather", outs,
+        [c = comm_, in, outs, o]() mutable {
+          at::Tensor block = as_one_block(outs);
+          const bool direct = block.defined();
+          if (!direct) block = at::empty({in.numel() * static_cast<int64_t>(outs.size())}, in.options());
+          c.all_gather(in.data_ptr(), block.data_ptr(), nbytes(in), DataType::UInt8, o);
+          if (!direct) copy_out(block, outs);
+        },
+        [in, outs]() mutable {
+          for (auto& t : outs) t.copy_(in);
+        });
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
@@ -586,14 +596,15 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     TORCH_CHECK(output.numel() == input.numel() * size_ && output.scalar_type() == input.scalar_type(),
                 "strata backend: _allgather_base output must hold world_size x input elements of its dtype");
     auto o = coll_options(opts.timeout);
-    return submit(c10d::OpType::_ALLGATHER_BASE, "strata:all_gather_base", {output},
-                  [c = comm_, in = input, out = output, o]() mutable {
-                    c.all_gather(in.data_ptr(), out.data_ptr(), nbytes(in), DataType::UInt8, o);
-                  },
-                  [in = input, out = output]() mutable {
-                    for (int64_t r = 0; r < out.numel() / std::max<int64_t>(in.numel(), 1); ++r)
-                      out.view({-1}).narrow(0, r * in.numel(), in.numel()).copy_(in.view({-1}));
-                  });
+    return submit(
+        c10d::OpType::_ALLGATHER_BASE, "strata:all_gather_base", {output},
+        [c = comm_, in = input, out = output, o]() mutable {
+          c.all_gather(in.data_ptr(), out.data_ptr(), nbytes(in), DataType::UInt8, o);
+        },
+        [in = input, out = output]() mutable {
+          for (int64_t r = 0; r < out.numel() / std::max<int64_t>(in.numel(), 1); ++r)
+            out.view({-1}).narrow(0, r * in.numel(), in.numel()).copy_(in.view({-1}));
+        });
   }
 
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -847,7 +858,8 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
     auto o = coll_options(opts.timeout);
-    return submit(c10d::OpType::BARRIER, "strata:barrier", {}, [c = comm_, o]() mutable { c.barrier(o); }, [] {});
+    return submit(
+        c10d::OpType::BARRIER, "strata:barrier", {}, [c = comm_, o]() mutable { c.barrier(o); }, [] {});
   }
 
  private:
@@ -876,7 +888,9 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
         // The marker survives torch's rethrows (autograd, DDP's reducer turn any error into a
         // RuntimeError carrying what()): strata.recovery_run recognises a recoverable failure by it.
         if (e.code() != Code::PeerFailed && e.code() != Code::Aborted && e.code() != Code::Timeout) throw;
-        const char* name = e.code() == Code::PeerFailed ? "PeerFailed" : e.code() == Code::Aborted ? "Aborted" : "Timeout";
+        const char* name = e.code() == Code::PeerFailed ? "PeerFailed"
+                           : e.code() == Code::Aborted  ? "Aborted"
+                                                        : "Timeout";
         throw Error(e.code(), std::string("[strata ") + name + "] " + title + ": " + e.what(), e.rank(), e.peer());
       }
     };
