@@ -97,3 +97,15 @@ def test_state_from_torch_objects_restores_into_the_same_tensors():
     state2 = strata.State(comm)
     with pytest.raises(strata.InvalidArgument, match="not contiguous"):
         state2.add("t", torch.zeros(4, 4).t())
+
+
+def test_same_process_group_raises_then_works_after_recover():
+    """Without DDP or recovery_run: a direct dist.all_reduce after a rank died raises a
+    strata error (a RuntimeError); after comm.recover() the same ProcessGroup object reduces
+    over the rebuilt communicator, with the replacement in it."""
+    out, _ = launch("torch_recovery_errors.py", 3, "peerfailed", launcher_args=["--ft"])
+    raised = re.findall(r"RAISED (\w+) runtime_error=(\w+) peer_failed=\w+", out)
+    assert len(raised) == 2, out
+    for cls, runtime in raised:
+        # PeerFailed where this rank saw the death itself, Aborted where it saw the revoke first.
+        assert cls in ("PeerFailed", "Aborted") and runtime == "True", out
