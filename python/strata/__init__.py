@@ -42,7 +42,6 @@ from ._strata import (
     ReduceOp,
     RecoveryReport,
     Registration,
-    State,
     StoreServer,
     Timeout,
     Unavailable,
@@ -54,7 +53,7 @@ from ._strata import (
     mark_failure,
     now_ns,
 )
-from ._recovery import recovery_run
+from ._recovery import State, recovery_run
 
 __version__ = "0.1.0"
 __all__ = [

@@ -71,7 +71,7 @@ def test_state_add_errors(comm):
     assert state.names == ["step", "w"], "a rejected add must not register anything"
     with pytest.raises(TypeError):
         state.step = -1
-    with pytest.raises(strata.InvalidArgument, match="not None"):
+    with pytest.raises(strata.InvalidArgument, match="got None for the group"):
         strata.State(None)
 
 
