@@ -288,6 +288,21 @@ int train(int argc, char** argv) {
   const int64_t started = now_ns();
   strata::Communicator comm = strata::init();
   const int rank = comm.rank();
+  // A fault that names a rank or step the job does not have would silently never fire, and the
+  // test or demo that asked for it would pass without the failure: refuse it on every rank.
+  for (const Fault& f : o.faults) {
+    if (f.rank < 0 || f.rank >= comm.size())
+      usage("--fail " + std::to_string(f.rank) + ":" + std::to_string(f.step) + ": rank " + std::to_string(f.rank) +
+            " does not exist in a job of " + std::to_string(comm.size()) + " ranks");
+    if (f.step >= o.steps)
+      usage("--fail " + std::to_string(f.rank) + ":" + std::to_string(f.step) + ": step " + std::to_string(f.step) +
+            " is not below --steps " + std::to_string(o.steps));
+  }
+  for (auto [opt, r] :
+       {std::pair{"--fail-in-recovery", o.fail_in_recovery}, {"--fail-replacement", o.fail_replacement}})
+    if (r >= comm.size())
+      usage(std::string(opt) + " " + std::to_string(r) + ": rank " + std::to_string(r) +
+            " does not exist in a job of " + std::to_string(comm.size()) + " ranks");
   const bool replacement = strata::recovery::is_replacement();
   if (o.times)
     std::printf("START rank=%d pid=%d replacement=%d\n", rank, static_cast<int>(getpid()), replacement ? 1 : 0);

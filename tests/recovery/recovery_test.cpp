@@ -431,3 +431,31 @@ TEST(Recovery, SparesUsageErrorsNameTheOption) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// A fault naming a rank or step the job lacks would never fire and the job would "pass"
+// without a failure: train_dp refuses it on every rank, naming the option, and the job ends.
+TEST(Recovery, FaultNamingARankOrStepTheJobLacksIsRefused) {
+  STRATA_REQUIRE_BIN();
+  struct Case {
+    std::vector<std::string> extra;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"--fail", "9:3"}, "--fail 9:3: rank 9 does not exist in a job of 4 ranks"},
+      {{"--fail", "1:16"}, "--fail 1:16: step 16 is not below --steps 16"},
+      {{"--fail-replacement", "4"}, "--fail-replacement 4: rank 4 does not exist"},
+  };
+  for (const auto& c : cases) {
+    Job j = run_job({"run", "--ft"}, c.extra);
+    EXPECT_FALSE(j.o.timed_out) << j.o.err;
+    EXPECT_NE(j.o.exit_code, 0) << c.says;
+    EXPECT_TRUE(contains(j.o.out + j.o.err, c.says)) << j.o.out << j.o.err;
+    EXPECT_TRUE(j.hash.empty()) << "the job must not finish as if the fault had run";
+  }
+}
+
+}  // namespace
+}  // namespace strata
