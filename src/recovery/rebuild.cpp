@@ -61,6 +61,8 @@ Status rebuild_world(Membership& m, bool fresh) {
   const int me = m.rank(), n = m.size();
   const Deadline d = Deadline::after(m.timeout());
   const int64_t start_ns = recovery::now_ns();
+  const bootstrap::StoreClient::Counters store0 = store.counters();
+  const uint64_t waits0 = m.peer_waits();
   const uint64_t prev_joined = fresh ? 0 : epochs.joined;
   std::vector<bool> attached(n, !fresh);
   attached[me] = true;
@@ -190,6 +192,10 @@ Status rebuild_world(Membership& m, bool fresh) {
     rep.rebuild_start_ns = start_ns;
     rep.joined_ns = joined_ns;
     rep.rebuilt_ns = recovery::now_ns();
+    const bootstrap::StoreClient::Counters store1 = store.counters();
+    rep.store_ops = store1.ops - store0.ops;
+    rep.store_bytes = store1.bytes - store0.bytes;
+    rep.peer_waits = m.peer_waits() - waits0;
     return Status::ok();
   }
 }
