@@ -163,8 +163,10 @@ Status rebuild_world(Membership& m, bool fresh) {
       m.revoke(peer_failed("another failure was announced during recovery", -1));
       continue;
     }
+    // No barrier over all N here: the ready flag already says every rank has reset its sync
+    // state and attached the replacements, and a failure from now on surfaces in the
+    // restore's agreement (recoverable like any other).
     epochs.joined = e;
-    STRATA_RETURN_IF_ERROR(m.sync(d, "recovery"));
 
     auto get_ns = [&](const std::string& key) -> int64_t {
       auto v = store.try_get(key);
