@@ -112,8 +112,8 @@ void FtController::on_spawned() { (void)store_->set(keys::spawned(job_, epoch_),
 
 std::string FtController::failure_cost() const {
   const bootstrap::StoreClient::Counters now = store_->counters();
-  return std::to_string(now.ops - at_failure_.ops) + " store requests, " + std::to_string(now.bytes - at_failure_.bytes) +
-         " bytes";
+  return std::to_string(now.ops - at_failure_.ops) + " store requests, " +
+         std::to_string(now.bytes - at_failure_.bytes) + " bytes";
 }
 
 Status FtController::assign_spare(int spare, int rank) {

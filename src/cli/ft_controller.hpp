@@ -85,7 +85,7 @@ class FtController {
   std::unique_ptr<bootstrap::StoreClient> watch_store_;  // the watcher's
   uint64_t epoch_ = 0;
   int failures_ = 0;
-  std::set<int> pending_;  // replaced since the last completed rebuild
+  std::set<int> pending_;                        // replaced since the last completed rebuild
   bootstrap::StoreClient::Counters at_failure_;  // store_'s counters when the last failure came in
 
   std::mutex mu_;  // guards job_ (for the watcher), beats_, hung_

@@ -438,8 +438,8 @@ struct Cost {
 };
 
 std::map<int, Cost> survivor_costs(int n) {
-  std::vector<std::string> args = {"run", "--ft", "-n", std::to_string(n), "--", STRATA_TRAIN_DP,
-                                   "--steps", "4", "--hidden", "16", "--quiet", "--times", "--fail", "1:2:kill"};
+  std::vector<std::string> args = {"run", "--ft",     "-n", std::to_string(n), "--",      STRATA_TRAIN_DP, "--steps",
+                                   "4",   "--hidden", "16", "--quiet",         "--times", "--fail",        "1:2:kill"};
   Outcome o = run_cli(args, kEnv, std::chrono::seconds(120));
   EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
   static const std::regex rec(
