@@ -311,6 +311,7 @@ void State::restore() {
   epochs.report.restored_bytes = moved;
   epochs.report.peer_waits += mem.peer_waits() - waits0 + messages;
   epochs.report.agree_bytes = agree_bytes;
+  epochs.report.agree_rounds = any_behind ? 2 : 1;
 }
 
 void run(Communicator& comm, State& state, uint64_t total_steps, const StepFunctions& fns, const RunOptions& opts) {
