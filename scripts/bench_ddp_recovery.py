@@ -58,7 +58,7 @@ def strata_once(build, n, steps, fail_step, spares=0):
     restored = max(r["restored_ns"] for r in recs)
     done = max(redone)
     redone_steps = [kv(l)["step"] for l in p.stdout.splitlines() if "redone step=" in l]
-    if spares and not re.search(r"rank 1 goes to spare \d+", p.stdout):
+    if spares and not re.search(r"rank 1 goes to spare \d+", p.stdout + p.stderr):
         raise RuntimeError("with --spares the replacement was not the spare:\n" + p.stdout[-3000:])
     return {"rto": ms(inj, done), "detect": ms(inj, detected), "spawn": ms(detected, spawned),
             "replacement joins": ms(spawned, rebuilt), "setup+restore": ms(rebuilt, restored),
