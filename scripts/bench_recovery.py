@@ -12,6 +12,9 @@ Detection = kill -> every survivor has seen the revoke. RTO = kill -> the interr
 completed again (for strata the redone step; for the baseline after the lost steps too).
 
   scripts/bench_recovery.py [--ranks 4,8,16,32,64] [--repeats 3] [--build build] [--no-baseline]
+
+It rewrites --out (docs/RECOVERY.md) except the PyTorch section between <!-- ddp-begin --> and
+<!-- ddp-end -->, which scripts/bench_ddp_recovery.py writes (make bench-recovery-torch).
 """
 
 import argparse
@@ -290,8 +293,23 @@ def write_doc(a, rows, costs):
              "with log2 N on the ranks inside the agreement tree only. None of it is process start-up, and *start* stays flat with a "
              "spare; on a host with a core per rank these terms do not scale with N the same way. Run-to-run "
              "spread is large here: other helpers' builds and tests shared the 2 cores while these figures were taken (the load average above), so compare rows within one run of the script. The replacement still reads every peer's world record from the store (its store requests grow with N, the table's replacement columns) and maps every peer's control block, because the redone step's collectives need them all; survivors and the controller do not grow.\n")
+    L += kept_torch_section(a.out)
     write_lines(a.out, L)
     print(f"wrote {a.out}", file=sys.stderr)
+
+
+def kept_torch_section(path):
+    """The PyTorch section scripts/bench_ddp_recovery.py wrote between its markers (markers
+    included), kept as it is: this script measures train_dp only and must not drop it."""
+    begin, end = "<!-- ddp-begin -->", "<!-- ddp-end -->"
+    try:
+        with open(path) as f:
+            doc = f.read()
+    except OSError:
+        return []
+    b = doc.find(begin)
+    e = doc.find(end, b) if b >= 0 else -1
+    return [doc[b:e + len(end)] + "\n"] if e >= 0 else []
 
 
 if __name__ == "__main__":
