@@ -22,6 +22,7 @@
 //   --fail-in-recovery RANK         RANK dies as soon as it enters the first recovery
 //   --fail-replacement RANK         the first replacement of RANK dies before restoring
 //   --no-replica                    every rank is its own replica group: nothing to restore from
+//   --pace MS                       every step sleeps MS ms more (tests: time for a spare to start)
 // Baseline (restart everything, reload a checkpoint; run with `strata run --ft --restart-all`):
 //   --checkpoint PATH --checkpoint-every K
 
@@ -30,6 +31,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <csignal>
@@ -59,6 +61,7 @@ struct Options {
   int fail_in_recovery = -1;
   int fail_replacement = -1;
   bool no_replica = false;
+  int pace_ms = 0;
   std::string checkpoint;
   uint64_t checkpoint_every = 5;
   bool quiet = false;
@@ -97,6 +100,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--fail-in-recovery") o.fail_in_recovery = std::stoi(next());
     else if (a == "--fail-replacement") o.fail_replacement = std::stoi(next());
     else if (a == "--no-replica") o.no_replica = true;
+    else if (a == "--pace") o.pace_ms = std::stoi(next());
     else if (a == "--checkpoint") o.checkpoint = next();
     else if (a == "--checkpoint-every") o.checkpoint_every = std::stoull(next());
     else if (a == "--quiet") o.quiet = true;
@@ -284,6 +288,21 @@ int train(int argc, char** argv) {
   const int64_t started = now_ns();
   strata::Communicator comm = strata::init();
   const int rank = comm.rank();
+  // A fault that names a rank or step the job does not have would silently never fire, and the
+  // test or demo that asked for it would pass without the failure: refuse it on every rank.
+  for (const Fault& f : o.faults) {
+    if (f.rank < 0 || f.rank >= comm.size())
+      usage("--fail " + std::to_string(f.rank) + ":" + std::to_string(f.step) + ": rank " + std::to_string(f.rank) +
+            " does not exist in a job of " + std::to_string(comm.size()) + " ranks");
+    if (f.step >= o.steps)
+      usage("--fail " + std::to_string(f.rank) + ":" + std::to_string(f.step) + ": step " + std::to_string(f.step) +
+            " is not below --steps " + std::to_string(o.steps));
+  }
+  for (auto [opt, r] :
+       {std::pair{"--fail-in-recovery", o.fail_in_recovery}, {"--fail-replacement", o.fail_replacement}})
+    if (r >= comm.size())
+      usage(std::string(opt) + " " + std::to_string(r) + ": rank " + std::to_string(r) +
+            " does not exist in a job of " + std::to_string(comm.size()) + " ranks");
   const bool replacement = strata::recovery::is_replacement();
   if (o.times)
     std::printf("START rank=%d pid=%d replacement=%d\n", rank, static_cast<int>(getpid()), replacement ? 1 : 0);
@@ -312,6 +331,7 @@ int train(int argc, char** argv) {
   strata::recovery::Report last;
   strata::recovery::StepFunctions fns;
   fns.compute = [&](uint64_t step) {
+    if (o.pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.pace_ms));
     m.gradients(rank, cursor, rng);
     for (const Fault& f : o.faults) {
       if (replacement || f.rank != rank || f.step != step) continue;
@@ -333,6 +353,7 @@ int train(int argc, char** argv) {
     if (rank == 0 && !o.quiet) {
       if (o.times) std::printf("STEP_DONE step=%" PRIu64 " t=%" PRId64 "\n", step, t);
       else std::printf("step %" PRIu64 " done\n", step);
+      if (o.pace_ms > 0) std::fflush(stdout);  // a paced run is watched as it goes
     }
     if (report_pending) {
       report_pending = false;

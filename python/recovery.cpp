@@ -5,6 +5,7 @@
 #include <strata/recovery.hpp>
 
 #include "bindings.hpp"
+#include "common/env.hpp"  // Env::ft: whether `strata run --ft` started this process
 
 namespace strata::python {
 namespace {
@@ -144,6 +145,9 @@ void bind_recovery(py::module_& m) {
   m.def(
       "last_recovery", [](PyComm& c) { return recovery::last_report(c.comm()); }, py::arg("comm"),
       "RecoveryReport of the last recovery of comm's job as seen by this process (epoch 0: none yet).");
+  m.def(
+      "under_ft", [] { return Env::get().ft; },
+      "True in a process that `strata run --ft` started (a recovery controller replaces failed ranks).");
   m.def("now_ns", &recovery::now_ns, "CLOCK_REALTIME now in nanoseconds: the clock of RecoveryReport.");
 }
 

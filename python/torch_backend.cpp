@@ -495,9 +495,12 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     at::Tensor t = single(tensors, "broadcast");
     int root = static_cast<int>(opts.rootRank);
     auto o = coll_options(opts.timeout);
-    return submit(c10d::OpType::BROADCAST, "strata:broadcast", {t}, [c = comm_, t, root, o]() mutable {
-      c.broadcast(t.data_ptr(), t.data_ptr(), nbytes(t), DataType::UInt8, root, o);
-    });
+    return submit(
+        c10d::OpType::BROADCAST, "strata:broadcast", {t},
+        [c = comm_, t, root, o]() mutable {
+          c.broadcast(t.data_ptr(), t.data_ptr(), nbytes(t), DataType::UInt8, root, o);
+        },
+        [] {});
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
@@ -507,9 +510,12 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     DataType dt = reduce_type(t, "allreduce");
     ReduceOp op = reduce_op(opts.reduceOp, "allreduce");
     auto o = coll_options(opts.timeout);
-    return submit(c10d::OpType::ALLREDUCE, "strata:all_reduce", {t}, [c = comm_, t, dt, op, o]() mutable {
-      c.all_reduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), dt, op, o);
-    });
+    return submit(
+        c10d::OpType::ALLREDUCE, "strata:all_reduce", {t},
+        [c = comm_, t, dt, op, o]() mutable {
+          c.all_reduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), dt, op, o);
+        },
+        [] {});
   }
 
   /// Sparse COO all_reduce: SUM only, like gloo; the result replaces the tensor's contents.
@@ -535,12 +541,14 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     DataType dt = reduce_type(tensors[0], "allreduce_coalesced");
     ReduceOp op = reduce_op(opts.reduceOp, "allreduce_coalesced");
     auto o = coll_options(opts.timeout);
-    return submit(c10d::OpType::ALLREDUCE_COALESCED, "strata:all_reduce_coalesced", tensors,
-                  [c = comm_, ts = tensors, dt, op, o]() mutable {
-                    at::Tensor flat = flat_cat(ts);
-                    c.all_reduce(flat.data_ptr(), flat.data_ptr(), static_cast<size_t>(flat.numel()), dt, op, o);
-                    copy_out(flat, ts);
-                  });
+    return submit(
+        c10d::OpType::ALLREDUCE_COALESCED, "strata:all_reduce_coalesced", tensors,
+        [c = comm_, ts = tensors, dt, op, o]() mutable {
+          at::Tensor flat = flat_cat(ts);
+          c.all_reduce(flat.data_ptr(), flat.data_ptr(), static_cast<size_t>(flat.numel()), dt, op, o);
+          copy_out(flat, ts);
+        },
+        [] {});
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
@@ -567,13 +575,18 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     }
     auto o = coll_options(opts.timeout);
     std::vector<at::Tensor> outs = outputs[0];
-    return submit(c10d::OpType::ALLGATHER, "strata:all_gather", outs, [c = comm_, in, outs, o]() mutable {
-      at::Tensor block = as_one_block(outs);
-      const bool direct = block.defined();
-      if (!direct) block = at::empty({in.numel() * static_cast<int64_t>(outs.size())}, in.options());
-      c.all_gather(in.data_ptr(), block.data_ptr(), nbytes(in), DataType::UInt8, o);
-      if (!direct) copy_out(block, outs);
-    });
+    return submit(
+        c10d::OpType::ALLGATHER, "strata:all_gather", outs,
+        [c = comm_, in, outs, o]() mutable {
+          at::Tensor block = as_one_block(outs);
+          const bool direct = block.defined();
+          if (!direct) block = at::empty({in.numel() * static_cast<int64_t>(outs.size())}, in.options());
+          c.all_gather(in.data_ptr(), block.data_ptr(), nbytes(in), DataType::UInt8, o);
+          if (!direct) copy_out(block, outs);
+        },
+        [in, outs]() mutable {
+          for (auto& t : outs) t.copy_(in);
+        });
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
@@ -583,10 +596,15 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     TORCH_CHECK(output.numel() == input.numel() * size_ && output.scalar_type() == input.scalar_type(),
                 "strata backend: _allgather_base output must hold world_size x input elements of its dtype");
     auto o = coll_options(opts.timeout);
-    return submit(c10d::OpType::_ALLGATHER_BASE, "strata:all_gather_base", {output},
-                  [c = comm_, in = input, out = output, o]() mutable {
-                    c.all_gather(in.data_ptr(), out.data_ptr(), nbytes(in), DataType::UInt8, o);
-                  });
+    return submit(
+        c10d::OpType::_ALLGATHER_BASE, "strata:all_gather_base", {output},
+        [c = comm_, in = input, out = output, o]() mutable {
+          c.all_gather(in.data_ptr(), out.data_ptr(), nbytes(in), DataType::UInt8, o);
+        },
+        [in = input, out = output]() mutable {
+          for (int64_t r = 0; r < out.numel() / std::max<int64_t>(in.numel(), 1); ++r)
+            out.view({-1}).narrow(0, r * in.numel(), in.numel()).copy_(in.view({-1}));
+        });
   }
 
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -840,7 +858,8 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
     auto o = coll_options(opts.timeout);
-    return submit(c10d::OpType::BARRIER, "strata:barrier", {}, [c = comm_, o]() mutable { c.barrier(o); });
+    return submit(
+        c10d::OpType::BARRIER, "strata:barrier", {}, [c = comm_, o]() mutable { c.barrier(o); }, [] {});
   }
 
  private:
@@ -848,13 +867,61 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
                                            std::function<void()> body) {
     return c10::make_intrusive<StrataWork>(rank_, type, title, std::move(outputs), std::move(body), exec_);
   }
+  /// Queues `body`, tagged with the recovery generation it was issued in (see discard_pending).
+  /// In local mode the operation is answered by `local` on this rank alone (see set_local);
+  /// operations without a local answer are refused then.
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
-                                        std::function<void()> body) {
-    auto w = make_work(type, title, std::move(outputs), std::move(body));
+                                        std::function<void()> body, std::function<void()> local = nullptr) {
+    if (mode_->local.load(std::memory_order_acquire)) {
+      TORCH_CHECK(local, "strata backend: ", title,
+                  " cannot run while this replacement rank catches up (before recovery_run restores the state): "
+                  "the surviving ranks are not there to answer it");
+      body = std::move(local);
+    }
+    const uint64_t gen = mode_->generation.load(std::memory_order_acquire);
+    auto guarded = [mode = mode_, gen, title, body = std::move(body)]() {
+      try {
+        if (mode->generation.load(std::memory_order_acquire) != gen)
+          throw Error(Code::PeerFailed, "operation issued before the group's recovery was discarded");
+        body();
+      } catch (const Error& e) {
+        // The marker survives torch's rethrows (autograd, DDP's reducer turn any error into a
+        // RuntimeError carrying what()): strata.recovery_run recognises a recoverable failure by it.
+        if (e.code() != Code::PeerFailed && e.code() != Code::Aborted && e.code() != Code::Timeout) throw;
+        const char* name = e.code() == Code::PeerFailed ? "PeerFailed"
+                           : e.code() == Code::Aborted  ? "Aborted"
+                                                        : "Timeout";
+        throw Error(e.code(), std::string("[strata ") + name + "] " + title + ": " + e.what(), e.rank(), e.peer());
+      }
+    };
+    auto w = make_work(type, title, std::move(outputs), std::move(guarded));
     exec_->enqueue(w);
     return w;
   }
 
+ public:
+  /// Before Communicator::recover(): every operation queued so far fails with PeerFailed
+  /// instead of running on the rebuilt communicator (their peers discarded theirs too); returns
+  /// once none of them is left in the queue.
+  void discard_pending() {
+    mode_->generation.fetch_add(1, std::memory_order_acq_rel);
+    auto w = make_work(c10d::OpType::BARRIER, "strata:discard_pending", {}, [] {});
+    exec_->enqueue(w);
+    exec_->run_through(w.get());
+  }
+  /// Local mode: collectives complete on this rank alone (broadcast and all_reduce leave the
+  /// tensor as it is, all_gather copies the input to every slot). A replacement is in it until
+  /// its state is restored: what its setup (DDP's constructor) would receive comes with the
+  /// restore, and the survivors, inside recover(), never issue the matching calls.
+  void set_local(bool on) { mode_->local.store(on, std::memory_order_release); }
+  bool local() const { return mode_->local.load(std::memory_order_acquire); }
+
+ private:
+  struct Mode {
+    std::atomic<uint64_t> generation{0};
+    std::atomic<bool> local{false};
+  };
+  std::shared_ptr<Mode> mode_ = std::make_shared<Mode>();
   Communicator comm_;
   std::shared_ptr<Executor> exec_;
 };
@@ -897,7 +964,11 @@ PYBIND11_MODULE(_strata_torch, m) {
              return c10::make_intrusive<ProcessGroupStrata>(*comm.get_pointer<strata::Communicator>(), rank, size,
                                                             std::chrono::microseconds(grace_us));
            }),
-           py::arg("comm"), py::arg("rank"), py::arg("size"), py::arg("grace_us") = 100);
+           py::arg("comm"), py::arg("rank"), py::arg("size"), py::arg("grace_us") = 100)
+      .def("_strata_discard_pending", &ProcessGroupStrata::discard_pending, py::call_guard<py::gil_scoped_release>(),
+           "Fails every queued operation (recovery is about to rebuild the communicator).")
+      .def_property("_strata_local", &ProcessGroupStrata::local, &ProcessGroupStrata::set_local,
+                    "Local mode: collectives complete on this rank alone (a replacement catching up).");
 
   // Allocators installed here are never destroyed: tensors may outlive the switch back, and
   // torch keeps a raw pointer while one is installed.

@@ -42,7 +42,6 @@ from ._strata import (
     ReduceOp,
     RecoveryReport,
     Registration,
-    State,
     StoreServer,
     Timeout,
     Unavailable,
@@ -54,7 +53,7 @@ from ._strata import (
     mark_failure,
     now_ns,
 )
-from ._recovery import recovery_run
+from ._recovery import State, recovery_run
 
 __version__ = "0.1.0"
 __all__ = [
@@ -113,6 +112,13 @@ def init(rank=None, size=None, store=None, token=None, job_id=None, timeout=None
         store, token, job_id = _torch.rendezvous_from_torchrun_env(rank, size, timeout)
     comm = _strata.init(rank=rank, size=size, store=store or "", token=token or "", job_id=job_id or "",
                         timeout=timeout, host_id=host_id or "")
+    if "STRATA_SPARE" in os.environ:
+        # A hot spare (strata run --ft --spares K) learnt its rank in init(); code after it that
+        # reads the placement variables, and processes it starts, see the rank it took.
+        del os.environ["STRATA_SPARE"]
+        for k in ("STRATA_RANK", "RANK", "STRATA_LOCAL_RANK", "LOCAL_RANK"):
+            os.environ[k] = str(comm.rank)
+        os.environ["STRATA_EPOCH"] = str(comm.epoch)
     _world = comm
     return comm
 

@@ -174,11 +174,37 @@ def _create_process_group(opts, pg_options=None):
     pg = _strata_torch.ProcessGroupStrata(comm._capsule(), rank, size, grace_us=100)
     pg._strata_comm = comm
     pg._strata_timeout = opts.timeout
+    if not opts.global_ranks_in_group and _strata.is_replacement():
+        # The survivors are inside recover(), not in this setup: its collectives (DDP's
+        # parameter check and broadcast) are answered locally until recovery_run restores
+        # the state, which brings what they would have carried.
+        pg._strata_local = True
     return pg
+
+
+def _skip_store_barrier_in_replacement(c10d):
+    """torch 1.13's init_process_group ends with a barrier on torch's store that counts every
+    rank of the group; in a replacement the survivors never come to it (and the count already
+    holds theirs from the first start), so a replacement skips it."""
+    barrier = getattr(c10d, "_store_based_barrier", None)
+    if barrier is None or getattr(barrier, "_strata_wrapped", False):
+        return
+
+    def wrapped(rank, store, timeout):
+        pg = c10d._get_default_group() if c10d.is_initialized() else None
+        if _strata.is_replacement() and getattr(pg, "_strata_comm", None) is not None:
+            return None
+        return barrier(rank, store, timeout)
+
+    wrapped._strata_wrapped = True
+    c10d._store_based_barrier = wrapped
 
 
 def register(backend_cls):
     """Registers "strata" with torch.distributed.Backend (once)."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is not None and _strata.is_replacement():
+        _skip_store_barrier_in_replacement(c10d)
     if "STRATA" in getattr(backend_cls, "_plugins", {}) or hasattr(backend_cls, "STRATA"):
         return
     try:
@@ -194,8 +220,18 @@ def register(backend_cls):
         backend_cls.register_backend("strata", creator)
 
 
+def process_group(group=None):
+    """The ProcessGroup object of `group` (None: the default group)."""
+    if group is None:
+        if not dist.is_initialized():
+            raise InvalidArgument("no torch.distributed group: call dist.init_process_group('strata') first, "
+                                  "or pass a strata Communicator")
+        return dist.distributed_c10d._get_default_group()
+    return group
+
+
 def communicator(group=None):
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    pg = process_group(group)
     comm = getattr(pg, "_strata_comm", None)
     if comm is None:
         raise InvalidArgument(f"process group {pg!r} does not use the strata backend")

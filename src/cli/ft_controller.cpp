@@ -109,6 +109,20 @@ bool FtController::on_failure(const std::vector<int>& ranks, const std::string& 
 
 void FtController::on_spawned() { (void)store_->set(keys::spawned(job_, epoch_), std::to_string(recovery::now_ns())); }
 
+Status FtController::assign_spare(int spare, int rank) {
+  return store_->set(keys::assign(job_, spare), std::to_string(rank) + " " + std::to_string(epoch_));
+}
+
+bool FtController::spare_waiting(int spare) {
+  auto v = store_->try_get(keys::spare(job_, spare));
+  return v.is_ok() && v.value();
+}
+
+bool FtController::recovered() {
+  auto ready = store_->try_get(keys::ready(job_, epoch_));
+  return ready.is_ok() && ready.value();
+}
+
 void FtController::reset_heartbeat(int rank) {
   if (rank < 0 || rank >= n_) return;
   Beat& b = beats_[static_cast<size_t>(rank)];

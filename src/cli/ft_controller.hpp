@@ -47,6 +47,12 @@ class FtController {
   bool on_failure(const std::vector<int>& ranks, const std::string& why);
   /// Records that replacements were started (for the recovery report).
   void on_spawned();
+  /// Hands `rank` to hot spare `spare` in the current epoch (it waits in strata::init()).
+  Status assign_spare(int spare, int rank);
+  /// Whether hot spare `spare` has reached strata::init() and waits there.
+  bool spare_waiting(int spare);
+  /// Whether the rebuild of the current epoch is complete (its ready flag is up).
+  bool recovered();
   /// restart_all: the restarted job runs under a new id (nothing of the old one is reused).
   void set_job(std::string job_id);
 

@@ -1,7 +1,14 @@
 // `strata run --ft`: what the launcher does with a failed rank when a recovery controller
 // (ft_controller.hpp) runs the job: kill what is left of it, then start a replacement in a
 // new epoch, or restart every rank (--restart-all, the baseline).
+//
+// With --spares K the replacement is already running: K processes started with the job run
+// the program up to strata::init() and wait there (recovery/spare.cpp). A failed rank goes to
+// the oldest waiting spare; the spare used is replaced in the background once the recovery
+// is complete (its rebuild, then kRefillSettle for the state transfer and the redone step),
+// so that its start-up does not compete with the recovery for the cores.
 
+#include <algorithm>
 #include <csignal>
 
 #include "cli/commands.hpp"
@@ -47,7 +54,24 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
   say(why + "; " + (ft_->options().restart_all ? "restarting every rank" : "replacing it") + " (epoch " +
       std::to_string(ft_->epoch()) + ", failure " + std::to_string(ft_->failures()) + " of at most " +
       std::to_string(ft_->options().max_failures) + ")");
+  bool used_spare = false;
   for (int i : respawn) {
+    if (Rank* sp = ft_->options().restart_all ? nullptr : waiting_spare()) {
+      const int id = sp->spare;
+      sp->spare = -1;
+      sp->index = i;
+      sp->global = i;
+      if (Status s = ft_->assign_spare(id, i); !s.is_ok()) {
+        say("handing rank " + std::to_string(i) + " to spare " + std::to_string(id) + ": " + s.message());
+        exit_code_ = 1;
+        stop(SIGTERM, true);
+        return;
+      }
+      say("rank " + std::to_string(i) + " goes to spare " + std::to_string(id) + " (pid " + std::to_string(sp->pid) +
+          ")");
+      used_spare = true;
+      continue;
+    }
     Rank& nr = ranks_.emplace_back();
     nr.index = i;
     nr.global = i;  // --ft runs on one node: global rank = local index
@@ -60,6 +84,95 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
     }
   }
   ft_->on_spawned();
+  if (used_spare) {
+    refill_by_ = Clock::now() + kRefillWait;
+    refill_check_ = Clock::now() + kRefillPoll;
+    refill_at_.reset();
+  }
+}
+
+bool Launcher::start_spare() {
+  Rank& sp = ranks_.emplace_back();
+  sp.index = -1;
+  sp.global = -1;
+  sp.spare = next_spare_++;
+  Status s = spawn(sp, path_, argv_, shared_env_);
+  if (s.is_ok()) return true;
+  sp.current = false;
+  say("spare " + std::to_string(sp.spare) + ": " + s.message() + "; going on without it");
+  return false;
+}
+
+Launcher::Rank* Launcher::waiting_spare() {
+  // One already waiting in strata::init() first; else the oldest, the likeliest to get there
+  // first (the assignment waits for it in the store).
+  Rank* oldest = nullptr;
+  for (auto& r : ranks_) {
+    if (r.spare < 0 || !r.running || !r.current) continue;
+    if (ft_->spare_waiting(r.spare)) return &r;
+    if (!oldest) oldest = &r;
+  }
+  return oldest;
+}
+
+void Launcher::refill_spares(Clock::time_point now) {
+  refill_check_.reset();
+  if (stopping_ || spares_off_ || !ranks_running()) return;
+  if (!refill_at_) {
+    if (now < *refill_by_ && !ft_->recovered()) {
+      refill_check_ = now + kRefillPoll;
+      return;
+    }
+    refill_at_ = now + kRefillSettle;
+  }
+  if (now < *refill_at_) {
+    refill_check_ = refill_at_;
+    return;
+  }
+  refill_at_.reset();
+  int waiting = 0;
+  for (const auto& r : ranks_) waiting += r.spare >= 0 && r.running && r.current;
+  for (; waiting < opts_.spares; ++waiting)
+    if (!start_spare()) break;
+}
+
+void Launcher::on_spare_exit(Rank& r, int status) {
+  if (stopping_ || !r.current) return;  // retired or stopped with the job
+  r.current = false;
+  kill_and_wait(r);  // what it started goes with it
+  const std::string who = rank_name(r) + " (pid " + std::to_string(r.pid) + ")";
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    // It never waited for a rank: a program without strata::init(), whose spares would all
+    // do the same.
+    spares_off_ = true;
+    say(who +
+        " exited with code 0 before it was given a rank (does the program call strata::init()?); "
+        "no more spares are started");
+    return;
+  }
+  const std::string what = WIFEXITED(status) ? "exited with code " + std::to_string(WEXITSTATUS(status))
+                                             : "was killed by " + signal_name(WTERMSIG(status));
+  if (++spares_lost_ > ft_->options().max_failures) {
+    spares_off_ = true;
+    say(who + " " + what + "; " + std::to_string(spares_lost_) + " lost spares exceed --max-failures " +
+        std::to_string(ft_->options().max_failures) + ", no more spares are started");
+    return;
+  }
+  say(who + " " + what + " while waiting; starting spare " + std::to_string(next_spare_) + " in its place");
+  if (!refill_check_ && ranks_running()) start_spare();  // else the pending refill starts it after the recovery
+}
+
+bool Launcher::ranks_running() const {
+  return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running && r.spare < 0; });
+}
+
+void Launcher::retire_spares() {
+  if (opts_.spares == 0 || ranks_running()) return;
+  for (auto& r : ranks_) {
+    if (r.spare < 0 || !r.running || !r.current) continue;
+    r.current = false;  // its exit is ours, not news
+    if (!r.group_gone) ::kill(-r.pid, SIGKILL);
+  }
 }
 
 void Launcher::kill_and_wait(Rank& r) {

@@ -90,6 +90,7 @@ Status Launcher::prepare() {
 }
 
 std::string Launcher::rank_name(const Rank& r) const {
+  if (r.spare >= 0) return "spare " + std::to_string(r.spare);
   if (!link_) return "rank " + std::to_string(r.index);
   return "rank " + std::to_string(r.global) + " on " + node_name_;
 }
@@ -97,10 +98,15 @@ std::string Launcher::rank_name(const Rank& r) const {
 Status Launcher::spawn(Rank& r, const std::string& path, std::vector<char*>& argv,
                        const std::vector<std::string>& shared_env) {
   std::vector<std::string> env_strings = shared_env;
-  env_strings.push_back("STRATA_RANK=" + std::to_string(r.global));
-  env_strings.push_back("STRATA_LOCAL_RANK=" + std::to_string(r.index));
-  env_strings.push_back("RANK=" + std::to_string(r.global));
-  env_strings.push_back("LOCAL_RANK=" + std::to_string(r.index));
+  if (r.spare >= 0) {
+    // No rank yet: strata::init() learns it (and its epoch) from the store when assigned.
+    env_strings.push_back("STRATA_SPARE=" + std::to_string(r.spare));
+  } else {
+    env_strings.push_back("STRATA_RANK=" + std::to_string(r.global));
+    env_strings.push_back("STRATA_LOCAL_RANK=" + std::to_string(r.index));
+    env_strings.push_back("RANK=" + std::to_string(r.global));
+    env_strings.push_back("LOCAL_RANK=" + std::to_string(r.index));
+  }
   std::vector<char*> envp;
   envp.reserve(env_strings.size() + 1);
   for (auto& s : env_strings) envp.push_back(s.data());
@@ -120,7 +126,7 @@ Status Launcher::spawn(Rank& r, const std::string& path, std::vector<char*>& arg
   }
   // Rank 0 keeps a non-terminal stdin (`strata run -n 2 prog < input`); a terminal would
   // stop a background process group that reads it, so ranks never get one.
-  int in = (r.global == 0 && !::isatty(STDIN_FILENO)) ? STDIN_FILENO : devnull_;
+  int in = (r.global == 0 && r.spare < 0 && !::isatty(STDIN_FILENO)) ? STDIN_FILENO : devnull_;
   pid_t parent = ::getpid();
 
   pid_t pid = ::fork();
@@ -220,6 +226,7 @@ int Launcher::run() {
   static constexpr const char* kOwned[] = {
       "STRATA_RANK=", "STRATA_WORLD_SIZE=", "STRATA_LOCAL_RANK=", "STRATA_LOCAL_SIZE=", "STRATA_STORE=",
       "STRATA_JOB_TOKEN=", "STRATA_JOB_ID=", "STRATA_NODE_RANK=", "STRATA_NNODES=", "STRATA_FT=", "STRATA_EPOCH=",
+      "STRATA_SPARE=",
       // torchrun's, for torch.distributed's env:// rendezvous (any backend)
       "RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "GROUP_RANK="};
   std::vector<std::string>& shared_env = shared_env_;
@@ -286,6 +293,9 @@ int Launcher::run() {
       break;
     }
   }
+  // After the ranks, so that the first epoch's start-up has the cores first.
+  for (int k = 0; k < opts_.spares && !stopping_; ++k)
+    if (!start_spare()) break;
   if (opts_.timeout) job_deadline_ = Clock::now() + *opts_.timeout;
   loop();
   // Every rank is gone, but what they started may not be (a background child, descendants
@@ -294,7 +304,8 @@ int Launcher::run() {
   // Ranks that were killed could not remove their heap sockets.
   {
     std::vector<int> mine;
-    for (const auto& r : ranks_) mine.push_back(r.global);
+    for (const auto& r : ranks_)
+      if (r.spare < 0) mine.push_back(r.global);
     memory::remove_job_sockets(Env::get().socket_dir, job_id_, mine);
   }
   if (guard_) guard_->disarm();
@@ -310,6 +321,8 @@ void Launcher::loop() {
   std::vector<std::pair<Rank*, Stream*>> streams;
   for (;;) {
     auto now = Clock::now();
+    retire_spares();
+    if (refill_check_ && now >= *refill_check_) refill_spares(now);
     if (running_count() == 0) {
       if (any_pipe_open()) {
         if (!drain_until_) drain_until_ = now + kDrain;
@@ -357,7 +370,7 @@ void Launcher::loop() {
 
     std::optional<Clock::time_point> wake;
     finish_flight(now);
-    for (const auto& t : {kill_at_, job_deadline_, drain_until_, flight_until_})
+    for (const auto& t : {kill_at_, job_deadline_, drain_until_, flight_until_, refill_check_})
       if (t && (!wake || *t < *wake)) wake = t;
     int timeout = -1;
     if (wake) {
@@ -429,7 +442,7 @@ void Launcher::request_flight() {
   flight_ = std::make_unique<FlightReport>();
   int asked = 0, skipped = 0;
   for (const auto& r : ranks_) {
-    if (!r.running || !r.current) continue;
+    if (!r.running || !r.current || r.spare >= 0) continue;
     // The library installs its handler at init; before that (or with the recorder off)
     // SIGUSR1 would end the rank, so it is only sent to ranks that catch it.
     if (!catches_signal(r.pid, SIGUSR1)) {
@@ -450,7 +463,7 @@ void Launcher::finish_flight(Clock::time_point now) {
   if (!flight_ || !(flight_->complete() || (flight_until_ && now >= *flight_until_))) return;
   std::vector<int> all;
   for (const auto& r : ranks_)
-    if (r.current) all.push_back(r.global);
+    if (r.current && r.spare < 0) all.push_back(r.global);
   std::string msg = "flight recorder report (" + std::to_string(all.size()) + " rank(s)):";
   for (const auto& l : flight_->render(all)) msg += "\n  " + l;
   say(msg);
@@ -487,6 +500,7 @@ void Launcher::on_exit(Rank& r, int status) {
   // Relay what it wrote before dying ahead of the report.
   relay(r, r.out);
   relay(r, r.err);
+  if (r.spare >= 0) return on_spare_exit(r, status);
   bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   if (!failed || stopping_ || !r.current) return;  // casualties of our own stop are not news
   std::string what;
@@ -538,8 +552,9 @@ void Launcher::relay(Rank& r, Stream& s) {
 }
 
 void Launcher::emit(const Rank& r, Stream& s, bool at_eof) {
-  const std::string prefix =
-      link_ ? "[" + node_name_ + ":" + std::to_string(r.global) + "] " : "[" + std::to_string(r.index) + "] ";
+  const std::string prefix = r.spare >= 0 ? "[spare" + std::to_string(r.spare) + "] "
+                             : link_      ? "[" + node_name_ + ":" + std::to_string(r.global) + "] "
+                                          : "[" + std::to_string(r.index) + "] ";
   std::string out;
   size_t start = 0;
   for (;;) {

@@ -44,6 +44,13 @@ inline constexpr size_t kMaxQueuedOutput = 8 * 1024 * 1024;
 inline constexpr std::chrono::seconds kKillWait{5};
 /// How long the launcher waits for the ranks' flight-recorder dumps after a SIGUSR1.
 inline constexpr std::chrono::seconds kFlightWait{2};
+/// How long a spare used by a recovery waits at most for that recovery before another is
+/// started in the background, and how often the recovery's completion is checked meanwhile.
+inline constexpr std::chrono::seconds kRefillWait{2};
+inline constexpr std::chrono::milliseconds kRefillPoll{5};
+/// After the rebuild the ranks still restore the state and redo the step: the new spare's
+/// start-up (exec, loading, a Python program's imports) waits this much longer.
+inline constexpr std::chrono::milliseconds kRefillSettle{250};
 /// Exit status when --timeout ends the job, as timeout(1).
 inline constexpr int kTimeoutExit = 124;
 /// Exit status when the program cannot be started, as a shell.
@@ -57,6 +64,7 @@ struct RunOptions {
   uint16_t port = 0;
   bool ft = false;
   FtOptions ft_opts;
+  int spares = 0;  // --spares K: hot spares waiting in strata::init() (--ft)
   std::vector<std::string> argv;
   // Multi-node.
   std::optional<int> nnodes, node_rank;
@@ -98,6 +106,7 @@ class Launcher {
     bool running = false;
     bool current = true;      // the newest process of this rank (--ft keeps replaced ones for their output)
     bool group_gone = false;  // its process group was seen empty: its id may belong to others now
+    int spare = -1;           // hot spare number while it waits for a rank (--spares); -1 for a rank
     Stream out, err;
   };
 
@@ -132,6 +141,21 @@ class Launcher {
   void replace(const std::vector<Rank*>& failed, const std::string& why, int exit_code);
   /// Replaces the ranks the controller found silent (hung or stopped).
   void check_heartbeats();
+  /// Starts one more hot spare (no rank, STRATA_SPARE set); false when it could not start.
+  bool start_spare();
+  /// The spare that takes a failed rank next (one waiting in strata::init(), else the
+  /// oldest), or nullptr.
+  Rank* waiting_spare();
+  /// Starts spares up to --spares K kRefillSettle after the rebuild that used one is complete
+  /// (so that the new spare's start-up does not compete with the recovery), or after
+  /// kRefillWait in any case.
+  void refill_spares(Clock::time_point now);
+  /// A spare exited while waiting: start another, unless spares keep failing.
+  void on_spare_exit(Rank& r, int status);
+  /// The job's ranks are all gone: the spares have nothing left to wait for.
+  void retire_spares();
+  /// Whether a rank (not a spare) is still running.
+  bool ranks_running() const;
   // Output (launcher.cpp).
   /// Reads what a rank wrote on one stream and passes whole lines on.
   void relay(Rank& r, Stream& s);
@@ -162,6 +186,10 @@ class Launcher {
   std::vector<std::string> shared_env_;
   std::unique_ptr<FtController> ft_;
   int restarts_ = 0;
+  int next_spare_ = 0;   // number of the next spare started
+  int spares_lost_ = 0;  // spares that died while waiting
+  bool spares_off_ = false;
+  std::optional<Clock::time_point> refill_check_, refill_by_, refill_at_;
   std::vector<Rank*> exited_;  // failed in the current reap pass (--ft)
   std::string exited_why_;
   int exited_code_ = 0;

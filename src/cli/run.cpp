@@ -41,6 +41,11 @@ const char kUsage[] =
     "  --restart-all    with --ft: restart every rank after a failure (torchrun-like)\n"
     "                   instead of replacing only the failed one\n"
     "  --max-failures K with --ft: give up after K failed ranks (default 3)\n"
+    "  --spares K       with --ft: keep K hot spares, processes that run PROGRAM up to\n"
+    "                   strata::init() (strata.init() in Python) and wait there; a failed\n"
+    "                   rank goes to a spare, so recovery pays no process start-up, and a\n"
+    "                   new spare starts once the recovery is done. Spare output is\n"
+    "                   prefixed \"[spareN] \" until it takes a rank (default 0)\n"
     "\n"
     "across hosts (run one agent per host, as with torchrun):\n"
     "  --nnodes H       number of nodes (agents) in the job\n"
@@ -79,6 +84,7 @@ int usage_error(const std::string& msg) {
 // Returns an exit status when the command line says to stop (help, errors), else nullopt.
 std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
   int i = 1;
+  bool spares_given = false;
   while (i < argc) {
     std::string_view arg = argv[i];
     if (arg == "--") {
@@ -120,6 +126,13 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
       if (!k || *k < 0 || *k > 1'000'000)
         return usage_error("--max-failures must be a number >= 0, got '" + value + "'");
       o.ft_opts.max_failures = static_cast<int>(*k);
+    } else if (take_option(argc, argv, i, {"--spares"}, value, error)) {
+      if (!error.empty()) return usage_error(error);
+      auto k = parse_int(value);
+      if (!k || *k < 0 || *k > 4096)
+        return usage_error("--spares must be a number of hot spares from 0 to 4096, got '" + value + "'");
+      o.spares = static_cast<int>(*k);
+      spares_given = true;
     } else if (take_option(argc, argv, i, {"--nnodes"}, value, error)) {
       if (!error.empty()) return usage_error(error);
       auto n = parse_int(value);
@@ -158,6 +171,9 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
   if (o.nranks == 0) return usage_error("missing -n N (the number of ranks)");
   if (o.argv.empty()) return usage_error("missing the program to run");
   if (o.ft_opts.restart_all && !o.ft) return usage_error("--restart-all needs --ft");
+  if (spares_given && !o.ft) return usage_error("--spares needs --ft (spares stand in for failed ranks)");
+  if (o.spares > 0 && o.ft_opts.restart_all)
+    return usage_error("--spares cannot be combined with --restart-all, which starts every rank again");
   bool any_multi = o.nnodes || o.node_rank || !o.store.empty() || o.token || o.rdzv_timeout;
   if (any_multi) {
     if (!o.nnodes) return usage_error("--node-rank, --store, --token, --token-file and --rdzv-timeout need --nnodes H");

@@ -87,7 +87,8 @@ Env parse(Lookup lookup, void* ctx) {
       if (auto v = to_int(get(k), 0)) return v;
     return std::nullopt;
   };
-  if (get("STRATA_RANK")) e.launcher = "strata";
+  // A hot spare has every STRATA_* placement variable but its rank, learnt at assignment.
+  if (get("STRATA_RANK") || get("STRATA_SPARE")) e.launcher = "strata";
   else if (get("RANK") && get("WORLD_SIZE")) e.launcher = "torchrun";
   else if (get("OMPI_COMM_WORLD_RANK")) e.launcher = "mpirun";
   // MPICH's mpiexec (Hydra) before Slurm: under an allocation its ranks inherit the proxy's
@@ -186,6 +187,7 @@ Env parse(Lookup lookup, void* ctx) {
   e.cma = to_bool(get("STRATA_CMA"), true);
   e.ft = to_bool(get("STRATA_FT"), false);
   if (auto v = to_int(get("STRATA_EPOCH"), 0)) e.epoch = static_cast<uint64_t>(*v);
+  e.spare = to_int(get("STRATA_SPARE"), 0);
   if (auto d = to_duration(get("STRATA_HEARTBEAT_INTERVAL"), true)) e.heartbeat_interval = *d;
   if (auto d = to_duration(get("STRATA_HEARTBEAT_TIMEOUT"), true)) e.heartbeat_timeout = *d;
   if (auto s = get("STRATA_UCX_TLS")) e.ucx_tls = *s;

@@ -66,8 +66,11 @@ struct Env {
   size_t cma_min_bytes = size_t{1} << 20;  // STRATA_CMA_MIN_BYTES: unregistered buffers this big use CMA too
 
   // Failure recovery (set by `strata run --ft`; see docs/RECOVERY.md).
-  bool ft = false;                                    // STRATA_FT: the job runs under a recovery controller
-  uint64_t epoch = 0;                                 // STRATA_EPOCH: >0 for a replacement started in that epoch
+  bool ft = false;     // STRATA_FT: the job runs under a recovery controller
+  uint64_t epoch = 0;  // STRATA_EPOCH: >0 for a replacement started in that epoch
+  // STRATA_SPARE: this process is hot spare N of `strata run --ft --spares K`; it has no rank
+  // until the launcher assigns one (strata::init() waits for it).
+  std::optional<int> spare;
   std::chrono::milliseconds heartbeat_interval{100};  // STRATA_HEARTBEAT_INTERVAL: how often a rank beats
   std::chrono::milliseconds heartbeat_timeout{1000};  // STRATA_HEARTBEAT_TIMEOUT: silence that counts as a hang
 

@@ -48,5 +48,8 @@ Result<char*> map_peer_segment(int fd, size_t size);
 /// untouched, gigabyte-sized) segment; faulting pages in one at a time costs ~5 µs each
 /// here against ~0.3–0.45 µs populated (MEASURED.md). Best effort: failures are ignored.
 void populate_present(char* base, size_t size);
+/// The same for a mapping of `fd`, finding the pages from the file's data extents
+/// (SEEK_DATA/SEEK_HOLE) instead of probing every page; falls back to mincore.
+void populate_present(int fd, char* base, size_t size);
 
 }  // namespace strata::memory

@@ -12,6 +12,7 @@
 #include "common/status.hpp"
 #include "recovery/monitor.hpp"
 #include "recovery/rebuild.hpp"
+#include "recovery/spare.hpp"
 
 namespace strata {
 namespace detail {
@@ -56,6 +57,8 @@ Communicator init(const InitOptions& opts) {
   const Env& env = Env::get();
   bootstrap::JobOverrides ov;
   ov.rank = opts.rank;
+  // A hot spare stops here until a rank fails; it then goes on exactly as a replacement.
+  if (auto spare = value_or_throw(detail::wait_as_spare(env))) ov.rank = spare->rank;
   ov.world_size = opts.size;
   ov.store = opts.store;
   ov.token = opts.token;
@@ -65,7 +68,8 @@ Communicator init(const InitOptions& opts) {
   const int rank = job.rank;
   detail::ContextRef ctx = value_or_throw(detail::make_context(env, job, opts.timeout), rank);
   throw_if_error(detail::start_recovery_services(ctx), rank);
-  if (env.epoch > 0 && job.world_size > 1) return Communicator(value_or_throw(detail::join_world(ctx), rank));
+  if (detail::start_epoch() > 0 && job.world_size > 1)
+    return Communicator(value_or_throw(detail::join_world(ctx), rank));
   return Communicator(value_or_throw(detail::start_world(ctx), rank));
 }
 

@@ -28,6 +28,11 @@ inline std::string join(const std::string& job, uint64_t e, int rank) {
 inline std::string arrived(const std::string& job, uint64_t e) { return base(job) + "arrived/" + std::to_string(e); }
 inline std::string ready(const std::string& job, uint64_t e) { return base(job) + "ready/" + std::to_string(e); }
 
+/// Hot spares (`strata run --ft --spares K`). Spare N sets `spare` to its pid when it waits in
+/// strata::init(); the launcher hands it a rank by setting `assign` to "RANK EPOCH".
+inline std::string spare(const std::string& job, int id) { return base(job) + "spare/" + std::to_string(id); }
+inline std::string assign(const std::string& job, int id) { return base(job) + "assign/" + std::to_string(id); }
+
 /// "2,5" -> {2, 5}; malformed entries are skipped.
 inline std::vector<int> parse_ranks(const std::string& s) {
   std::vector<int> out;

@@ -13,6 +13,7 @@
 #include "coll/membership.hpp"
 #include "common/log.hpp"
 #include "recovery/keys.hpp"
+#include "recovery/spare.hpp"
 
 namespace strata {
 namespace recovery {
@@ -23,7 +24,7 @@ int64_t now_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-bool is_replacement() { return Env::get().epoch > 0; }
+bool is_replacement() { return detail::start_epoch() > 0; }
 
 }  // namespace recovery
 
@@ -102,7 +103,7 @@ Status start_recovery_services(const ContextRef& ctx) {
   STRATA_ASSIGN_OR_RETURN(
       auto client, bootstrap::StoreClient::connect(addr, ctx.job().token, Deadline::after(env.store_connect_timeout)));
   client->set_reconnect_timeout(env.store_connect_timeout);
-  const uint64_t epoch = env.epoch;
+  const uint64_t epoch = start_epoch();
   EpochState& epochs = ctx.epochs();
   epochs.latest.store(epoch);
   epochs.joined = epoch;

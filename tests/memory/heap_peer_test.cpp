@@ -1,5 +1,6 @@
 // Peer access with threads as ranks: several heaps of one job in one process.
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -324,6 +325,35 @@ TEST(HeapPeer, MappingAPeerSegmentCommitsOnlyThePagesItsOwnerTouched) {
   size_t resident = 0;
   for (unsigned char c : vec) resident += c & 1;
   EXPECT_LE(resident, kMiB / 4096 + 16) << "the peer's mapping allocated untouched pages (MAP_POPULATE-like)";
+}
+
+// The pages the owner touched are mapped at once in the peer (no fault per page later), found
+// from the memfd's data extents: /proc/self/pagemap shows them present in the peer's mapping.
+TEST(HeapPeer, MappingAPeerSegmentInstallsThePagesItsOwnerTouched) {
+  HeapOptions o = small_options();
+  o.segment_size = 64 * kMiB;
+  o.max_size = 128 * kMiB;
+  const std::string key = unique_key("present");
+  auto h0 = make_heap(key, 0, o);
+  auto h1 = make_heap(key, 1, o);
+  ASSERT_TRUE(h0 && h1);
+  auto p = h0->alloc(kMiB);
+  STRATA_ASSERT_OK(p);
+  std::memset(*p, 1, kMiB);
+  const SegRef ref = *h0->locate(*p, kMiB);
+  auto v = h1->peer_ptr(0, ref, kMiB, soon());
+  STRATA_ASSERT_OK(v);
+  const int pm = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(pm, 0);
+  size_t present = 0;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(*v) / 4096;
+  for (uintptr_t pg = first; pg < first + kMiB / 4096; ++pg) {
+    uint64_t e = 0;
+    ASSERT_EQ(::pread(pm, &e, sizeof e, static_cast<off_t>(pg * sizeof e)), static_cast<ssize_t>(sizeof e));
+    present += (e >> 63) & 1;
+  }
+  ::close(pm);
+  EXPECT_EQ(present, kMiB / 4096) << "pages the owner touched were not mapped in the peer";
 }
 
 TEST(HeapPeer, SecondHeapWithTheSameKeyAndRankIsRefused) {

@@ -36,7 +36,7 @@ def _clean_env(extra=None):
     """The environment of this process without any job placement (we may run inside a job)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("STRATA_RANK", "STRATA_WORLD_SIZE", "STRATA_LOCAL", "STRATA_STORE",
-                                "STRATA_JOB", "TORCHELASTIC"))
+                                "STRATA_JOB", "STRATA_SPARE", "TORCHELASTIC"))
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env.setdefault("STRATA_TIMEOUT", "60s")
     env.update(extra or {})

@@ -71,7 +71,7 @@ def test_state_add_errors(comm):
     assert state.names == ["step", "w"], "a rejected add must not register anything"
     with pytest.raises(TypeError):
         state.step = -1
-    with pytest.raises(strata.InvalidArgument, match="not None"):
+    with pytest.raises(strata.InvalidArgument, match="got None for the group"):
         strata.State(None)
 
 
@@ -239,3 +239,20 @@ def test_killed_rank_is_replaced_and_training_matches_a_run_without_failure(base
             assert len(start[r]) == 1 and start[r][0]["replacement"] == "0", out
             assert done[r][0]["pid"] == start[r][0]["pid"], out
             assert len(ticks[r]) == 1, out  # recover() let another thread run (checked by the worker)
+
+
+# strata run --ft --spares 1: the spare ran the worker's imports and waits in strata.init();
+# the killed rank goes to it (it learns its rank there, and os.environ follows), and training
+# ends with the bytes of a run without failure.
+def test_killed_rank_goes_to_a_python_hot_spare(baseline):
+    out, _ = launch("recovery.py", 3, STEPS, 1, 6, launcher_args=["--ft", "--spares", "1"], timeout=60)
+    assert final_hash(out) == baseline, "the recovered run ended with other parameters\n" + out
+    m = re.search(r"^strata run: rank 1 goes to spare 0 \(pid (\d+)\)$", out, re.M)
+    assert m, "rank 1 was not handed to the spare\n" + out
+    spare_pid = m.group(1)
+    # Imported before the failure, under the spare's own prefix, then rank 1 to the end.
+    assert re.search(rf"^\[spare0\] IMPORTED pid={spare_pid}$", out, re.M), out
+    assert out.index(f"[spare0] IMPORTED pid={spare_pid}") < out.index("[1] INJECT"), out
+    start, done = lines(out, "START"), lines(out, "DONE")
+    assert start[1][1] == {"rank": "1", "pid": spare_pid, "replacement": "1", "env_rank": "1"}, out
+    assert done[1][0]["pid"] == spare_pid and done[1][0]["steps"] == str(STEPS), out

@@ -4,6 +4,7 @@
 // bit-identical to a run without failure, and survivors must keep their processes.
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 
@@ -36,13 +37,27 @@ struct Job {
   std::vector<double> detection_ms;  // per survivor: injected -> revoke seen
 };
 
-Job run_job(const std::vector<std::string>& launcher, const std::vector<std::string>& extra) {
+std::vector<std::string> job_args(const std::vector<std::string>& launcher, const std::vector<std::string>& extra) {
   std::vector<std::string> args = launcher;
   args.insert(args.end(), {"-n", std::to_string(kRanks), "--"});
   args.insert(args.end(), kTrain.begin(), kTrain.end());
   args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+void parse_job(Job& j);
+
+Job run_job(const std::vector<std::string>& launcher, const std::vector<std::string>& extra,
+            const std::vector<std::string>& env_extra = {}) {
+  std::vector<std::string> env = kEnv;
+  env.insert(env.end(), env_extra.begin(), env_extra.end());
   Job j;
-  j.o = run_cli(args, kEnv, std::chrono::seconds(120));
+  j.o = run_cli(job_args(launcher, extra), env, std::chrono::seconds(120));
+  parse_job(j);
+  return j;
+}
+
+void parse_job(Job& j) {
   static const std::regex start(R"(START rank=(\d+) pid=(\d+) replacement=(\d))");
   static const std::regex done(R"(DONE rank=(\d+) pid=(\d+))");
   static const std::regex hash(R"(final params hash ([0-9a-f]+))");
@@ -63,7 +78,6 @@ Job run_job(const std::vector<std::string>& launcher, const std::vector<std::str
       if (inj > 0 && seen > 0) j.detection_ms.push_back(static_cast<double>(seen - inj) / 1e6);
     }
   }
-  return j;
 }
 
 const std::string& reference_hash() {
@@ -258,6 +272,189 @@ TEST(Recovery, StateRejectsDuplicateNames) {
   EXPECT_THROW(s.add("a", std::span<float>(a)), Error);
   EXPECT_THROW(s.add("step", std::span<float>(a)), Error);
   EXPECT_EQ(s.bytes(), sizeof(uint64_t) + 4 * sizeof(float));
+}
+
+// ---- Hot spares (strata run --ft --spares K) ----------------------------------------------------
+
+// Processes whose environment holds `entry` (each test's own STRATA_SOCKET_DIR marks its job).
+std::vector<pid_t> processes_with_env(const std::string& entry) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& d : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = d.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(d.path() / "environ", std::ios::binary);
+    std::string env((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (env.find(entry + '\0') != std::string::npos) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// "rank R goes to spare N (pid P)" -> P, or -1.
+int spare_pid_for(const std::string& err, int rank, int spare) {
+  std::smatch m;
+  const std::regex re("rank " + std::to_string(rank) + " goes to spare " + std::to_string(spare) + R"( \(pid (\d+)\))");
+  return std::regex_search(err, m, re) ? std::stoi(m[1]) : -1;
+}
+
+// A spare job leaves nothing behind: no process of it, nothing in its socket directory.
+void expect_nothing_left(const std::string& socket_env, const std::string& sockets) {
+  std::vector<pid_t> left = cli_test::survivors(processes_with_env(socket_env), std::chrono::seconds(2));
+  for (pid_t p : left) ::kill(p, SIGKILL);
+  EXPECT_TRUE(left.empty()) << left.size() << " process(es) of the job (a spare?) outlived it";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(sockets, ec))
+    ADD_FAILURE() << "left behind in the socket directory: " << e.path();
+}
+
+// The killed rank goes to the spare started with the job (its process, already past its
+// start-up, finishes the job as that rank), with the parameters of a run without failure.
+TEST(Recovery, SpareTakesTheKilledRank) {
+  STRATA_REQUIRE_BIN();
+  cli_test::TempDir dir;
+  const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
+  Job j = run_job({"run", "--ft", "--spares", "1"}, {"--fail", "2:6:kill"}, {socket_env});
+  expect_recovered(j, {2}, 1);
+  const int spare = spare_pid_for(j.o.err, 2, 0);
+  ASSERT_GT(spare, 0) << "rank 2 was not handed to spare 0\n" << j.o.err;
+  EXPECT_EQ(j.done_pid.at(2), spare) << "the spare's process did not finish the job as rank 2\n" << j.o.out;
+  EXPECT_FALSE(contains(j.o.out + j.o.err, "[spare")) << "a spare printed as a spare\n" << j.o.out << j.o.err;
+  expect_nothing_left(socket_env, dir.path() + "/sockets");
+}
+
+// Two failures in a row with one spare: the first goes to the spare started with the job,
+// the second to the one started in the background after the first recovery (its rebuild,
+// then 250 ms: 12 paced steps of 40 ms leave room for it).
+TEST(Recovery, TwoFailuresWithOneSpareUseTheRefilledSpare) {
+  STRATA_REQUIRE_BIN();
+  cli_test::TempDir dir;
+  const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
+  Job j = run_job({"run", "--ft", "--spares", "1"}, {"--pace", "40", "--fail", "1:2:kill", "--fail", "2:14:kill"},
+                  {socket_env});
+  expect_recovered(j, {1, 2}, 2);
+  const int first = spare_pid_for(j.o.err, 1, 0), second = spare_pid_for(j.o.err, 2, 1);
+  ASSERT_GT(first, 0) << j.o.err;
+  ASSERT_GT(second, 0) << "the second failure did not go to the background spare\n" << j.o.err;
+  EXPECT_EQ(j.done_pid.at(1), first);
+  EXPECT_EQ(j.done_pid.at(2), second);
+  expect_nothing_left(socket_env, dir.path() + "/sockets");
+}
+
+// A spare SIGKILLed while it waits is replaced by another; the job does not notice, and the
+// new spare takes the rank that fails later.
+TEST(Recovery, SpareKilledWhileWaitingIsReplaced) {
+  STRATA_REQUIRE_BIN();
+  cli_test::TempDir dir;
+  const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
+  std::vector<std::string> env = kEnv;
+  env.push_back(socket_env);
+  std::vector<std::string> args = {"run", "--ft",          "--spares", "1",  "-n",      std::to_string(kRanks),
+                                   "--",  STRATA_TRAIN_DP, "--steps",  "16", "--times", "--pace",
+                                   "25",  "--fail",        "2:12:kill"};
+  cli_test::CliProcess p(args, env);
+  // Ranks done with two paced steps: the spare, started with them, has long reached
+  // strata::init() (train_dp does nothing before it).
+  const auto until = cli_test::Clock::now() + std::chrono::seconds(60);
+  while (!contains(p.out(), "STEP_DONE step=2 ") && cli_test::Clock::now() < until)
+    p.pump(std::chrono::milliseconds(5));
+  ASSERT_TRUE(contains(p.out(), "STEP_DONE step=2 ")) << p.out() << p.err();
+  ASSERT_FALSE(contains(p.err(), "goes to spare")) << "too late: the spare already holds a rank\n" << p.err();
+  std::vector<pid_t> spares = processes_with_env("STRATA_SPARE=0");
+  std::vector<pid_t> mine = processes_with_env(socket_env);
+  pid_t victim = -1;
+  for (pid_t s : spares)
+    if (std::find(mine.begin(), mine.end(), s) != mine.end()) victim = s;
+  ASSERT_GT(victim, 0) << "spare 0 is not running\n" << p.err();
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  Job j;
+  j.o = p.finish(std::chrono::seconds(120));
+  parse_job(j);
+  expect_recovered(j, {2}, 1);
+  EXPECT_TRUE(contains(j.o.err, "spare 0 (pid " + std::to_string(victim) +
+                                    ") was killed by SIGKILL while waiting; starting spare 1 in its place"))
+      << j.o.err;
+  EXPECT_EQ(j.done_pid.at(2), spare_pid_for(j.o.err, 2, 1)) << "rank 2 did not go to the new spare\n" << j.o.err;
+  expect_nothing_left(socket_env, dir.path() + "/sockets");
+}
+
+// A launcher SIGKILLed mid-job takes its waiting spare with it (PR_SET_PDEATHSIG and the
+// rank-group guard), as it does its ranks.
+TEST(Recovery, SparesDieWithTheLauncher) {
+  STRATA_REQUIRE_BIN();
+  cli_test::TempDir dir;
+  const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
+  std::vector<std::string> env = kEnv;
+  env.push_back(socket_env);
+  cli_test::CliProcess p(
+      {"run", "--ft", "--spares", "2", "-n", "2", "--", STRATA_TRAIN_DP, "--steps", "400", "--times", "--pace", "25"},
+      env);
+  const auto until = cli_test::Clock::now() + std::chrono::seconds(60);
+  while (!contains(p.out(), "STEP_DONE step=1 ") && cli_test::Clock::now() < until)
+    p.pump(std::chrono::milliseconds(5));
+  ASSERT_TRUE(contains(p.out(), "STEP_DONE step=1 ")) << p.out() << p.err();
+  std::vector<pid_t> job = processes_with_env(socket_env);
+  size_t spares = 0;
+  for (pid_t s : processes_with_env("STRATA_SPARE=0")) spares += std::count(job.begin(), job.end(), s);
+  for (pid_t s : processes_with_env("STRATA_SPARE=1")) spares += std::count(job.begin(), job.end(), s);
+  EXPECT_EQ(spares, 2u) << "the two spares are not running";
+  ASSERT_EQ(::kill(p.pid(), SIGKILL), 0);
+  Outcome o = p.finish(std::chrono::seconds(30));
+  EXPECT_EQ(o.term_signal, SIGKILL);
+  std::vector<pid_t> left = cli_test::survivors(job, std::chrono::seconds(5));
+  for (pid_t q : left) ::kill(q, SIGKILL);
+  EXPECT_TRUE(left.empty()) << left.size() << " process(es) of the job outlived the killed launcher";
+}
+
+TEST(Recovery, SparesUsageErrorsNameTheOption) {
+  STRATA_REQUIRE_BIN();
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"run", "--spares", "1", "-n", "2", "true"}, "--spares needs --ft"},
+      {{"run", "--ft", "--spares", "-1", "-n", "2", "true"}, "--spares must be a number of hot spares"},
+      {{"run", "--ft", "--spares", "two", "-n", "2", "true"}, "--spares must be a number of hot spares"},
+      {{"run", "--ft", "--spares", "", "-n", "2", "true"}, "--spares"},
+      {{"run", "--ft", "--restart-all", "--spares", "1", "-n", "2", "true"}, "--spares cannot be combined"},
+  };
+  for (const auto& c : cases) {
+    Outcome o = run_cli(c.args, {}, std::chrono::seconds(30));
+    EXPECT_EQ(o.exit_code, 2) << c.says << "\n" << o.err;
+    EXPECT_TRUE(contains(o.err, c.says)) << o.err;
+  }
+  // A program that never calls strata::init(): its spare exits at once, and that is all.
+  Outcome o = run_cli({"run", "--ft", "--spares", "2", "-n", "2", "true"}, kEnv, std::chrono::seconds(30));
+  EXPECT_FALSE(o.timed_out) << o.err;
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// A fault naming a rank or step the job lacks would never fire and the job would "pass"
+// without a failure: train_dp refuses it on every rank, naming the option, and the job ends.
+TEST(Recovery, FaultNamingARankOrStepTheJobLacksIsRefused) {
+  STRATA_REQUIRE_BIN();
+  struct Case {
+    std::vector<std::string> extra;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"--fail", "9:3"}, "--fail 9:3: rank 9 does not exist in a job of 4 ranks"},
+      {{"--fail", "1:16"}, "--fail 1:16: step 16 is not below --steps 16"},
+      {{"--fail-replacement", "4"}, "--fail-replacement 4: rank 4 does not exist"},
+  };
+  for (const auto& c : cases) {
+    Job j = run_job({"run", "--ft"}, c.extra);
+    EXPECT_FALSE(j.o.timed_out) << j.o.err;
+    EXPECT_NE(j.o.exit_code, 0) << c.says;
+    EXPECT_TRUE(contains(j.o.out + j.o.err, c.says)) << j.o.out << j.o.err;
+    EXPECT_TRUE(j.hash.empty()) << "the job must not finish as if the fault had run";
+  }
 }
 
 }  // namespace

@@ -6,7 +6,8 @@ test_recovery.py through `strata run --ft`).
 Every rank trains a replica on synthetic data that depends only on (data cursor, RNG state,
 rank), all of it registered in a strata.State, so a run in which FAIL_RANK SIGKILLs itself
 at FAIL_STEP must end with the same bytes as a run without failure. Lines for the test:
-    START rank=R pid=P replacement=0|1
+    IMPORTED pid=P                         (before strata.init(): a hot spare prints it as [spareN])
+    START rank=R pid=P replacement=0|1 env_rank=STRATA_RANK
     RECOVERED rank=R epoch=E failed=F replacement=0|1 step=S bytes=B
     TICKS rank=R ticks=N waited_ms=T       (survivors: a Python thread ran during the recovery)
     DONE rank=R pid=P steps=S recoveries=K epoch=E
@@ -38,10 +39,12 @@ LR, MOMENTUM = 0.05, 0.9
 steps = int(sys.argv[1])
 fail_rank, fail_step = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (-1, -1)
 
+print(f"IMPORTED pid={os.getpid()}", flush=True)
 comm = join()
 rank, size = comm.rank, comm.size
 replacement = strata.is_replacement()
-print(f"START rank={rank} pid={os.getpid()} replacement={int(replacement)}", flush=True)
+print(f"START rank={rank} pid={os.getpid()} replacement={int(replacement)} "
+      f"env_rank={os.environ.get('STRATA_RANK', '-')}", flush=True)
 
 sizes = [H * D, H, C * H, C]
 n_params = sum(sizes)
