@@ -128,9 +128,9 @@ Status BufferImpl::needs_all(const std::string& what) const {
   std::string ranks;
   for (int r = 0; r < R; ++r)
     if (dead[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-  return peer_failed("moe::dispatch: " + what + " needs every rank but rank(s) " + ranks +
-                         " failed" + where() + "; call recover()",
-                     -1);
+  return peer_failed(
+      "moe::dispatch: " + what + " needs every rank but rank(s) " + ranks + " failed" + where() + "; call recover()",
+      -1);
 }
 
 Result<std::vector<std::byte*>> BufferImpl::peers_of(void* local, size_t bytes, Deadline d) {

@@ -48,10 +48,8 @@ Result<Dispatch> BufferImpl::prefill(const void* x, size_t T, const int64_t* idx
     int r = (me + k) % R;
     STRATA_ASSIGN_OR_RETURN(bool live, wait_live(head(r)->counts_ready, seq, d, r, "dispatch (count exchange)"));
     // A rank that died before publishing sends nothing: every survivor reads the same row.
-    if (live)
-      std::memcpy(&matrix[static_cast<size_t>(r) * E], count_row(r), sizeof(uint64_t) * E);
-    else
-      std::fill_n(&matrix[static_cast<size_t>(r) * E], E, 0);
+    if (live) std::memcpy(&matrix[static_cast<size_t>(r) * E], count_row(r), sizeof(uint64_t) * E);
+    else std::fill_n(&matrix[static_cast<size_t>(r) * E], E, 0);
   }
   // Where our rows for each expert start, and how large the largest window must be.
   std::vector<uint64_t> first_row(E), offs;

@@ -38,10 +38,10 @@ struct HandleState {
   uint64_t epoch = 0;  // the Buffer's epoch at dispatch: peer pointers of older ones are gone
   Schedule schedule = Schedule::Prefill;
   size_t num_tokens = 0;
-  size_t total_rows = 0;                  // rows of this rank's layout (what y must hold)
-  std::vector<int32_t> dest;              // [T*K]: rank holding row (t, k), -1 = no expert
-  std::vector<uint64_t> row;              // [T*K]: its row in dest's layout (Relay: in the returned rows)
-  std::vector<float> w;                   // [T*K]
+  size_t total_rows = 0;      // rows of this rank's layout (what y must hold)
+  std::vector<int32_t> dest;  // [T*K]: rank holding row (t, k), -1 = no expert
+  std::vector<uint64_t> row;  // [T*K]: its row in dest's layout (Relay: in the returned rows)
+  std::vector<float> w;       // [T*K]
   // [T*K]: 1 = selection dropped because its rank failed (masking). combine() adds those of
   // ranks that died before publishing their outputs, hence mutable.
   mutable std::vector<uint8_t> lost;

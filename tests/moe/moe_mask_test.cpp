@@ -68,10 +68,8 @@ std::vector<float> reference(const Inputs& in, bool rank2_dead, bool renorm) {
       int64_t e = in.idx[t * kK + k];
       if (e < 0) continue;
       all += in.w[t * kK + k];
-      if (masked(e, rank2_dead))
-        lost = true;
-      else
-        kept += in.w[t * kK + k];
+      if (masked(e, rank2_dead)) lost = true;
+      else kept += in.w[t * kK + k];
     }
     float scale = renorm && lost ? (kept != 0.0f ? all / kept : 0.0f) : 1.0f;
     for (int k = 0; k < kK; ++k) {
