@@ -15,6 +15,7 @@
 #include <cmath>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "coll/harness.hpp"
 
@@ -227,6 +228,56 @@ void killed_mid(Schedule mid) {
 
 TEST(MoeMask, RankKilledBetweenPrefillDispatchAndCombine) { killed_mid(Schedule::Prefill); }
 TEST(MoeMask, RankKilledBetweenDecodeDispatchAndCombine) { killed_mid(Schedule::Decode); }
+
+// Masking ends waits on a peer only when its process has exited: a stopped (live) peer still
+// ends the survivors' calls with Timeout within the deadline.
+TEST(MoeMask, StoppedPeerStillTimesOut) {
+  const auto timeout = 1000ms;
+  using Clock = std::chrono::steady_clock;
+  const std::string marker = "/tmp/strata-moe-mask-stop-" + std::to_string(getpid()) + "-";
+  auto results = run_forked(
+      kR, timeout,
+      [&](Communicator& c, std::string& report) {
+        moe::Buffer b(c, config(false));
+        auto t_fail = Clock::now();
+        try {
+          for (int i = 0; i < 1000000; ++i) {
+            t_fail = Clock::now();
+            full_call(b, c.rank(), 0, i % 2 ? Schedule::Decode : Schedule::Prefill, false);
+            if (i == 1) std::fclose(std::fopen((marker + std::to_string(c.rank())).c_str(), "w"));
+          }
+        } catch (const Error& e) {
+          auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t_fail).count();
+          report = std::to_string(static_cast<int>(e.code())) + " " + std::to_string(ms) + " " + e.what();
+          return 0;
+        } catch (const std::exception& e) {
+          report = e.what();
+          return 1;
+        }
+        report = "finished without error";
+        return 1;
+      },
+      [&](const std::vector<int>& pids) {
+        auto all_started = [&] {
+          for (int r = 0; r < kR; ++r)
+            if (access((marker + std::to_string(r)).c_str(), F_OK) != 0) return false;
+          return true;
+        };
+        for (int i = 0; i < 3000 && !all_started(); ++i) std::this_thread::sleep_for(10ms);
+        kill(pids[1], SIGSTOP);
+        std::this_thread::sleep_for(4 * timeout);
+        kill(pids[1], SIGKILL);
+      });
+  for (int r = 0; r < kR; ++r) unlink((marker + std::to_string(r)).c_str());
+  for (int r : {0, 2, 3}) {
+    ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
+    int code = -1;
+    long ms = -1;
+    ASSERT_EQ(sscanf(results[r].output.c_str(), "%d %ld", &code, &ms), 2) << results[r].output;
+    EXPECT_EQ(code, static_cast<int>(Code::Timeout)) << "rank " << r << ": " << results[r].output;
+    EXPECT_LT(ms, 3 * timeout.count()) << "rank " << r << ": " << results[r].output;
+  }
+}
 
 }  // namespace
 }  // namespace strata::test
