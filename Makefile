@@ -30,7 +30,7 @@ FORMAT_DIRS := src include tests bench examples python
 FORMAT_FILES = find $(FORMAT_DIRS) -type f \( -name '*.cpp' -o -name '*.hpp' -o -name '*.h' -o -name '*.cc' \) -print0
 NINJA_JOBS := $(if $(JOBS),-j $(JOBS),)
 
-.PHONY: all deps configure build test test-fast demo bench bench-multihost bench-moe bench-recovery profile install format format-check lint clean
+.PHONY: all deps configure build test test-fast demo bench bench-multihost bench-moe bench-recovery bench-recovery-torch profile install format format-check lint clean
 
 all: build
 
@@ -100,10 +100,15 @@ profile: build
 	BUILD_DIR=$(BUILD_DIR) scripts/profile_hotspots.sh
 
 # Recovery figures (detection, RTO and its breakdown at 4-64 ranks vs restart-all + checkpoint);
-# rewrites docs/RECOVERY.md + docs/recovery_rto.png (~6 min)
+# rewrites docs/RECOVERY.md (but its PyTorch section) + docs/recovery_rto.png (~6 min)
 bench-recovery: build
 	@scripts/install_bench_deps.sh
 	/usr/bin/python3 scripts/bench_recovery.py --build $(BUILD_DIR)
+
+# PyTorch DDP recovery (strata, strata + hot spare, torchrun --max_restarts 1 at 2, 4, 8 ranks);
+# rewrites the PyTorch section of docs/RECOVERY.md only (~4 min)
+bench-recovery-torch: build
+	/usr/bin/python3 scripts/bench_ddp_recovery.py --build $(BUILD_DIR) --ranks 2,4,8 --repeats 2
 
 # MoE dispatch/combine: strata schedules vs Relay vs Open MPI at 2, 4, 8 ranks; rewrites
 # docs/PERFORMANCE_MOE.md, docs/perf_moe.png and the MoE section of docs/PERFORMANCE.md

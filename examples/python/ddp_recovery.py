@@ -3,10 +3,14 @@
     strata run --ft -n 4 /usr/bin/python3 examples/python/ddp_recovery.py --steps 20
     strata run --ft -n 4 /usr/bin/python3 examples/python/ddp_recovery.py --steps 20 --fail 2:10
 
-Both print the same `final params hash`: with --fail RANK:STEP[:MODE], rank RANK kills itself
+    strata run --ft --spares 1 -n 4 /usr/bin/python3 examples/python/ddp_recovery.py --steps 20 --fail 2:10
+
+All three print the same `final params hash`: with --fail RANK:STEP[:MODE], rank RANK kills itself
 (SIGKILL) at step STEP; `strata run --ft` starts a replacement that runs this same script, the
 survivors keep their processes, their DDP model and their optimizer, and the replacement
-receives the model, the optimizer's momentum and the RNG from a survivor. MODE says where in
+receives the model, the optimizer's momentum and the RNG from a survivor. With --spares 1 the
+replacement is a hot spare: a process started with the job that imported torch and waits in
+init_process_group("strata") until the launcher gives it the failed rank. MODE says where in
 the step: forward, backward (inside DDP's gradient all_reduce), step (during the optimizer
 update; default) or recovery (the victim dies, then a survivor dies during the recovery).
 """
@@ -25,7 +29,7 @@ import strata  # registers the "strata" backend
 
 
 def die(rank, step, where):
-    print(f"killing myself at step {step} ({where})", flush=True)
+    print(f"killing myself at step {step} ({where}) ns={strata.now_ns()}", flush=True)
     strata.mark_failure(strata.torch_communicator())
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -47,7 +51,11 @@ def main():
         if mode not in ("forward", "backward", "step", "recovery"):
             ap.error(f"--fail MODE must be forward, backward, step or recovery, not {mode!r}")
 
-    dist.init_process_group("strata")  # in a replacement: joins the rebuilt group
+    if "STRATA_SPARE" in os.environ:  # strata run --ft --spares K: imports paid before any failure
+        print(f"spare ready, torch imported ns={strata.now_ns()}", flush=True)
+    # In a replacement: joins the rebuilt group. In a hot spare: waits here for a failed rank,
+    # then joins as that rank.
+    dist.init_process_group("strata")
     rank, world = dist.get_rank(), dist.get_world_size()
     replacement = strata.is_replacement()
     torch.manual_seed(0)  # the same initial model everywhere (a replacement gets the trained one)

@@ -34,6 +34,13 @@ struct Report {
   int64_t rebuilt_ns = 0;        ///< when the world communicator was usable again
   int64_t restored_ns = 0;       ///< when State::restore() finished on this rank
   uint64_t restored_bytes = 0;   ///< state bytes this rank sent or received in restore()
+  // The cost of this recovery on this rank, counted (not timed) from the start of the rebuild
+  // to the end of restore(): see docs/RECOVERY.md.
+  uint64_t store_ops = 0;     ///< store requests answered (the monitor's one wait for the notice not included)
+  uint64_t store_bytes = 0;   ///< their request and reply frames
+  uint64_t peer_waits = 0;    ///< peer signals waited for (one per peer per barrier step) and state messages
+  uint64_t agree_bytes = 0;   ///< bytes of the restore's agreement (who donates to whom) sent plus received
+  uint32_t agree_rounds = 0;  ///< rounds of that agreement: 2 when some survivor was a step behind its group
 };
 
 /// The report of the last recovery of `comm`'s job as seen by this process.

@@ -200,11 +200,40 @@ def _skip_store_barrier_in_replacement(c10d):
     c10d._store_based_barrier = wrapped
 
 
+def _wait_as_spare_in_init_process_group(c10d):
+    """A hot spare (strata run --ft --spares K) has no rank until the launcher gives it one,
+    and torch's env:// rendezvous reads RANK before any backend runs. So in a spare,
+    init_process_group("strata") first waits in strata.init() (which takes the assigned rank
+    and sets RANK), then goes on as in any replacement: the program's imports and everything
+    before this call were paid before the failure."""
+    original = c10d.init_process_group
+    if getattr(original, "_strata_wrapped", False):
+        return
+
+    def wrapped(backend, *args, **kwargs):
+        if "STRATA_SPARE" in os.environ and str(backend).lower() == "strata":
+            import strata
+            comm = strata.init(timeout=_strata_timeout(kwargs.get("timeout")))
+            if kwargs.get("rank", -1) not in (-1, None):
+                kwargs["rank"] = comm.rank  # the rank the spare took, not one it guessed
+        return original(backend, *args, **kwargs)
+
+    wrapped._strata_wrapped = True
+    wrapped.__doc__ = original.__doc__
+    wrapped.__wrapped__ = original
+    c10d.init_process_group = wrapped
+    if getattr(dist, "init_process_group", None) is original:
+        dist.init_process_group = wrapped
+
+
 def register(backend_cls):
     """Registers "strata" with torch.distributed.Backend (once)."""
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
-    if c10d is not None and _strata.is_replacement():
+    spare = "STRATA_SPARE" in os.environ  # a replacement to be, once the launcher picks it
+    if c10d is not None and (_strata.is_replacement() or spare):
         _skip_store_barrier_in_replacement(c10d)
+    if c10d is not None and spare:
+        _wait_as_spare_in_init_process_group(c10d)
     if "STRATA" in getattr(backend_cls, "_plugins", {}) or hasattr(backend_cls, "STRATA"):
         return
     try:

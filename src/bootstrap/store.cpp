@@ -102,6 +102,8 @@ struct StoreClient::Impl {
   milliseconds hello_timeout = Env::get().store_hello_timeout;
   std::optional<uint64_t> incarnation;  // of the server first met
   Status lost;                          // set once the store is known to have restarted
+  StoreClient::Counters counted;        // guarded by mu
+  uint64_t last_bytes = 0;              // frames of the last answered request
 
   std::string where() const { return "store at " + addr.to_string(); }
   Status connect_once(const Deadline& d);
@@ -251,9 +253,15 @@ Status StoreClient::Impl::call(const std::function<std::string(uint64_t)>& build
         wait_until
             ? Deadline(wait_until->at() == Deadline::never().at() ? wait_until->at() : wait_until->at() + kReplySlack)
             : Deadline::after(reconnect_timeout);
-    Status io = wire::send_all(fd.get(), build(my_seq), reply_by);
+    const std::string req = build(my_seq);
+    Status io = wire::send_all(fd.get(), req, reply_by);
     if (io.is_ok()) io = wire::recv_frame(fd.get(), reply_by, reply);
-    if (io.is_ok()) return io;
+    if (io.is_ok()) {
+      last_bytes = req.size() + reply.size() + 4;  // + the reply's length prefix
+      ++counted.ops;
+      counted.bytes += last_bytes;
+      return io;
+    }
     // Whatever went wrong, the stream may now hold half a frame: start afresh.
     fd.reset();
     last = io;
@@ -328,10 +336,20 @@ Result<std::string> StoreClient::get(const std::string& key, std::chrono::millis
   STRATA_RETURN_IF_ERROR(st);
   wire::Reader r(reply);
   auto code = static_cast<ReplyCode>(r.u8());
-  if (code == ReplyCode::Timeout) return timeout_error(what);
+  if (code == ReplyCode::Timeout) {
+    --impl_->counted.ops;
+    impl_->counted.bytes -= impl_->last_bytes;
+    ++impl_->counted.polls;
+    return timeout_error(what);
+  }
   std::string value = r.str();
   if (code != ReplyCode::Ok || !r.ok()) return impl_->unexpected(reply, "store get");
   return value;
+}
+
+StoreClient::Counters StoreClient::counters() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->counted;
 }
 
 Result<std::optional<std::string>> StoreClient::try_get(const std::string& key) {

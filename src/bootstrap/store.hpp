@@ -139,6 +139,16 @@ class StoreClient {
   /// Timeout used to reconnect after the connection breaks.
   void set_reconnect_timeout(std::chrono::milliseconds t);
 
+  /// What this client has asked of the server (recovery's cost accounting). A wait that a
+  /// caller polls in slices counts once, when it is answered; the slices that timed out are
+  /// `polls`, so that `ops` and `bytes` do not depend on timing.
+  struct Counters {
+    uint64_t ops = 0;    ///< requests answered (a get that timed out is a poll, not an op)
+    uint64_t bytes = 0;  ///< request and reply frames of those requests
+    uint64_t polls = 0;  ///< gets that timed out
+  };
+  Counters counters() const;
+
   struct Impl;
 
  private:

@@ -91,6 +91,7 @@ bool FtController::on_failure(const std::vector<int>& ranks, const std::string& 
   // others typically exit on seeing it); replacing counts every rank replaced.
   failures_ += opts_.restart_all ? 1 : static_cast<int>(ranks.size());
   if (failures_ > opts_.max_failures) return false;
+  at_failure_ = store_->counters();
   const int64_t t = recovery::now_ns();
   ++epoch_;
   if (!pending_.empty()) {
@@ -108,6 +109,12 @@ bool FtController::on_failure(const std::vector<int>& ranks, const std::string& 
 }
 
 void FtController::on_spawned() { (void)store_->set(keys::spawned(job_, epoch_), std::to_string(recovery::now_ns())); }
+
+std::string FtController::failure_cost() const {
+  const bootstrap::StoreClient::Counters now = store_->counters();
+  return std::to_string(now.ops - at_failure_.ops) + " store requests, " +
+         std::to_string(now.bytes - at_failure_.bytes) + " bytes";
+}
 
 Status FtController::assign_spare(int spare, int rank) {
   return store_->set(keys::assign(job_, spare), std::to_string(rank) + " " + std::to_string(epoch_));

@@ -47,6 +47,9 @@ class FtController {
   bool on_failure(const std::vector<int>& ranks, const std::string& why);
   /// Records that replacements were started (for the recovery report).
   void on_spawned();
+  /// The controller's own store traffic for the current failure (from on_failure through
+  /// on_spawned and handing ranks to spares): "N requests, B bytes", for the launcher's log.
+  std::string failure_cost() const;
   /// Hands `rank` to hot spare `spare` in the current epoch (it waits in strata::init()).
   Status assign_spare(int spare, int rank);
   /// Whether hot spare `spare` has reached strata::init() and waits there.
@@ -82,7 +85,8 @@ class FtController {
   std::unique_ptr<bootstrap::StoreClient> watch_store_;  // the watcher's
   uint64_t epoch_ = 0;
   int failures_ = 0;
-  std::set<int> pending_;  // replaced since the last completed rebuild
+  std::set<int> pending_;                        // replaced since the last completed rebuild
+  bootstrap::StoreClient::Counters at_failure_;  // store_'s counters when the last failure came in
 
   std::mutex mu_;  // guards job_ (for the watcher), beats_, hung_
   std::vector<Beat> beats_;

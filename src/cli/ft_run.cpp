@@ -84,6 +84,7 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
     }
   }
   ft_->on_spawned();
+  say("epoch " + std::to_string(ft_->epoch()) + ": the controller's cost of this failure: " + ft_->failure_cost());
   if (used_spare) {
     refill_by_ = Clock::now() + kRefillWait;
     refill_check_ = Clock::now() + kRefillPoll;

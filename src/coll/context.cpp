@@ -93,6 +93,7 @@ Status CommImpl::sync(Deadline d, const char* what) {
   ++phase;
   transport::publish(self.hdr()->slot(seq).ready, phase);
   auto pol = policy(d);
+  peer_waits.fetch_add(static_cast<uint64_t>(size - 1), std::memory_order_relaxed);
   for (int k = 1; k < size; ++k) {
     int r = (rank + k) % size;
     Status s = transport::wait_reached(peers[r].hdr()->slot(seq).ready, phase, pol, what);

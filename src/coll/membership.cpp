@@ -94,6 +94,8 @@ void Membership::revoke(const Status& why) {
 
 Status Membership::sync(Deadline d, const char* what) { return c_->sync(d, what); }
 
+uint64_t Membership::peer_waits() const { return c_->peer_waits.load(std::memory_order_relaxed); }
+
 Result<std::string> Membership::world_record() const {
   auto ref = c_->ctx->heap->locate(c_->ctrl_mem, 1);
   if (!ref) return internal_error("control block is not in the heap");

@@ -136,6 +136,9 @@ class Membership {
   void revoke(const Status& why);
   /// One barrier step across all members.
   Status sync(Deadline d, const char* what);
+  /// Peer signals this rank has waited for in barrier steps so far (every collective's
+  /// steps included): recovery counts its own cost from differences of it.
+  uint64_t peer_waits() const;
   /// This rank's world record (host, pid, control block) for the store.
   Result<std::string> world_record() const;
   /// Decides single-copy (CMA) reads from this rank's own probe of every peer. For a

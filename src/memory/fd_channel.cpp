@@ -1,6 +1,7 @@
 #include "memory/fd_channel.hpp"
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -371,6 +372,10 @@ Result<FetchedFd> fetch_segment_fd(const std::string& path, int peer, uint32_t s
                     peer);
     if (err != ECONNREFUSED && err != ENOENT && err != EAGAIN && err != EINTR)
       return Status(Code::Unavailable, "cannot connect to " + where + ": " + std::strerror(err), peer);
+    // A peer known by its pid that no longer exists will never listen again: waiting for it
+    // until the deadline would hold up a recovery that is about to replace it too.
+    if (expected_pid != 0 && (err == ECONNREFUSED || err == ENOENT) && ::kill(expected_pid, 0) != 0 && errno == ESRCH)
+      return Status(Code::PeerFailed, where + ": its process (pid " + std::to_string(expected_pid) + ") is gone", peer);
     if (deadline.expired()) {
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Deadline::Clock::now() - start);
       return Status(Code::Timeout,

@@ -61,6 +61,8 @@ Status rebuild_world(Membership& m, bool fresh) {
   const int me = m.rank(), n = m.size();
   const Deadline d = Deadline::after(m.timeout());
   const int64_t start_ns = recovery::now_ns();
+  const bootstrap::StoreClient::Counters store0 = store.counters();
+  const uint64_t waits0 = m.peer_waits();
   const uint64_t prev_joined = fresh ? 0 : epochs.joined;
   std::vector<bool> attached(n, !fresh);
   attached[me] = true;
@@ -161,8 +163,10 @@ Status rebuild_world(Membership& m, bool fresh) {
       m.revoke(peer_failed("another failure was announced during recovery", -1));
       continue;
     }
+    // No barrier over all N here: the ready flag already says every rank has reset its sync
+    // state and attached the replacements, and a failure from now on surfaces in the
+    // restore's agreement (recoverable like any other).
     epochs.joined = e;
-    STRATA_RETURN_IF_ERROR(m.sync(d, "recovery"));
 
     auto get_ns = [&](const std::string& key) -> int64_t {
       auto v = store.try_get(key);
@@ -190,6 +194,10 @@ Status rebuild_world(Membership& m, bool fresh) {
     rep.rebuild_start_ns = start_ns;
     rep.joined_ns = joined_ns;
     rep.rebuilt_ns = recovery::now_ns();
+    const bootstrap::StoreClient::Counters store1 = store.counters();
+    rep.store_ops = store1.ops - store0.ops;
+    rep.store_bytes = store1.bytes - store0.bytes;
+    rep.peer_waits = m.peer_waits() - waits0;
     return Status::ok();
   }
 }

@@ -38,41 +38,114 @@ struct Info {
   uint32_t fresh;  // a replacement that has not received its state yet
 };
 
-// Who sends to whom, decided by rank 0 from every rank's Info. In each replica group the
-// donor is the healthy member that applied the most steps (lowest rank on ties); the
-// receivers are the fresh members and those behind it.
-std::vector<int64_t> make_plan(const std::vector<Info>& all) {
-  const int n = static_cast<int>(all.size());
-  std::vector<int64_t> plan(3 + static_cast<size_t>(n), -1);
-  plan[0] = 0;
-  int64_t* donor_of = plan.data() + 3;
-  std::vector<int> groups;
-  for (const auto& i : all) groups.push_back(i.group);
-  std::sort(groups.begin(), groups.end());
-  groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
-  for (int g : groups) {
-    int best = -1, first = -1, first_fresh = -1;
-    for (int r = 0; r < n; ++r) {
-      if (all[r].group != g) continue;
-      if (first < 0) first = r;
-      if (all[r].manifest != all[first].manifest) {
-        plan[0] = 1, plan[1] = r, plan[2] = first;
-        return plan;
-      }
-      if (all[r].fresh) {
-        if (first_fresh < 0) first_fresh = r;
-      } else if (best < 0 || all[r].step > all[best].step) {
-        best = r;
-      }
+// The restore's agreement, without any rank collecting all N Infos: a binomial tree over
+// point-to-point messages carries a summary up to rank 0 and the verdict back down. The
+// summary holds one entry per replica group and the list of fresh ranks, so what a rank
+// sends and receives depends on the number of groups and of replaced ranks, not on N, and
+// each rank exchanges O(log N) messages (rank 0) or fewer.
+constexpr int kAgreeTag = 0x5341;  // "SA"
+
+struct GroupSum {
+  int64_t group, first, manifest, best, best_step, healthy, at_best, first_fresh;
+};
+constexpr size_t kGroupWords = sizeof(GroupSum) / sizeof(int64_t);
+
+// verdict (0 ok, 1 mismatch, 2 no replica), rank, other; the groups, sorted; fresh ranks.
+struct Summary {
+  int64_t verdict = 0, rank = -1, other = -1;
+  std::vector<GroupSum> groups;
+  std::vector<int64_t> ranks;  // (rank, group) pairs: fresh (first round) or behind (second round)
+
+  std::vector<int64_t> pack() const {
+    std::vector<int64_t> w{verdict, rank, other, static_cast<int64_t>(groups.size())};
+    for (const auto& g : groups) {
+      const auto* p = reinterpret_cast<const int64_t*>(&g);
+      w.insert(w.end(), p, p + kGroupWords);
     }
-    if (best < 0) {
-      plan[0] = 2, plan[1] = first_fresh, plan[2] = g;
-      return plan;
-    }
-    for (int r = 0; r < n; ++r)
-      if (all[r].group == g && (all[r].fresh || all[r].step < all[best].step)) donor_of[r] = best;
+    w.insert(w.end(), ranks.begin(), ranks.end());
+    return w;
   }
-  return plan;
+  static Summary unpack(const std::vector<int64_t>& w) {
+    Summary s;
+    s.verdict = w[0], s.rank = w[1], s.other = w[2];
+    size_t ng = static_cast<size_t>(w[3]), at = 4;
+    s.groups.resize(ng);
+    for (size_t i = 0; i < ng; ++i, at += kGroupWords) std::memcpy(&s.groups[i], &w[at], sizeof(GroupSum));
+    s.ranks.assign(w.begin() + static_cast<std::ptrdiff_t>(at), w.end());
+    return s;
+  }
+  const GroupSum* find(int64_t g) const {
+    for (const auto& x : groups)
+      if (x.group == g) return &x;
+    return nullptr;
+  }
+};
+
+// In each replica group the donor is the healthy member that applied the most steps (lowest
+// rank on ties); a manifest that differs from the group's lowest rank's is a mismatch.
+void merge(Summary& a, const Summary& b) {
+  if (a.verdict == 0 && b.verdict != 0) a.verdict = b.verdict, a.rank = b.rank, a.other = b.other;
+  for (const auto& y : b.groups) {
+    auto it = std::find_if(a.groups.begin(), a.groups.end(), [&](const GroupSum& x) { return x.group == y.group; });
+    if (it == a.groups.end()) {
+      a.groups.push_back(y);
+      continue;
+    }
+    GroupSum& x = *it;
+    if (x.manifest != y.manifest && a.verdict == 0)
+      a.verdict = 1, a.rank = std::max(x.first, y.first), a.other = std::min(x.first, y.first);
+    if (y.first < x.first) x.first = y.first, x.manifest = y.manifest;
+    if (y.best >= 0 && (x.best < 0 || y.best_step > x.best_step || (y.best_step == x.best_step && y.best < x.best))) {
+      x.at_best = (x.best >= 0 && y.best_step == x.best_step) ? x.at_best + y.at_best : y.at_best;
+      x.best = y.best, x.best_step = y.best_step;
+    } else if (y.best >= 0 && y.best_step == x.best_step) {
+      x.at_best += y.at_best;
+    }
+    x.healthy += y.healthy;
+    if (y.first_fresh >= 0 && (x.first_fresh < 0 || y.first_fresh < x.first_fresh)) x.first_fresh = y.first_fresh;
+  }
+  std::sort(a.groups.begin(), a.groups.end(), [](const GroupSum& x, const GroupSum& y) { return x.group < y.group; });
+  std::vector<std::pair<int64_t, int64_t>> pairs;
+  for (const std::vector<int64_t>* v : {static_cast<const std::vector<int64_t>*>(&a.ranks), &b.ranks})
+    for (size_t i = 0; i + 1 < v->size(); i += 2) pairs.emplace_back((*v)[i], (*v)[i + 1]);
+  std::sort(pairs.begin(), pairs.end());
+  a.ranks.clear();
+  for (auto [r, g] : pairs) a.ranks.push_back(r), a.ranks.push_back(g);
+}
+
+// Reduces every rank's summary to rank 0 (merge) and hands rank 0's result back to all.
+// `messages` and `bytes` count what this rank sent and received.
+Summary agree(Communicator& comm, Summary mine, uint64_t& messages, uint64_t& bytes) {
+  const int me = comm.rank(), n = comm.size();
+  auto send = [&](const std::vector<int64_t>& w, int to) {
+    uint64_t len = w.size();
+    comm.send(&len, sizeof len, DataType::UInt8, to, kAgreeTag);
+    comm.send(w.data(), w.size() * sizeof(int64_t), DataType::UInt8, to, kAgreeTag);
+    messages += 2, bytes += sizeof len + w.size() * sizeof(int64_t);
+  };
+  auto recv = [&](int from) {
+    uint64_t len = 0;
+    comm.recv(&len, sizeof len, DataType::UInt8, from, kAgreeTag);
+    std::vector<int64_t> w(len);
+    comm.recv(w.data(), len * sizeof(int64_t), DataType::UInt8, from, kAgreeTag);
+    messages += 2, bytes += sizeof len + len * sizeof(int64_t);
+    return w;
+  };
+  int mask = 1;
+  for (; mask < n; mask <<= 1) {
+    if (me & mask) {
+      send(mine.pack(), me - mask);
+      break;
+    }
+    if (me + mask < n) merge(mine, Summary::unpack(recv(me + mask)));
+  }
+  // Down the same tree: from the parent, then to the children below the bit it came on.
+  std::vector<int64_t> all;
+  if (me == 0) all = mine.pack();
+  else all = recv(me - mask);
+  for (mask >>= 1; mask > 0; mask >>= 1)
+    if (me + mask < n) send(all, me + mask);
+  return Summary::unpack(all);
 }
 
 bool recoverable(Code c) { return c == Code::PeerFailed || c == Code::Aborted || c == Code::Timeout; }
@@ -132,7 +205,10 @@ size_t State::bytes() const {
 
 void State::restore() {
   Communicator& comm = *impl_->comm;
-  const int me = comm.rank(), n = comm.size();
+  const int me = comm.rank();
+  detail::Membership mem(comm.impl());
+  const uint64_t waits0 = mem.peer_waits();
+  uint64_t messages = 0, agree_bytes = 0;
   Info mine{};
   mine.step = impl_->step;
   mine.manifest = 0xcbf29ce484222325ull;
@@ -144,32 +220,60 @@ void State::restore() {
   mine.bytes = bytes();
   mine.group = impl_->group;
   mine.fresh = (is_replacement() && !impl_->restored) ? 1 : 0;
-  // Rank 0 plans and broadcasts the plan, so a replacement talks to rank 0 and its donor
-  // only (an all_gather would make it map every peer's memory first).
-  std::vector<Info> all(me == 0 ? static_cast<size_t>(n) : 1);
-  comm.gather(&mine, all.data(), sizeof(Info), DataType::UInt8, 0);
-  // plan = [verdict, rank, other, donor of rank 0, donor of rank 1, ...]; donor -1 = none.
+  Summary own;
+  GroupSum gs{impl_->group, me, static_cast<int64_t>(mine.manifest), -1, 0, 0, 0, -1};
+  if (mine.fresh) {
+    gs.first_fresh = me;
+    own.ranks = {me, impl_->group};
+  } else {
+    gs.best = me, gs.best_step = static_cast<int64_t>(mine.step), gs.healthy = 1, gs.at_best = 1;
+  }
+  own.groups.push_back(gs);
+  const Summary plan = agree(comm, own, messages, agree_bytes);
   enum Verdict : int64_t { kOk = 0, kMismatch = 1, kNoReplica = 2 };
-  std::vector<int64_t> plan(3 + static_cast<size_t>(n), -1);
-  if (me == 0) plan = make_plan(all);
-  comm.broadcast(plan.data(), plan.data(), plan.size(), DataType::Int64, 0);
-  if (plan[0] == kMismatch)
+  Summary verdict = plan;
+  if (verdict.verdict == kOk)
+    for (const auto& x : plan.groups)
+      if (x.healthy == 0) {
+        verdict.verdict = kNoReplica, verdict.rank = x.first_fresh, verdict.other = x.group;
+        break;
+      }
+  if (verdict.verdict == kMismatch)
     throw Error(Code::InvalidArgument,
-                "recovery::State::restore: rank " + std::to_string(plan[1]) +
-                    " registered different buffers than rank " + std::to_string(plan[2]) +
+                "recovery::State::restore: rank " + std::to_string(verdict.rank) +
+                    " registered different buffers than rank " + std::to_string(verdict.other) +
                     " of its replica group; register the same names and sizes in the same order on every replica",
-                me, static_cast<int>(plan[1]));
-  if (plan[0] == kNoReplica)
+                me, static_cast<int>(verdict.rank));
+  if (verdict.verdict == kNoReplica)
     throw Error(Code::Unavailable,
-                "recovery::State::restore: no healthy replica holds the state of rank(s) " + std::to_string(plan[1]) +
-                    " (replica group " + std::to_string(plan[2]) +
+                "recovery::State::restore: no healthy replica holds the state of rank(s) " +
+                    std::to_string(verdict.rank) + " (replica group " + std::to_string(verdict.other) +
                     "): every member was replaced; a checkpoint is needed",
-                me, static_cast<int>(plan[1]));
-  const int64_t* donor_of = plan.data() + 3;
-  const int donor = static_cast<int>(donor_of[me]);
+                me, static_cast<int>(verdict.rank));
+  // Ranks behind their group's donor (a commit barrier that completed on some ranks only)
+  // are rare; a second round names them only when the counts say there are some.
+  const GroupSum* mg = plan.find(impl_->group);
+  std::vector<int64_t> behind;
+  bool any_behind = false;
+  for (const auto& x : plan.groups) any_behind |= x.at_best < x.healthy;
+  const bool me_behind = !mine.fresh && static_cast<int64_t>(mine.step) < mg->best_step;
+  if (any_behind) {
+    Summary b;
+    if (me_behind) b.ranks = {me, impl_->group};
+    behind = agree(comm, b, messages, agree_bytes).ranks;
+  }
+  int donor = -1;
   std::vector<int> receivers;
-  for (int r = 0; r < n; ++r)
-    if (donor_of[r] == me) receivers.push_back(r);
+  if (mine.fresh || me_behind) donor = static_cast<int>(mg->best);
+  if (mg->best == me) {
+    // Fresh and behind ranks of this group, in rank order (a rank is never both).
+    std::vector<int> cand;
+    for (const std::vector<int64_t>* v : {&plan.ranks, static_cast<const std::vector<int64_t>*>(&behind)})
+      for (size_t i = 0; i + 1 < v->size(); i += 2)
+        if ((*v)[i + 1] == impl_->group) cand.push_back(static_cast<int>((*v)[i]));
+    std::sort(cand.begin(), cand.end());
+    receivers = cand;
+  }
 
   // The step goes last: it is the commit of the transfer. A donor that dies halfway leaves
   // the receiver with its old step (a replacement: fresh, restored still false), so the next
@@ -181,19 +285,23 @@ void State::restore() {
       for (const auto& e : impl_->entries) {
         comm.send(e.data, e.bytes, DataType::UInt8, r, kStateTag);
         moved += e.bytes;
+        ++messages;
         if (impl_->on_sent) impl_->on_sent(e.name, r);
       }
       comm.send(&impl_->step, sizeof impl_->step, DataType::UInt8, r, kStateTag);
       moved += sizeof impl_->step;
+      ++messages;
     }
   } else if (donor >= 0) {
     for (const auto& e : impl_->entries) {
       comm.recv(e.data, e.bytes, DataType::UInt8, donor, kStateTag);
       moved += e.bytes;
+      ++messages;
     }
     uint64_t step = 0;
     comm.recv(&step, sizeof step, DataType::UInt8, donor, kStateTag);
     moved += sizeof step;
+    ++messages;
     impl_->step = step;
   }
   impl_->restored = true;
@@ -201,6 +309,9 @@ void State::restore() {
   std::lock_guard<std::mutex> g(epochs.mu);
   epochs.report.restored_ns = now_ns();
   epochs.report.restored_bytes = moved;
+  epochs.report.peer_waits += mem.peer_waits() - waits0 + messages;
+  epochs.report.agree_bytes = agree_bytes;
+  epochs.report.agree_rounds = any_behind ? 2 : 1;
 }
 
 void run(Communicator& comm, State& state, uint64_t total_steps, const StepFunctions& fns, const RunOptions& opts) {

@@ -326,3 +326,28 @@ TEST(FdAuth, SocketPathsStayInTheirDirectory) {
 
 }  // namespace
 }  // namespace strata::memory
+
+namespace strata::memory {
+namespace {
+
+// A peer whose published process is gone never listens again: the fetch says so at once
+// instead of retrying until the deadline (a replacement would otherwise sit out the whole
+// timeout on a rank that is itself about to be replaced).
+TEST(FdAuth, APeerWhoseProcessIsGoneFailsAtOnce) {
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  reap(dead);
+  const std::string path = socket_path(unique_key("gone"), 0);
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = fetch_segment_fd(path, 0, 1, soon(10000), dead);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(f.is_ok());
+  EXPECT_EQ(f.status().code(), Code::PeerFailed) << f.status().to_string();
+  EXPECT_NE(f.status().message().find("pid " + std::to_string(dead) + ") is gone"), std::string::npos)
+      << f.status().message();
+  EXPECT_LT(took, 5.0) << "waited for a process that no longer exists";
+}
+
+}  // namespace
+}  // namespace strata::memory

@@ -305,21 +305,38 @@ TEST(HeapPeer, DropPeerUnmapsAndALaterAccessMapsAgain) {
   EXPECT_EQ(static_cast<char*>(*again)[0], 42);
 }
 
-TEST(HeapPeer, MappingAPeerSegmentCommitsOnlyThePagesItsOwnerTouched) {
+// Two heaps with 64 MiB segments; rank 0 touches 1 MiB of its first segment and rank 1 maps
+// it. The heaps stay alive as long as this does.
+struct TouchedMiB {
   HeapOptions o = small_options();
-  o.segment_size = 64 * kMiB;
-  o.max_size = 128 * kMiB;
-  const std::string key = unique_key("commit");
-  auto h0 = make_heap(key, 0, o);
-  auto h1 = make_heap(key, 1, o);
-  ASSERT_TRUE(h0 && h1);
-  auto p = h0->alloc(kMiB);
-  STRATA_ASSERT_OK(p);
-  std::memset(*p, 1, kMiB);
-  const SegRef ref = *h0->locate(*p, kMiB);
-  auto v = h1->peer_ptr(0, ref, kMiB, soon());
-  STRATA_ASSERT_OK(v);
-  char* base = static_cast<char*>(*p) - ref.offset;
+  std::unique_ptr<Heap> h0, h1;
+  void* owner = nullptr;  // rank 0's touched MiB
+  void* peer = nullptr;   // the same MiB as rank 1 maps it
+  SegRef ref{};
+
+  explicit TouchedMiB(const char* name) {
+    o.segment_size = 64 * kMiB;
+    o.max_size = 128 * kMiB;
+    const std::string key = unique_key(name);
+    h0 = make_heap(key, 0, o);
+    h1 = make_heap(key, 1, o);
+    if (!h0 || !h1) return;
+    auto p = h0->alloc(kMiB);
+    if (!p.is_ok()) return;
+    std::memset(*p, 1, kMiB);
+    ref = *h0->locate(*p, kMiB);
+    auto v = h1->peer_ptr(0, ref, kMiB, soon());
+    if (!v.is_ok()) return;
+    owner = *p;
+    peer = *v;
+  }
+};
+
+TEST(HeapPeer, MappingAPeerSegmentCommitsOnlyThePagesItsOwnerTouched) {
+  TouchedMiB t("commit");
+  ASSERT_NE(t.peer, nullptr);
+  const HeapOptions& o = t.o;
+  char* base = static_cast<char*>(t.owner) - t.ref.offset;
   std::vector<unsigned char> vec(o.segment_size / 4096);
   ASSERT_EQ(mincore(base, o.segment_size, vec.data()), 0);
   size_t resident = 0;
@@ -330,23 +347,12 @@ TEST(HeapPeer, MappingAPeerSegmentCommitsOnlyThePagesItsOwnerTouched) {
 // The pages the owner touched are mapped at once in the peer (no fault per page later), found
 // from the memfd's data extents: /proc/self/pagemap shows them present in the peer's mapping.
 TEST(HeapPeer, MappingAPeerSegmentInstallsThePagesItsOwnerTouched) {
-  HeapOptions o = small_options();
-  o.segment_size = 64 * kMiB;
-  o.max_size = 128 * kMiB;
-  const std::string key = unique_key("present");
-  auto h0 = make_heap(key, 0, o);
-  auto h1 = make_heap(key, 1, o);
-  ASSERT_TRUE(h0 && h1);
-  auto p = h0->alloc(kMiB);
-  STRATA_ASSERT_OK(p);
-  std::memset(*p, 1, kMiB);
-  const SegRef ref = *h0->locate(*p, kMiB);
-  auto v = h1->peer_ptr(0, ref, kMiB, soon());
-  STRATA_ASSERT_OK(v);
+  TouchedMiB t("present");
+  ASSERT_NE(t.peer, nullptr);
   const int pm = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
   ASSERT_GE(pm, 0);
   size_t present = 0;
-  const uintptr_t first = reinterpret_cast<uintptr_t>(*v) / 4096;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(t.peer) / 4096;
   for (uintptr_t pg = first; pg < first + kMiB / 4096; ++pg) {
     uint64_t e = 0;
     ASSERT_EQ(::pread(pm, &e, sizeof e, static_cast<off_t>(pg * sizeof e)), static_cast<ssize_t>(sizeof e));

@@ -53,6 +53,25 @@ def test_ddp_job_survives_a_killed_rank_with_the_same_result(fail, extra):
     assert final_hash(out) == baseline(*extra), "recovered run differs from the run without failure\n" + out
 
 
+def test_ddp_hot_spare_takes_the_failed_rank_with_torch_already_imported():
+    # The spare runs the script up to init_process_group("strata"), which waits for a rank
+    # (torch's env:// rendezvous would need RANK, which a spare has not got yet). The failure
+    # comes late (step 25 of 30) so that the spare, importing torch while the ranks do, is
+    # surely waiting by then.
+    steps, fail = 30, "1:25:step"
+    out, _ = launch(EXAMPLE, N, "--steps", steps, "--fail", fail, launcher_args=["--ft", "--spares", "1"])
+    assert "rank 1 (pid" in out and "rank 1 goes to spare 0" in out, "the spare did not take rank 1\n" + out
+    assert re.search(r"^\[1\] OK steps=\d+ hash=\S+ elapsed=\S+ replacement=True", out, re.M), \
+        "the spare did not finish as the replacement\n" + out
+    survivors = re.findall(r"^\[[02]\] OK steps=\d+ hash=\S+ elapsed=\S+ replacement=False", out, re.M)
+    assert len(survivors) == N - 1, "survivors must keep their processes\n" + out
+    ready = re.search(r"^\[spare0\] spare ready, torch imported ns=(\d+)", out, re.M)
+    killed = re.search(r"killing myself at step 25 .* ns=(\d+)", out)
+    assert ready and killed, out
+    assert int(ready.group(1)) < int(killed.group(1)), "the spare imported torch after the failure\n" + out
+    assert final_hash(out) == baseline("--steps", steps), "recovered run differs from the run without failure\n" + out
+
+
 def test_recovery_run_outside_ft_is_a_clear_error():
     out, rc = launch("torch_recovery_errors.py", 2, "plain", expect_ok=False)
     assert rc != 0

@@ -442,6 +442,69 @@ TEST(Recovery, SparesUsageErrorsNameTheOption) {
   EXPECT_EQ(o.exit_code, 0) << o.err;
 }
 
+// The cost of one recovery, counted (not timed): per survivor it must not grow with the
+// number of ranks. Counts are deterministic (a wait polled in slices counts once), so 4 and
+// 16 ranks are compared exactly; rank 0 sits at the root of the restore's agreement tree and
+// may grow with log2(N), no more.
+struct Cost {
+  long long store_ops = 0, store_bytes = 0, peer_waits = 0, agree_bytes = 0;
+};
+
+// Survivors' costs of one recovery at n ranks. A survivor that was a step behind (the
+// commit barrier completed on some ranks only) adds a second agreement round; that race is
+// timing, so such a run is repeated (up to 5 times) to compare like with like.
+std::map<int, Cost> survivor_costs(int n) {
+  std::vector<std::string> args = {"run", "--ft",     "-n", std::to_string(n), "--",      STRATA_TRAIN_DP, "--steps",
+                                   "4",   "--hidden", "16", "--quiet",         "--times", "--fail",        "1:2:kill"};
+  static const std::regex rec(
+      R"(RECOVERY rank=(\d+) .*replacement=0 .*store_ops=(\d+) store_bytes=(\d+) peer_waits=(\d+) agree_bytes=(\d+) agree_rounds=(\d+))");
+  std::map<int, Cost> out;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    Outcome o = run_cli(args, kEnv, std::chrono::seconds(120));
+    EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
+    out.clear();
+    bool two_rounds = false;
+    for (const auto& line : lines_of(o.out)) {
+      std::smatch m;
+      if (!std::regex_search(line, m, rec)) continue;
+      out[std::stoi(m[1])] = Cost{std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]), std::stoll(m[5])};
+      two_rounds |= m[6] != "1";
+    }
+    EXPECT_EQ(static_cast<int>(out.size()), n - 1) << o.out;
+    if (!two_rounds) break;
+  }
+  return out;
+}
+
+Cost most(const std::map<int, Cost>& all) {
+  Cost m;
+  for (const auto& [r, c] : all) {
+    m.store_ops = std::max(m.store_ops, c.store_ops);
+    m.store_bytes = std::max(m.store_bytes, c.store_bytes);
+    m.peer_waits = std::max(m.peer_waits, c.peer_waits);
+    m.agree_bytes = std::max(m.agree_bytes, c.agree_bytes);
+  }
+  return m;
+}
+
+TEST(Recovery, CostPerSurvivorDoesNotGrowWithRanks) {
+  STRATA_REQUIRE_BIN();
+  auto small = survivor_costs(4), large = survivor_costs(16);
+  ASSERT_TRUE(small.count(2) && large.count(2)) << "missing RECOVERY lines";
+  // Store traffic: the same on every survivor whatever N, give or take the one request of
+  // whichever rank arrives last and raises the ready flag (which rank that is, is timing).
+  const Cost s = most(small), l = most(large);
+  EXPECT_GT(s.store_ops, 0);
+  EXPECT_LE(l.store_ops, s.store_ops + 1) << "4 ranks: " << s.store_ops << ", 16 ranks: " << l.store_ops;
+  EXPECT_LE(l.store_bytes, s.store_bytes + 64) << "4 ranks: " << s.store_bytes << ", 16 ranks: " << l.store_bytes;
+  // Messages and agreement bytes: a survivor's share of the restore's agreement tree is
+  // O(log N) at most (log2(16) / log2(4) = 2); a barrier, gather or broadcast over all N
+  // would make it grow 4x here.
+  EXPECT_GT(s.peer_waits, 0);
+  EXPECT_LE(l.peer_waits, 2 * s.peer_waits) << "4 ranks: " << s.peer_waits << ", 16 ranks: " << l.peer_waits;
+  EXPECT_LE(l.agree_bytes, 2 * s.agree_bytes) << "4 ranks: " << s.agree_bytes << ", 16 ranks: " << l.agree_bytes;
+}
+
 }  // namespace
 }  // namespace strata
 
