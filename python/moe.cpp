@@ -70,6 +70,12 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
           "masked", [](const PyDispatch& s) { return s.d.masked(); }, "True for the Decode layout [L][R][M][H]")
       .def_property_readonly("local_experts", [](const PyDispatch& s) { return s.d.local_experts; })
       .def_property_readonly(
+          "dropped", [](const PyDispatch& s) { return s.d.handle.dropped(); },
+          "Per token: selections dropped because their expert's rank failed (mask_failed_ranks); after combine "
+          "it also counts those lost to a rank that died before publishing its outputs")
+      .def_property_readonly(
+          "failed_ranks", [](const PyDispatch& s) { return s.d.failed_ranks; }, "Ranks masked in this dispatch")
+      .def_property_readonly(
           "total_rows", [](const PyDispatch& s) { return s.d.total_rows; },
           "Rows of the whole layout (what y must hold)")
       .def(
@@ -107,21 +113,24 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
   py::class_<PyMoeBuffer>(m, "MoeBuffer",
                           "Expert-parallel dispatch/combine of one MoE layer (strata::moe::Buffer). Collective.")
       .def(py::init([comm_of](py::handle comm, int num_experts, size_t hidden, size_t max_tokens, int topk,
-                              py::handle dtype, size_t expert_alignment) {
+                              py::handle dtype, size_t expert_alignment, bool mask_failed_ranks, bool renormalize) {
              auto b = std::make_unique<PyMoeBuffer>();
              b->cfg = {.num_experts = num_experts,
                        .hidden = hidden,
                        .max_tokens = max_tokens,
                        .topk = topk,
                        .dtype = parse_dtype(dtype),
-                       .expert_alignment = expert_alignment};
+                       .expert_alignment = expert_alignment,
+                       .mask_failed_ranks = mask_failed_ranks,
+                       .renormalize = renormalize};
              Communicator c = comm_of(comm);
              py::gil_scoped_release nogil;
              b->buf = std::make_unique<moe::Buffer>(c, b->cfg);
              return b;
            }),
            py::arg("comm"), py::kw_only(), py::arg("num_experts"), py::arg("hidden"), py::arg("max_tokens"),
-           py::arg("topk"), py::arg("dtype") = "bfloat16", py::arg("expert_alignment") = 1)
+           py::arg("topk"), py::arg("dtype") = "bfloat16", py::arg("expert_alignment") = 1,
+           py::arg("mask_failed_ranks") = false, py::arg("renormalize") = false)
       .def(
           "dispatch",
           [](py::object self, py::handle x, py::handle topk_idx, py::handle topk_w, const std::string& schedule) {

@@ -24,6 +24,13 @@ struct Config {
   int topk = 1;                         ///< K, experts per token (1 <= K <= E)
   DataType dtype = DataType::BFloat16;  ///< payload type: BFloat16, Float16 or Float32
   size_t expert_alignment = 1;          ///< Prefill/Relay: each expert's range starts at a multiple of this many rows
+  /// Prefill/Decode: when a peer's process on this host exits, drop the selections of its
+  /// experts and complete the call on the survivors (no error) instead of failing it with
+  /// PeerFailed. The communicator still breaks, so other collectives fail until recover().
+  bool mask_failed_ranks = false;
+  /// With masking: a token that lost selections scales its remaining weights by
+  /// (sum of its weights) / (sum of the remaining ones). Off: the lost share is just missing.
+  bool renormalize = false;
 };
 
 /// How dispatch moves the rows.
@@ -44,6 +51,10 @@ struct HandleState;
 /// What combine() needs to bring the expert outputs of one dispatch back to their tokens.
 struct Handle {
   std::shared_ptr<const detail::HandleState> state;
+  /// Per token: selections dropped because their expert's rank had failed (masking). Known
+  /// at dispatch; after combine() it also counts those lost to a rank that died before
+  /// publishing its outputs. Empty handle: empty.
+  std::vector<uint32_t> dropped() const;
 };
 
 /// Rows received by this rank for its local experts. Views into the Buffer's windows: valid
@@ -65,6 +76,8 @@ struct Dispatch {
   std::byte* window = nullptr;    ///< row 0 of the layout
   std::vector<uint64_t> counts;   ///< [L][R]: rows of expert l from rank s
   std::vector<uint64_t> offsets;  ///< [L][R]: first row of expert l's rows from rank s
+  std::vector<uint32_t> dropped;  ///< [num_tokens]: selections masked at dispatch (failed ranks)
+  std::vector<int> failed_ranks;  ///< ranks masked in this call (their counts read 0)
 
   /// True for the Decode (masked [L][R][M][H]) layout.
   bool masked() const { return schedule == Schedule::Decode; }
@@ -109,7 +122,9 @@ class Buffer {
   /// Sends row t of x ([num_tokens][H], the Buffer's dtype) to the experts topk_idx[t][k]
   /// ([num_tokens][K]; -1 = no expert). topk_w ([num_tokens][K]) is kept for combine.
   /// InvalidArgument for num_tokens > M, an expert id outside [-1, E), or an expert named
-  /// twice in one row. A peer that dies or stalls fails the call (PeerFailed, Timeout).
+  /// twice in one row. A peer that dies or stalls fails the call (PeerFailed, Timeout),
+  /// unless Config::mask_failed_ranks: then a dead peer's experts are masked (see Dispatch::
+  /// dropped); a call that must grow a window while a rank is masked still fails (PeerFailed).
   Dispatch dispatch(const void* x, size_t num_tokens, const int64_t* topk_idx, const float* topk_w, Schedule s);
 
   /// Typed form: num_tokens = x.size() / H; checks the element type and the shapes.

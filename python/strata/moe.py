@@ -10,6 +10,8 @@
     out = buf.combine(d)              # out[t] = sum_k w[t,k] * y[slot(t,k)]
 
 Every rank calls Buffer(), dispatch() and combine() in the same order with the same schedule.
+Buffer(..., mask_failed_ranks=True[, renormalize=True]): a dead peer's experts are masked
+instead of failing the call; d.dropped counts each token's dropped selections.
 """
 
 from ._strata import MoeBuffer as Buffer, MoeDispatch as Dispatch

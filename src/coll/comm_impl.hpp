@@ -79,6 +79,9 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   std::mutex err_mu;
   Status sticky;                       // set when the communicator is broken (timeout, peer failure, abort)
   std::atomic<bool> is_broken{false};  // lets the hot path skip err_mu
+  // Set by Communicator::abort() only: waits that outlive a peer's death (moe masking) must
+  // still end on a user abort, which a sticky PeerFailed would otherwise hide.
+  std::atomic<bool> user_aborted{false};
 
   // ---- flight recorder (coll/flight.hpp) ---------------------------------------------------
   FlightRecorder flight;                   // the last STRATA_FLIGHT_RECORDER operations

@@ -800,9 +800,11 @@ void* Communicator::alloc_symmetric_bytes(size_t bytes) {
 
 void Communicator::abort() {
   auto& c = need_impl(impl_);
+  c.user_aborted.store(true);
   c.abort_flag.store(true);
   c.set_broken(aborted("abort() was called on rank " + std::to_string(c.rank)));
   if (c.local) {
+    c.local->user_aborted.store(true);
     c.local->abort_flag.store(true);
     c.local->set_broken(aborted("abort() was called on rank " + std::to_string(c.rank)));
   }

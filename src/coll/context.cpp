@@ -196,6 +196,7 @@ void CommImpl::clear_broken() {
   sticky = Status::ok();
   is_broken.store(false, std::memory_order_release);
   abort_flag.store(false, std::memory_order_release);
+  user_aborted.store(false, std::memory_order_release);
 }
 
 /// Whether `ranks` processes share this host's cores (the wait policy then yields at once):

@@ -3,6 +3,8 @@
 // points that route to the schedule (prefill.cpp, decode.cpp, relay.cpp; the window transport
 // that Prefill and Decode share is windows.cpp). The layout is described in schedule.hpp.
 
+#include <poll.h>
+
 #include <cstring>
 #include <string>
 
@@ -17,6 +19,16 @@ const char* to_string(Schedule s) {
     case Schedule::Relay: return "relay";
   }
   return "?";
+}
+
+std::vector<uint32_t> Handle::dropped() const {
+  std::vector<uint32_t> out;
+  if (!state) return out;
+  const size_t T = state->num_tokens, K = T ? state->lost.size() / T : 0;
+  out.assign(T, 0);
+  for (size_t t = 0; t < T; ++t)
+    for (size_t k = 0; k < K; ++k) out[t] += state->lost[t * K + k];
+  return out;
 }
 
 size_t Dispatch::count(int l) const {
@@ -62,6 +74,65 @@ Status BufferImpl::wait_sig(const Signal& s, uint32_t target, Deadline d, int pe
   return full;
 }
 
+Status BufferImpl::masked_check(int peer) {
+  if (c->user_aborted.load(std::memory_order_acquire)) return aborted("abort() was called");
+  // Revocation after a death (and our own marking below) leave PeerFailed: the call goes on.
+  Status b = c->broken();
+  if (!b.is_ok() && b.code() != Code::PeerFailed) return b;
+  int fd = c->pidfds[peer];
+  pollfd p{fd, POLLIN, 0};
+  if (fd >= 0 && ::poll(&p, 1, 0) > 0) {
+    dead[peer] = 1;
+    Status st = peer_failed("rank " + std::to_string(peer) + " (pid " + std::to_string(c->pids[peer]) +
+                                ") exited; moe masks its experts" + where(),
+                            peer);
+    c->set_broken(st);  // other collectives must fail until recover()
+    return st;
+  }
+  return Status::ok();
+}
+
+Result<bool> BufferImpl::wait_live(const Signal& s, uint32_t target, Deadline d, int peer, const char* what) {
+  if (!cfg.mask_failed_ranks) {
+    STRATA_RETURN_IF_ERROR(wait_sig(s, target, d, peer, what));
+    return true;
+  }
+  if (!dead[peer]) {
+    transport::WaitPolicy p = c->policy(d);
+    p.abort = nullptr;  // masked_check tells a user abort from a revocation
+    p.check = [this, peer] { return masked_check(peer); };
+    Status st = transport::wait_reached(s, target, p, what);
+    if (st.is_ok()) return true;
+    if (!dead[peer]) {
+      Status full(st.code(),
+                  std::string("moe ") + st.message() + where() + " waiting for rank " + std::to_string(peer) +
+                      " (timeout " + std::to_string(c->timeout.count()) + " ms)",
+                  st.peer() >= 0 ? st.peer() : peer);
+      c->set_broken(full);
+      return full;
+    }
+  }
+  // A dead process's memory is frozen and still mapped: every survivor reads the same value.
+  return transport::reached(s.value.load(std::memory_order_acquire), target);
+}
+
+Status BufferImpl::usable() const {
+  Status b = c->broken();
+  if (!b.is_ok() && cfg.mask_failed_ranks && b.code() == Code::PeerFailed &&
+      !c->user_aborted.load(std::memory_order_acquire))
+    return Status::ok();
+  return b;
+}
+
+Status BufferImpl::needs_all(const std::string& what) const {
+  std::string ranks;
+  for (int r = 0; r < R; ++r)
+    if (dead[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  return peer_failed(
+      "moe::dispatch: " + what + " needs every rank but rank(s) " + ranks + " failed" + where() + "; call recover()",
+      -1);
+}
+
 Result<std::vector<std::byte*>> BufferImpl::peers_of(void* local, size_t bytes, Deadline d) {
   memory::Heap& heap = *c->ctx->heap;
   auto ref = heap.locate(local, bytes);
@@ -97,6 +168,7 @@ Status BufferImpl::init() {
   }
   STRATA_RETURN_IF_ERROR(relay_cnt.ensure(comm, 2 * sizeof(uint64_t) * E));
   epoch = comm.epoch();
+  dead.assign(R, 0);
   acc.resize(H);
   cnt.resize(E);
   return Status::ok();
@@ -175,6 +247,17 @@ Status BufferImpl::validate(const void* x, size_t T, const int64_t* idx, const f
   return Status::ok();
 }
 
+const int64_t* BufferImpl::mask_dead(size_t T, const int64_t* idx, HandleState& h) {
+  if (!any_dead()) return idx;
+  masked_idx.assign(idx, idx + T * K);
+  for (size_t i = 0; i < T * K; ++i)
+    if (idx[i] >= 0 && dead[idx[i] / L]) {
+      masked_idx[i] = -1;
+      h.lost[i] = 1;
+    }
+  return masked_idx.data();
+}
+
 void BufferImpl::plan(size_t T, const int64_t* idx) {
   std::fill(cnt.begin(), cnt.end(), 0u);
   rank_in_expert.resize(T * K);
@@ -185,12 +268,25 @@ void BufferImpl::plan(size_t T, const int64_t* idx) {
 }
 
 Status BufferImpl::begin(Deadline d, bool wait_readers) {
-  STRATA_RETURN_IF_ERROR(c->broken());
-  if (epoch != comm.epoch()) STRATA_RETURN_IF_ERROR(rejoin());
+  if (epoch != comm.epoch()) {
+    STRATA_RETURN_IF_ERROR(c->broken());
+    STRATA_RETURN_IF_ERROR(rejoin());
+  }
+  STRATA_RETURN_IF_ERROR(usable());
+  if (cfg.mask_failed_ranks)  // drop at the source what is known dead now (a user abort ends here too)
+    for (int r = 0; r < R; ++r)
+      if (!dead[r]) {
+        Status st = masked_check(r);
+        if (!st.is_ok() && !dead[r]) return st;
+      }
   ++seq;
   publish_released(seq - 1);
   if (wait_readers)
-    for (int r = 0; r < R; ++r) STRATA_RETURN_IF_ERROR(wait_sig(head(r)->released, seq - 1, d, r, "dispatch"));
+    for (int r = 0; r < R; ++r) {
+      // A dead rank reads nothing anymore.
+      STRATA_ASSIGN_OR_RETURN(bool live, wait_live(head(r)->released, seq - 1, d, r, "dispatch"));
+      (void)live;
+    }
   return Status::ok();
 }
 
@@ -204,6 +300,7 @@ std::shared_ptr<HandleState> BufferImpl::new_handle(Schedule s, size_t T, const 
   h->dest.assign(T * K, -1);
   h->row.assign(T * K, 0);
   h->w.assign(w, w + T * K);
+  h->lost.assign(T * K, 0);
   return h;
 }
 
@@ -221,7 +318,10 @@ Dispatch BufferImpl::result(Schedule s, std::shared_ptr<HandleState> h, std::byt
   out.counts = h->counts;
   out.offsets = h->offsets;
   out.dtype_ = cfg.dtype;
+  for (int r = 0; r < R; ++r)
+    if (dead[r]) out.failed_ranks.push_back(r);
   out.handle.state = std::move(h);
+  out.dropped = out.handle.dropped();
   return out;
 }
 
@@ -248,7 +348,7 @@ Status BufferImpl::combine(const void* y, const HandleState& h, void* out) {
                             " (windows are reused by every dispatch)" + where());
   if (h.num_tokens && !out) return invalid_argument("moe::combine: out is null" + where());
   if (h.total_rows && !y) return invalid_argument("moe::combine: y is null" + where());
-  STRATA_RETURN_IF_ERROR(c->broken());
+  STRATA_RETURN_IF_ERROR(h.schedule == Schedule::Relay ? c->broken() : usable());
   if (h.schedule == Schedule::Relay) return combine_relay(h, y, out);
   return combine_windows(y, h, out);
 }

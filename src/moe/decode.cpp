@@ -11,15 +11,18 @@ Result<Dispatch> BufferImpl::decode(const void* x, size_t T, const int64_t* idx,
   STRATA_RETURN_IF_ERROR(begin(d, true));
   const size_t rows = static_cast<size_t>(L) * R * M;
   if (!dwin) {  // first Decode call, on every rank at once
+    if (cfg.mask_failed_ranks && (any_dead() || !c->check_peers().is_ok()))
+      return needs_all("the first decode call (it makes the decode window)");
     STRATA_ASSIGN_OR_RETURN(dwin, sym_alloc(rows * row_bytes));
     STRATA_ASSIGN_OR_RETURN(peer_dwin, peers_of(dwin, rows * row_bytes, d));
   }
+  auto h = new_handle(Schedule::Decode, T, w);
+  idx = mask_dead(T, idx, *h);
   plan(T, idx);
   uint64_t* mine = count_row(me);
   for (int e = 0; e < E; ++e) mine[e] = cnt[e];  // released with sent_to below
   std::vector<uint64_t> first_row(E);
   for (int e = 0; e < E; ++e) first_row[e] = (static_cast<size_t>(e % L) * R + me) * M;
-  auto h = new_handle(Schedule::Decode, T, w);
   h->total_rows = rows;
   STRATA_RETURN_IF_ERROR(send_rows_to(T, static_cast<const std::byte*>(x), idx, peer_dwin, first_row, *h));
   STRATA_RETURN_IF_ERROR(finish_sends(d));
@@ -27,7 +30,7 @@ Result<Dispatch> BufferImpl::decode(const void* x, size_t T, const int64_t* idx,
   h->offsets.resize(static_cast<size_t>(L) * R);
   for (int l = 0; l < L; ++l)
     for (int s = 0; s < R; ++s) {
-      h->counts[static_cast<size_t>(l) * R + s] = count_row(s)[me * L + l];
+      h->counts[static_cast<size_t>(l) * R + s] = dead[s] ? 0 : count_row(s)[me * L + l];
       h->offsets[static_cast<size_t>(l) * R + s] = (static_cast<size_t>(l) * R + s) * M;
     }
   return result(Schedule::Decode, std::move(h), static_cast<std::byte*>(dwin));

@@ -37,6 +37,8 @@ void BufferImpl::compact_layout(int d, const uint64_t* mat, std::vector<uint64_t
 Result<Dispatch> BufferImpl::prefill(const void* x, size_t T, const int64_t* idx, const float* w) {
   Deadline d = deadline();
   STRATA_RETURN_IF_ERROR(begin(d, true));
+  auto h = new_handle(Schedule::Prefill, T, w);
+  idx = mask_dead(T, idx, *h);
   plan(T, idx);
   uint64_t* mine = count_row(me);
   for (int e = 0; e < E; ++e) mine[e] = cnt[e];
@@ -44,13 +46,14 @@ Result<Dispatch> BufferImpl::prefill(const void* x, size_t T, const int64_t* idx
   matrix.resize(static_cast<size_t>(R) * E);
   for (int k = 0; k < R; ++k) {
     int r = (me + k) % R;
-    STRATA_RETURN_IF_ERROR(wait_sig(head(r)->counts_ready, seq, d, r, "dispatch (count exchange)"));
-    std::memcpy(&matrix[static_cast<size_t>(r) * E], count_row(r), sizeof(uint64_t) * E);
+    STRATA_ASSIGN_OR_RETURN(bool live, wait_live(head(r)->counts_ready, seq, d, r, "dispatch (count exchange)"));
+    // A rank that died before publishing sends nothing: every survivor reads the same row.
+    if (live) std::memcpy(&matrix[static_cast<size_t>(r) * E], count_row(r), sizeof(uint64_t) * E);
+    else std::fill_n(&matrix[static_cast<size_t>(r) * E], E, 0);
   }
   // Where our rows for each expert start, and how large the largest window must be.
   std::vector<uint64_t> first_row(E), offs;
   size_t need = 0;
-  auto h = new_handle(Schedule::Prefill, T, w);
   for (int dst = 0; dst < R; ++dst) {
     size_t total = 0;
     compact_layout(dst, matrix.data(), offs, total);
@@ -61,13 +64,17 @@ Result<Dispatch> BufferImpl::prefill(const void* x, size_t T, const int64_t* idx
       h->offsets = offs;
     }
   }
-  if (need > pwin_rows) STRATA_RETURN_IF_ERROR(grow_prefill(need, d));
+  if (need > pwin_rows) {
+    if (cfg.mask_failed_ranks && (any_dead() || !c->check_peers().is_ok()))
+      return needs_all("growing the prefill window (" + std::to_string(need) + " rows)");
+    STRATA_RETURN_IF_ERROR(grow_prefill(need, d));
+  }
   STRATA_RETURN_IF_ERROR(send_rows_to(T, static_cast<const std::byte*>(x), idx, peer_pwin, first_row, *h));
   STRATA_RETURN_IF_ERROR(finish_sends(d));
   h->counts.resize(static_cast<size_t>(L) * R);
   for (int l = 0; l < L; ++l)
     for (int s = 0; s < R; ++s)
-      h->counts[static_cast<size_t>(l) * R + s] = matrix[static_cast<size_t>(s) * E + me * L + l];
+      h->counts[static_cast<size_t>(l) * R + s] = dead[s] ? 0 : matrix[static_cast<size_t>(s) * E + me * L + l];
   return result(Schedule::Prefill, std::move(h), static_cast<std::byte*>(pwin));
 }
 

@@ -38,10 +38,13 @@ struct HandleState {
   uint64_t epoch = 0;  // the Buffer's epoch at dispatch: peer pointers of older ones are gone
   Schedule schedule = Schedule::Prefill;
   size_t num_tokens = 0;
-  size_t total_rows = 0;                  // rows of this rank's layout (what y must hold)
-  std::vector<int32_t> dest;              // [T*K]: rank holding row (t, k), -1 = no expert
-  std::vector<uint64_t> row;              // [T*K]: its row in dest's layout (Relay: in the returned rows)
-  std::vector<float> w;                   // [T*K]
+  size_t total_rows = 0;      // rows of this rank's layout (what y must hold)
+  std::vector<int32_t> dest;  // [T*K]: rank holding row (t, k), -1 = no expert
+  std::vector<uint64_t> row;  // [T*K]: its row in dest's layout (Relay: in the returned rows)
+  std::vector<float> w;       // [T*K]
+  // [T*K]: 1 = selection dropped because its rank failed (masking). combine() adds those of
+  // ranks that died before publishing their outputs, hence mutable.
+  mutable std::vector<uint8_t> lost;
   std::vector<uint64_t> counts, offsets;  // [L][R] of this rank's layout
   // Relay only: rows per rank sent in dispatch and received back in combine, and back.
   std::vector<size_t> send_rows, send_displ, recv_rows, recv_displ;
@@ -98,6 +101,9 @@ struct BufferImpl {
   // peer's mapping is valid for that epoch only: recover() unmaps a replaced rank's heap
   // (drop_peer), so a call in a newer epoch resolves them again first (issue 18 item 8).
   uint64_t epoch = 0;
+  // Masking: dead[r] once member r's process has exited (seen by a wait on r); cleared when
+  // the Buffer rejoins after recover().
+  std::vector<uint8_t> dead;
 
   void* ctrl = nullptr;
   size_t ctrl_bytes = 0;
@@ -113,6 +119,7 @@ struct BufferImpl {
   std::vector<uint32_t> cnt;             // [E] this call's rows per expert
   std::vector<uint32_t> rank_in_expert;  // [T*K]
   std::vector<uint64_t> matrix;          // [R][E] (Prefill)
+  std::vector<int64_t> masked_idx;       // [T*K] topk_idx less the dead ranks' experts
 
   /// Rank r's control block head.
   CtrlHead* head(int r) const { return reinterpret_cast<CtrlHead*>(peer_ctrl[r]); }
@@ -133,6 +140,19 @@ struct BufferImpl {
 
   /// Waits until `s` reaches `target`; a failure breaks the communicator (peers are out of step).
   Status wait_sig(const Signal& s, uint32_t target, Deadline d, int peer, const char* what);
+  /// Masking off: wait_sig, true. On: waits until `s` reaches `target` or peer `peer` has
+  /// exited; then re-reads the (frozen) signal: false when it never got there, so every
+  /// survivor decides alike. A user abort, a timeout or a sticky error other than
+  /// PeerFailed still ends the wait with that error.
+  Result<bool> wait_live(const Signal& s, uint32_t target, Deadline d, int peer, const char* what);
+  /// What ends a masked wait on `peer` besides its signal (see wait_live).
+  Status masked_check(int peer);
+  /// Whether some rank is known dead.
+  bool any_dead() const { return std::find(dead.begin(), dead.end(), 1) != dead.end(); }
+  /// The communicator's sticky error, except a PeerFailed when masking (the call goes on).
+  Status usable() const;
+  /// PeerFailed naming the masked ranks: `what` needs every rank (a window must grow).
+  Status needs_all(const std::string& what) const;
   /// Every rank's address of the symmetric block `local`.
   Result<std::vector<std::byte*>> peers_of(void* local, size_t bytes, Deadline d);
   /// A symmetric block (collective).
@@ -149,6 +169,9 @@ struct BufferImpl {
   void publish_released(uint32_t s);
   /// Argument checks of dispatch.
   Status validate(const void* x, size_t T, const int64_t* idx, const float* w) const;
+  /// `idx` with the selections of dead ranks' experts replaced by -1 (marked lost in `h`);
+  /// `idx` itself when no rank is known dead.
+  const int64_t* mask_dead(size_t T, const int64_t* idx, HandleState& h);
   /// cnt[e] = rows for expert e; rank_in_expert[t*K+k] = rank of token t among those rows.
   void plan(size_t T, const int64_t* idx);
   /// Starts a call: nothing of call seq-1 is read by this rank anymore; with `wait_readers`,
@@ -201,15 +224,30 @@ struct BufferImpl {
 
   /// out[t] = sum_k w * row(t, k), rows found by `row_of`; float32 accumulation in the order
   /// k = 0..K-1 whatever the schedule, so every schedule gives the same bits.
+  /// Selections marked lost are skipped; with Config::renormalize a token that lost some
+  /// scales the rest by (sum of all its weights) / (sum of the remaining), and a token that
+  /// lost none keeps the same bits.
   template <class RowOf>
   void reduce_tokens(const HandleState& h, void* out, RowOf&& row_of) {
     auto* ob = static_cast<std::byte*>(out);
+    const bool any_lost = std::find(h.lost.begin(), h.lost.end(), 1) != h.lost.end();
     for (size_t t = 0; t < h.num_tokens; ++t) {
       std::fill(acc.begin(), acc.end(), 0.0f);
+      float scale = 1.0f;
+      if (any_lost && cfg.renormalize) {
+        float all = 0.0f, kept = 0.0f;
+        bool lost_one = false;
+        for (int k = 0; k < K; ++k) {
+          size_t i = t * K + k;
+          if (h.lost[i]) lost_one = true, all += h.w[i];
+          else if (h.dest[i] >= 0) all += h.w[i], kept += h.w[i];
+        }
+        if (lost_one) scale = kept != 0.0f ? all / kept : 0.0f;
+      }
       for (int k = 0; k < K; ++k) {
         size_t i = t * K + k;
-        if (h.dest[i] < 0) continue;
-        kernels::accumulate(cfg.dtype, acc.data(), row_of(i), h.w[i], H);
+        if (h.dest[i] < 0 || (any_lost && h.lost[i])) continue;
+        kernels::accumulate(cfg.dtype, acc.data(), row_of(i), scale == 1.0f ? h.w[i] : h.w[i] * scale, H);
       }
       kernels::store(cfg.dtype, ob + t * row_bytes, acc.data(), H);
     }

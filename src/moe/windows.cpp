@@ -40,7 +40,8 @@ Status BufferImpl::finish_sends(Deadline d) {
   for (int r = 0; r < R; ++r) transport::publish(sent_to(me, (me + r) % R), seq);
   for (int k = 0; k < R; ++k) {
     int s = (me + R - k) % R;
-    STRATA_RETURN_IF_ERROR(wait_sig(sent_to(s, me), seq, d, s, "dispatch"));
+    STRATA_ASSIGN_OR_RETURN(bool live, wait_live(sent_to(s, me), seq, d, s, "dispatch"));
+    (void)live;  // a dead source's rows are never combined: its count reads 0
   }
   return Status::ok();
 }
@@ -73,9 +74,15 @@ Status BufferImpl::combine_windows(const void* y, const HandleState& h, void* ou
   std::vector<const std::byte*> ys(R);
   for (int k = 0; k < R; ++k) {
     int r = (me + k) % R;
-    STRATA_RETURN_IF_ERROR(wait_sig(head(r)->y.ready, seq, d, r, "combine"));
+    STRATA_ASSIGN_OR_RETURN(bool live, wait_live(head(r)->y.ready, seq, d, r, "combine"));
     const YLine& py = head(r)->y;
-    if (py.bytes == 0) {
+    if (!live) {
+      // Died before publishing its outputs: its experts' selections are dropped now (one
+      // that published first is still read; its mapping stays until recover()).
+      ys[r] = nullptr;
+      for (size_t i = 0; i < h.dest.size(); ++i)
+        if (h.dest[i] == r) h.lost[i] = 1;
+    } else if (py.bytes == 0) {
       const auto& win = masked ? peer_dwin : peer_pwin;
       ys[r] = win.empty() ? nullptr : win[r];  // no window yet: no rows anywhere
     } else {
@@ -87,7 +94,10 @@ Status BufferImpl::combine_windows(const void* y, const HandleState& h, void* ou
   publish_released(seq);
   if (!in_window) {
     // y is the caller's: it may be reused once we return, so every reader must be done.
-    for (int r = 0; r < R; ++r) STRATA_RETURN_IF_ERROR(wait_sig(head(r)->released, seq, d, r, "combine"));
+    for (int r = 0; r < R; ++r) {
+      STRATA_ASSIGN_OR_RETURN(bool live, wait_live(head(r)->released, seq, d, r, "combine"));
+      (void)live;  // a dead rank reads nothing anymore
+    }
   }
   return Status::ok();
 }

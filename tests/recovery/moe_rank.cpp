@@ -5,7 +5,13 @@
 // out[t] = x[t] * sum of its valid weights against a local reference. Each rank prints
 // "MOE_OK rank=R" or "MOE_BAD rank=R ..." and exits 1.
 //
-//   strata run --ft -n 4 moe_rank
+// With the argument `mask` (issue 17 item 2) the Buffer masks failed ranks: rank 2 dies after
+// one Prefill and one Decode call; the survivors repeat both calls (same inputs, so no window
+// has to grow) and must get rank 2's experts dropped, without an error, and the dropped
+// selections reported per token; then a barrier fails, they recover() and go on as above
+// (the replaced rank re-attached, results unmasked again).
+//
+//   strata run --ft -n 4 moe_rank [mask]
 
 #include <strata/moe.hpp>
 #include <strata/recovery.hpp>
@@ -15,6 +21,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 namespace {
@@ -22,8 +29,11 @@ namespace {
 constexpr int kE = 8, kK = 2;
 constexpr size_t kH = 16, kM = 8;
 
+constexpr int kDead = 2, kL = kE / 4;
+
 /// One call with identity experts on inputs that depend on (rank, call); false on a mismatch.
-bool call(strata::moe::Buffer& ep, int rank, int n, strata::moe::Schedule s) {
+/// With `dead`, rank 2's experts must be dropped (and reported so); rank 2 is masked.
+bool call(strata::moe::Buffer& ep, int rank, int n, strata::moe::Schedule s, bool dead = false) {
   const size_t T = 1 + static_cast<size_t>(rank + n) % kM;
   std::vector<float> x(T * kH), w(T * kK), out(T * kH);
   std::vector<int64_t> idx(T * kK);
@@ -39,11 +49,22 @@ bool call(strata::moe::Buffer& ep, int rank, int n, strata::moe::Schedule s) {
       ep.dispatch(std::span<const float>(x), std::span<const int64_t>(idx), std::span<const float>(w), s);
   // Identity experts: the rows in the window are the outputs.
   ep.combine(d.window, d.handle, out.data());
+  auto lost = [&](size_t i) { return dead && idx[i] >= 0 && idx[i] / kL == kDead; };
+  std::vector<uint32_t> dropped = d.handle.dropped();
+  for (size_t t = 0; t < T; ++t) {
+    uint32_t want = 0;
+    for (int k = 0; k < kK; ++k) want += lost(t * kK + k);
+    if (dropped.size() != T || dropped[t] != want) {
+      std::printf("MOE_BAD rank=%d call=%d schedule=%s t=%zu dropped=%u want=%u\n", rank, n, strata::moe::to_string(s),
+                  t, dropped.size() == T ? dropped[t] : 999u, want);
+      return false;
+    }
+  }
   for (size_t t = 0; t < T; ++t)
     for (size_t h = 0; h < kH; ++h) {
       float want = 0.0f;
       for (int k = 0; k < kK; ++k)
-        if (idx[t * kK + k] >= 0) want += w[t * kK + k] * x[t * kH + h];
+        if (idx[t * kK + k] >= 0 && !lost(t * kK + k)) want += w[t * kK + k] * x[t * kH + h];
       float got = out[t * kH + h];
       if (std::fabs(got - want) > 1e-3f * std::fabs(want) + 1e-6f) {
         std::printf("MOE_BAD rank=%d call=%d schedule=%s t=%zu h=%zu got=%g want=%g\n", rank, n,
@@ -56,15 +77,38 @@ bool call(strata::moe::Buffer& ep, int rank, int n, strata::moe::Schedule s) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   try {
+    const bool mask = argc > 1 && std::string(argv[1]) == "mask";
     strata::Communicator comm = strata::init();
     const int rank = comm.rank();
     const bool replacement = strata::recovery::is_replacement();
-    strata::moe::Buffer ep(
-        comm, {.num_experts = kE, .hidden = kH, .max_tokens = kM, .topk = kK, .dtype = strata::DataType::Float32});
+    strata::moe::Config cfg{
+        .num_experts = kE, .hidden = kH, .max_tokens = kM, .topk = kK, .dtype = strata::DataType::Float32};
+    cfg.mask_failed_ranks = mask;
+    strata::moe::Buffer ep(comm, cfg);
     bool ok = true;
-    if (!replacement) {
+    if (!replacement && mask) {
+      using strata::moe::Schedule;
+      ok = call(ep, rank, 0, Schedule::Prefill) && ok;
+      ok = call(ep, rank, 1, Schedule::Decode) && ok;
+      if (rank == kDead) {
+        strata::recovery::mark_failure(comm);
+        ::raise(SIGKILL);
+      }
+      for (int i = 0; i < 2; ++i) {
+        ok = call(ep, rank, 0, Schedule::Prefill, true) && ok;
+        ok = call(ep, rank, 1, Schedule::Decode, true) && ok;
+      }
+      try {
+        comm.barrier();
+        std::printf("MOE_BAD rank=%d the barrier after rank 2's death succeeded\n", rank);
+        return 1;
+      } catch (const strata::Error& e) {
+        if (e.code() != strata::Code::PeerFailed && e.code() != strata::Code::Aborted) throw;
+      }
+      comm.recover();
+    } else if (!replacement) {
       try {
         for (int n = 0; n < 6; ++n) {
           if (rank == 2 && n == 2) {

@@ -198,6 +198,19 @@ TEST(Recovery, MoeBufferWorksAfterAPeerIsReplaced) {
   EXPECT_FALSE(contains(o.out, "MOE_BAD")) << o.out;
 }
 
+// Masking (issue 17 item 2): the survivors' calls complete with rank 2's experts dropped, then
+// recover() re-attaches the replacement and results are unmasked again.
+TEST(Recovery, MoeBufferMasksADeadRankThenReattachesIt) {
+  STRATA_REQUIRE_BIN();
+  Outcome o = run_cli({"run", "--ft", "-n", std::to_string(kRanks), "--", STRATA_MOE_RANK, "mask"}, kEnv,
+                      std::chrono::seconds(120));
+  ASSERT_FALSE(o.timed_out) << o.out << o.err;
+  EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
+  for (int r = 0; r < kRanks; ++r)
+    EXPECT_TRUE(contains(o.out, "MOE_OK rank=" + std::to_string(r) + "\n")) << "rank " << r << "\n" << o.out << o.err;
+  EXPECT_FALSE(contains(o.out, "MOE_BAD")) << o.out;
+}
+
 TEST(Recovery, FailureBeforeTheFirstStep) {
   STRATA_REQUIRE_BIN();
   Job j = run_job({"run", "--ft"}, {"--fail", "3:0:kill"});

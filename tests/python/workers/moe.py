@@ -84,5 +84,13 @@ if torch is not None:
     assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2), (out.float() - ref).abs().max()
     bb.close()
 buf.close()
+# Masking on with every rank alive: nothing dropped, the same result.
+mb = strata.moe.Buffer(comm, num_experts=E, hidden=H, max_tokens=M, topk=K, dtype="float32",
+                       mask_failed_ranks=True, renormalize=True)
+d = mb.dispatch(x, idx, w, "prefill")
+assert list(d.dropped) == [0] * T and list(d.failed_ranks) == [], (d.dropped, d.failed_ranks)
+out = mb.combine(d)
+assert list(d.dropped) == [0] * T
+mb.close()
 comm.barrier()
 print("OK", flush=True)
