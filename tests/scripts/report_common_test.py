@@ -179,6 +179,13 @@ RECOVERY_ROWS = [
      "rebuild": 6.0, "state": 2.0, "redo": 12.0, "bytes": 8 * MiB, "base_rto": 900.0, "base_reload": 700.0,
      "lost": 3},
 ]
+# With a hot spare: the same runs without the replacement's start-up.
+for _row, _rto in zip(RECOVERY_ROWS, (20.0, 25.0)):
+    _row["hot"] = dict(_row, rto=_rto, replacement_start=1.0, join=5.0)
+_COUNTS = {"store_ops": 7, "store_bytes": 575, "peer_waits": 8, "agree_bytes": 448}
+RECOVERY_COSTS = [{"n": n, "surv_max": dict(_COUNTS), "surv_median": dict(_COUNTS, peer_waits=6, agree_bytes=336),
+                   "r0": dict(_COUNTS, peer_waits=13), "repl": dict(_COUNTS, store_ops=12), "ctl_ops": 4,
+                   "ctl_bytes": 278} for n in (4, 16)]
 
 DEMO = {"strata": {8: 2.0, 4096: 4.0, MiB: 100.0}, "Open MPI": {8: 4.0, 4096: 12.0, MiB: 150.0},
         "gloo": {8: 200.0, MiB: 1000.0}}
@@ -230,9 +237,9 @@ def recovery_doc(out):
     """bench_recovery.py's document for RECOVERY_ROWS, written to out (as write_doc does after a run)."""
     br = import_script("bench_recovery")
     a = types.SimpleNamespace(ranks="4,8", repeats=3, hidden=1024, steps=12, fail_step=8, checkpoint_every=5,
-                              out=out)
+                              out=out, no_baseline=False, cost_ranks="4,16", load_before=0.5)
     with contextlib.redirect_stderr(io.StringIO()):
-        br.write_doc(a, RECOVERY_ROWS)
+        br.write_doc(a, RECOVERY_ROWS, RECOVERY_COSTS)
 
 
 def demo_output(out_dir):
@@ -363,13 +370,22 @@ def read_png_magic(path):
 
 def test_recovery_and_demo(tmp, have_mpl):
     out = os.path.join(tmp, "rec", "RECOVERY.md")
+    # The torch section that bench_ddp_recovery.py wrote must survive a rewrite by bench_recovery.py.
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    torch_section = "<!-- ddp-begin -->\n## PyTorch\n\n| 8 | 91 |\n<!-- ddp-end -->"
+    with open(out, "w") as f:
+        f.write("# old\n\n" + torch_section + "\n")
     recovery_doc(out)
     rec = read(out)
     has(rec, "| ranks | detection | RTO | detect | spawn | start | join | rebuild | state | redo | baseline RTO | "
         "baseline / strata |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", "RECOVERY.md")
-    has(rec, "| 8 | 3.5 | 150 | 1.5 | 3.0 | 30.0 | 60.0 | 6.0 | 2.0 | 12.0 | 900 | 6.0× |", "RECOVERY.md")
-    has(rec, "RTO(8) / RTO(4) = 1.50;", "RECOVERY.md")
-    check(rec.endswith("grows.\n"), "RECOVERY.md ends with one newline")
+    has(rec, "| 8 | 3.5 | 150.0 | 1.5 | 3.0 | 30.0 | 60.0 | 6.0 | 2.0 | 12.0 | 900 | 6.0× |", "RECOVERY.md")
+    has(rec, "| 8 | 3.5 | 25.0 | 1.5 | 3.0 | 1.0 | 5.0 | 6.0 | 2.0 | 12.0 | 6.00× |", "RECOVERY.md (hot spare)")
+    has(rec, "RTO(8) / RTO(4): 1.50 without a spare, 1.25 with a hot spare", "RECOVERY.md")
+    has(rec, "| 16 | 7 | 575 | 8 (6) | 448 (336) | 7 | 13 | 448 | 12 | 575 | 4 | 278 |", "RECOVERY.md (counted cost)")
+    has(rec, torch_section, "RECOVERY.md (the torch section kept)")
+    check("# old" not in rec, "RECOVERY.md rewritten outside the torch section")
+    check(rec.endswith("<!-- ddp-end -->\n"), "RECOVERY.md ends with the kept section and one newline")
     text = demo_output(os.path.join(tmp, "demo"))
     has(text, "   strata speed-up", "demo_compare output")
     has(text, "     1 MiB       100.0       150.0      1000.0   1.5x vs Open MPI, 10.0x vs gloo", "demo_compare output")
