@@ -66,6 +66,10 @@ void Local::release(Communicator& comm) {
 Status BufferImpl::wait_sig(const Signal& s, uint32_t target, Deadline d, int peer, const char* what) {
   Status st = transport::wait_reached(s, target, c->policy(d), what);
   if (st.is_ok()) return st;
+  return wait_failed(st, peer);
+}
+
+Status BufferImpl::wait_failed(const Status& st, int peer) {
   Status full(st.code(),
               std::string("moe ") + st.message() + where() + " waiting for rank " + std::to_string(peer) +
                   " (timeout " + std::to_string(c->timeout.count()) + " ms)",
@@ -103,14 +107,7 @@ Result<bool> BufferImpl::wait_live(const Signal& s, uint32_t target, Deadline d,
     p.check = [this, peer] { return masked_check(peer); };
     Status st = transport::wait_reached(s, target, p, what);
     if (st.is_ok()) return true;
-    if (!dead[peer]) {
-      Status full(st.code(),
-                  std::string("moe ") + st.message() + where() + " waiting for rank " + std::to_string(peer) +
-                      " (timeout " + std::to_string(c->timeout.count()) + " ms)",
-                  st.peer() >= 0 ? st.peer() : peer);
-      c->set_broken(full);
-      return full;
-    }
+    if (!dead[peer]) return wait_failed(st, peer);
   }
   // A dead process's memory is frozen and still mapped: every survivor reads the same value.
   return transport::reached(s.value.load(std::memory_order_acquire), target);

@@ -140,6 +140,8 @@ struct BufferImpl {
 
   /// Waits until `s` reaches `target`; a failure breaks the communicator (peers are out of step).
   Status wait_sig(const Signal& s, uint32_t target, Deadline d, int peer, const char* what);
+  /// `st`, a failed wait on `peer`, with this call's context; marks the communicator broken.
+  Status wait_failed(const Status& st, int peer);
   /// Masking off: wait_sig, true. On: waits until `s` reaches `target` or peer `peer` has
   /// exited; then re-reads the (frozen) signal: false when it never got there, so every
   /// survivor decides alike. A user abort, a timeout or a sticky error other than

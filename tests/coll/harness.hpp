@@ -7,10 +7,23 @@
 
 #include <functional>
 #include <memory>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <strata/strata.hpp>
+
+/// In a rank body: throws std::runtime_error with the streamed `msg` unless `cond` holds
+/// (run_forked bodies catch it and report the message to the parent).
+#define STRATA_TEST_REQUIRE(cond, msg)    \
+  do {                                    \
+    if (!(cond)) {                        \
+      std::ostringstream m_;              \
+      m_ << msg;                          \
+      throw std::runtime_error(m_.str()); \
+    }                                     \
+  } while (0)
 
 namespace strata::test {
 

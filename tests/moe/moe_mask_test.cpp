@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -89,20 +90,11 @@ std::vector<uint32_t> expected_dropped(const Inputs& in, bool rank2_dead) {
   return d;
 }
 
-#define MASK_CHECK(cond, msg)             \
-  do {                                    \
-    if (!(cond)) {                        \
-      std::ostringstream m_;              \
-      m_ << msg;                          \
-      throw std::runtime_error(m_.str()); \
-    }                                     \
-  } while (0)
-
 void check_out(const Inputs& in, const std::vector<float>& out, bool dead, bool renorm, const std::string& at) {
   auto want = reference(in, dead, renorm);
   for (size_t i = 0; i < want.size(); ++i)
-    MASK_CHECK(std::fabs(out[i] - want[i]) <= 1e-5f * (1.0f + std::fabs(want[i])),
-               at << "out[" << i / kH << "][" << i % kH << "] = " << out[i] << ", want " << want[i]);
+    STRATA_TEST_REQUIRE(std::fabs(out[i] - want[i]) <= 1e-5f * (1.0f + std::fabs(want[i])),
+                        at << "out[" << i / kH << "][" << i % kH << "] = " << out[i] << ", want " << want[i]);
 }
 
 /// One dispatch + combine on a rank that expects rank 2 dead before the call (or alive).
@@ -112,13 +104,14 @@ void full_call(moe::Buffer& b, int rank, int call, Schedule s, bool dead) {
   Inputs in = make_inputs(rank, call);
   auto d = b.dispatch(in.x.data(), in.T, in.idx.data(), in.w.data(), s);
   auto want_drop = expected_dropped(in, dead);
-  MASK_CHECK(d.dropped == want_drop, at << "Dispatch::dropped differs from the selections of rank 2's experts");
-  MASK_CHECK(d.failed_ranks == (dead ? std::vector<int>{kDead} : std::vector<int>{}), at << "failed_ranks");
+  STRATA_TEST_REQUIRE(d.dropped == want_drop,
+                      at << "Dispatch::dropped differs from the selections of rank 2's experts");
+  STRATA_TEST_REQUIRE(d.failed_ranks == (dead ? std::vector<int>{kDead} : std::vector<int>{}), at << "failed_ranks");
   if (dead)
-    for (int l = 0; l < kL; ++l) MASK_CHECK(d.count(l, kDead) == 0, at << "count(" << l << ", 2) != 0");
+    for (int l = 0; l < kL; ++l) STRATA_TEST_REQUIRE(d.count(l, kDead) == 0, at << "count(" << l << ", 2) != 0");
   std::vector<float> out(in.T * kH, -7.0f);
   b.combine(d.window, d.handle, out.data());
-  MASK_CHECK(d.handle.dropped() == want_drop, at << "Handle::dropped after combine");
+  STRATA_TEST_REQUIRE(d.handle.dropped() == want_drop, at << "Handle::dropped after combine");
   check_out(in, out, dead, b.config().renormalize, at);
 }
 
@@ -141,18 +134,18 @@ void after_death(Communicator& c, moe::Buffer& off, moe::Buffer& on, int first_c
     c.barrier();
   } catch (const Error& e) {
     threw = true;
-    MASK_CHECK(e.code() == Code::PeerFailed, "barrier after the death: " << e.what());
+    STRATA_TEST_REQUIRE(e.code() == Code::PeerFailed, "barrier after the death: " << e.what());
   }
-  MASK_CHECK(threw, "barrier after the death did not fail");
+  STRATA_TEST_REQUIRE(threw, "barrier after the death did not fail");
   threw = false;
   try {
     Inputs in = make_inputs(c.rank(), n);
     (void)off.dispatch(in.x.data(), in.T, in.idx.data(), in.w.data(), Schedule::Relay);
   } catch (const Error& e) {
     threw = true;
-    MASK_CHECK(e.code() == Code::PeerFailed, "relay after the death: " << e.what());
+    STRATA_TEST_REQUIRE(e.code() == Code::PeerFailed, "relay after the death: " << e.what());
   }
-  MASK_CHECK(threw, "relay after the death did not fail");
+  STRATA_TEST_REQUIRE(threw, "relay after the death did not fail");
 }
 
 void expect_survivors_ok(const std::vector<ChildResult>& results) {
@@ -166,24 +159,12 @@ void expect_survivors_ok(const std::vector<ChildResult>& results) {
   }
 }
 
-TEST(MoeMask, RankKilledBeforeDispatch) {
-  auto results = run_forked(kR, 10000ms, [](Communicator& c, std::string& report) {
+/// Runs `body` on kR forked ranks (rank kDead kills itself inside it); a survivor whose body
+/// throws reports the message, and every survivor must finish cleanly.
+void run_survivors(const std::function<void(Communicator&)>& body) {
+  auto results = run_forked(kR, 10000ms, [&body](Communicator& c, std::string& report) {
     try {
-      moe::Buffer off(c, config(false)), on(c, config(true));
-      // Windows are made while everyone is alive (they cannot grow while a rank is masked).
-      int n = 0;
-      for (moe::Buffer* b : {&off, &on})
-        for (Schedule s : {Schedule::Prefill, Schedule::Decode}) full_call(*b, c.rank(), n++, s, false);
-      if (c.rank() == kDead) ::raise(SIGKILL);
-      // Dead before the dispatch: the barrier returns once rank 2's pidfd shows the exit.
-      bool threw = false;
-      try {
-        c.barrier();
-      } catch (const Error& e) {
-        threw = e.code() == Code::PeerFailed;
-      }
-      MASK_CHECK(threw, "the barrier did not fail with PeerFailed after rank 2's death");
-      after_death(c, off, on, n);
+      body(c);
     } catch (const std::exception& e) {
       report = e.what();
       return 1;
@@ -193,37 +174,51 @@ TEST(MoeMask, RankKilledBeforeDispatch) {
   expect_survivors_ok(results);
 }
 
+TEST(MoeMask, RankKilledBeforeDispatch) {
+  run_survivors([](Communicator& c) {
+    moe::Buffer off(c, config(false)), on(c, config(true));
+    // Windows are made while everyone is alive (they cannot grow while a rank is masked).
+    int n = 0;
+    for (moe::Buffer* b : {&off, &on})
+      for (Schedule s : {Schedule::Prefill, Schedule::Decode}) full_call(*b, c.rank(), n++, s, false);
+    if (c.rank() == kDead) ::raise(SIGKILL);
+    // Dead before the dispatch: the barrier returns once rank 2's pidfd shows the exit.
+    bool threw = false;
+    try {
+      c.barrier();
+    } catch (const Error& e) {
+      threw = e.code() == Code::PeerFailed;
+    }
+    STRATA_TEST_REQUIRE(threw, "the barrier did not fail with PeerFailed after rank 2's death");
+    after_death(c, off, on, n);
+  });
+}
+
 /// Rank 2 takes part in a dispatch and dies before combine: the survivors' dispatch reports
 /// nothing dropped, their combine drops rank 2's selections and the handle says so.
 void killed_mid(Schedule mid) {
-  auto results = run_forked(kR, 10000ms, [mid](Communicator& c, std::string& report) {
-    try {
-      moe::Buffer off(c, config(false)), on(c, config(true));
-      int n = 0;
-      for (moe::Buffer* b : {&off, &on})
-        for (Schedule s : {Schedule::Prefill, Schedule::Decode}) full_call(*b, c.rank(), n++, s, false);
-      for (moe::Buffer* b : {&off, &on}) {
-        Inputs in = make_inputs(c.rank(), n);
-        const std::string at = std::string("[mid ") + moe::to_string(mid) + " renorm " +
-                               std::to_string(b->config().renormalize) + " rank " + std::to_string(c.rank()) + "] ";
-        auto d = b->dispatch(in.x.data(), in.T, in.idx.data(), in.w.data(), mid);
-        if (b == &on && c.rank() == kDead) ::raise(SIGKILL);
-        std::vector<float> out(in.T * kH, -7.0f);
-        const bool dead = b == &on;
-        MASK_CHECK(d.dropped == std::vector<uint32_t>(in.T, 0), at << "dropped at dispatch with every rank alive");
-        b->combine(d.window, d.handle, out.data());
-        MASK_CHECK(d.handle.dropped() == expected_dropped(in, dead), at << "Handle::dropped after combine");
-        check_out(in, out, dead, b->config().renormalize, at);
-        ++n;
-      }
-      after_death(c, off, on, n);
-    } catch (const std::exception& e) {
-      report = e.what();
-      return 1;
+  run_survivors([mid](Communicator& c) {
+    moe::Buffer off(c, config(false)), on(c, config(true));
+    int n = 0;
+    for (moe::Buffer* b : {&off, &on})
+      for (Schedule s : {Schedule::Prefill, Schedule::Decode}) full_call(*b, c.rank(), n++, s, false);
+    for (moe::Buffer* b : {&off, &on}) {
+      Inputs in = make_inputs(c.rank(), n);
+      const std::string at = std::string("[mid ") + moe::to_string(mid) + " renorm " +
+                             std::to_string(b->config().renormalize) + " rank " + std::to_string(c.rank()) + "] ";
+      auto d = b->dispatch(in.x.data(), in.T, in.idx.data(), in.w.data(), mid);
+      if (b == &on && c.rank() == kDead) ::raise(SIGKILL);
+      std::vector<float> out(in.T * kH, -7.0f);
+      const bool dead = b == &on;
+      STRATA_TEST_REQUIRE(d.dropped == std::vector<uint32_t>(in.T, 0),
+                          at << "dropped at dispatch with every rank alive");
+      b->combine(d.window, d.handle, out.data());
+      STRATA_TEST_REQUIRE(d.handle.dropped() == expected_dropped(in, dead), at << "Handle::dropped after combine");
+      check_out(in, out, dead, b->config().renormalize, at);
+      ++n;
     }
-    return 0;
+    after_death(c, off, on, n);
   });
-  expect_survivors_ok(results);
 }
 
 TEST(MoeMask, RankKilledBetweenPrefillDispatchAndCombine) { killed_mid(Schedule::Prefill); }

@@ -128,15 +128,6 @@ std::string at(const Shape& s, Schedule sc) {
   return o.str();
 }
 
-#define MOE_CHECK(cond, msg)              \
-  do {                                    \
-    if (!(cond)) {                        \
-      std::ostringstream m_;              \
-      m_ << msg;                          \
-      throw std::runtime_error(m_.str()); \
-    }                                     \
-  } while (0)
-
 /// Exactly-once delivery and layout: for every local expert l and source s, count(l, s) is
 /// the number of s's tokens routed to expert e, its rows start at offset(l, s), and row j is
 /// bit-for-bit x_s of the j-th such token. Compact layouts: ranges contiguous per expert in
@@ -144,7 +135,7 @@ std::string at(const Shape& s, Schedule sc) {
 void check_layout(const Shape& s, Schedule sc, const moe::Dispatch& d, int me, const std::vector<Inputs>& all) {
   const int L = s.E / s.R;
   const size_t rb = s.H * dtype_size(s.dt);
-  MOE_CHECK(d.local_experts == L && d.ranks == s.R, at(s, sc) << "rank " << me << ": L/R in the result");
+  STRATA_TEST_REQUIRE(d.local_experts == L && d.ranks == s.R, at(s, sc) << "rank " << me << ": L/R in the result");
   for (int l = 0; l < L; ++l) {
     const int64_t e = static_cast<int64_t>(me) * L + l;
     size_t next = 0;
@@ -153,22 +144,25 @@ void check_layout(const Shape& s, Schedule sc, const moe::Dispatch& d, int me, c
       for (size_t t = 0; t < s.T; ++t)
         for (int k = 0; k < s.K; ++k)
           if (all[src].idx[t * s.K + k] == e) toks.push_back(t);
-      MOE_CHECK(d.count(l, src) == toks.size(), at(s, sc) << "rank " << me << ": count(l=" << l << ", src=" << src
-                                                          << ") = " << d.count(l, src) << ", expected " << toks.size());
+      STRATA_TEST_REQUIRE(d.count(l, src) == toks.size(), at(s, sc) << "rank " << me << ": count(l=" << l
+                                                                    << ", src=" << src << ") = " << d.count(l, src)
+                                                                    << ", expected " << toks.size());
       size_t off = d.offset(l, src);
       if (d.masked()) {
-        MOE_CHECK(off == (static_cast<size_t>(l) * s.R + src) * s.M,
-                  at(s, sc) << "masked offset of (" << l << "," << src << ")");
+        STRATA_TEST_REQUIRE(off == (static_cast<size_t>(l) * s.R + src) * s.M,
+                            at(s, sc) << "masked offset of (" << l << "," << src << ")");
       } else {
         if (src == 0) {
-          MOE_CHECK(off % s.align == 0 && off >= next, at(s, sc) << "rank " << me << ": expert " << l << " starts at "
-                                                                 << off << " (alignment " << s.align << ")");
+          STRATA_TEST_REQUIRE(off % s.align == 0 && off >= next, at(s, sc) << "rank " << me << ": expert " << l
+                                                                           << " starts at " << off << " (alignment "
+                                                                           << s.align << ")");
         } else {
-          MOE_CHECK(off == next, at(s, sc) << "rank " << me << ": range of (l=" << l << ", src=" << src << ") at "
-                                           << off << ", expected " << next << " (ordered by source)");
+          STRATA_TEST_REQUIRE(off == next, at(s, sc)
+                                               << "rank " << me << ": range of (l=" << l << ", src=" << src << ") at "
+                                               << off << ", expected " << next << " (ordered by source)");
         }
       }
-      MOE_CHECK(off + toks.size() <= d.total_rows, at(s, sc) << "range past total_rows");
+      STRATA_TEST_REQUIRE(off + toks.size() <= d.total_rows, at(s, sc) << "range past total_rows");
       for (size_t j = 0; j < toks.size(); ++j) {
         const unsigned char* got = reinterpret_cast<const unsigned char*>(d.window) + (off + j) * rb;
         const unsigned char* want = all[src].x.data() + toks[j] * rb;
@@ -176,9 +170,9 @@ void check_layout(const Shape& s, Schedule sc, const moe::Dispatch& d, int me, c
           size_t h = 0;
           while (h < s.H && std::memcmp(got + h * dtype_size(s.dt), want + h * dtype_size(s.dt), dtype_size(s.dt)) == 0)
             ++h;
-          MOE_CHECK(false, at(s, sc) << "rank " << me << ": expert " << l << " row " << j << " from rank " << src
-                                     << " (token " << toks[j] << ") differs at h=" << h << ": got " << get(s.dt, got, h)
-                                     << ", want " << get(s.dt, want, h));
+          STRATA_TEST_REQUIRE(false, at(s, sc) << "rank " << me << ": expert " << l << " row " << j << " from rank "
+                                               << src << " (token " << toks[j] << ") differs at h=" << h << ": got "
+                                               << get(s.dt, got, h) << ", want " << get(s.dt, want, h));
         }
       }
       next = off + toks.size();
@@ -186,8 +180,9 @@ void check_layout(const Shape& s, Schedule sc, const moe::Dispatch& d, int me, c
     if (!d.masked()) {
       // Padding between experts: the next expert begins at the next multiple of align.
       if (l + 1 < L)
-        MOE_CHECK(d.offset(l + 1) == (next + s.align - 1) / s.align * s.align,
-                  at(s, sc) << "rank " << me << ": expert " << l + 1 << " at " << d.offset(l + 1) << " after " << next);
+        STRATA_TEST_REQUIRE(
+            d.offset(l + 1) == (next + s.align - 1) / s.align * s.align,
+            at(s, sc) << "rank " << me << ": expert " << l + 1 << " at " << d.offset(l + 1) << " after " << next);
     }
   }
 }
@@ -198,8 +193,9 @@ void compare_out(const Shape& s, Schedule sc, int me, const std::vector<unsigned
   size_t i = 0;
   const size_t es = dtype_size(s.dt);
   while (i < s.T * s.H && std::memcmp(&got[i * es], &want[i * es], es) == 0) ++i;
-  MOE_CHECK(false, at(s, sc) << "rank " << me << ": " << what << " differs at token " << i / s.H << " h=" << i % s.H
-                             << ": got " << get(s.dt, got.data(), i) << ", want " << get(s.dt, want.data(), i));
+  STRATA_TEST_REQUIRE(false, at(s, sc) << "rank " << me << ": " << what << " differs at token " << i / s.H
+                                       << " h=" << i % s.H << ": got " << get(s.dt, got.data(), i) << ", want "
+                                       << get(s.dt, want.data(), i));
 }
 
 /// Applies the test's experts to the received rows, in place in the window.
@@ -245,8 +241,9 @@ void check_shape(Communicator& c, const Shape& s, uint64_t salt) {
                      : s.dt == DataType::Float16 ? 2e-3f
                                                  : 1.6e-2f) *
                     (std::fabs(want) + 1.0f) * static_cast<float>(s.K);
-        MOE_CHECK(std::fabs(got - want) <= tol, at(s, sc) << "rank " << me << ": identity token " << t << " h=" << h
-                                                          << ": got " << got << ", want x*sum(w) = " << want);
+        STRATA_TEST_REQUIRE(std::fabs(got - want) <= tol, at(s, sc)
+                                                              << "rank " << me << ": identity token " << t << " h=" << h
+                                                              << ": got " << got << ", want x*sum(w) = " << want);
       }
     }
     d = buf.dispatch(mine.x.data(), s.T, mine.idx.data(), mine.w.data(), sc);
@@ -256,8 +253,8 @@ void check_shape(Communicator& c, const Shape& s, uint64_t salt) {
     results.push_back(out);
   }
   for (size_t i = 1; i < results.size(); ++i)
-    MOE_CHECK(results[i] == results[0],
-              at(s, Schedule::Prefill) << "rank " << me << ": schedule run " << i << " gives other bytes than run 0");
+    STRATA_TEST_REQUIRE(results[i] == results[0], at(s, Schedule::Prefill) << "rank " << me << ": schedule run " << i
+                                                                           << " gives other bytes than run 0");
 }
 
 void run_team(int R, const std::function<void(Communicator&)>& fn) {
@@ -436,7 +433,8 @@ TEST(Moe, InvalidConfigsAndArguments) {
     expect_invalid([&] { buf.combine(d1.window, d1.handle, out.data()); }, "handle is from dispatch #1");
     buf.combine(d2.window, d2.handle, out.data());
     for (size_t i = 0; i < out.size(); ++i)
-      MOE_CHECK(out[i] == 1.0f, "rank " << c.rank() << ": out[" << i << "] = " << out[i] << " after the good call");
+      STRATA_TEST_REQUIRE(out[i] == 1.0f,
+                          "rank " << c.rank() << ": out[" << i << "] = " << out[i] << " after the good call");
   });
 }
 
