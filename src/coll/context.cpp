@@ -306,7 +306,9 @@ Result<void*> new_ctrl_block(ContextImpl& ctx, int rank, int n) {
 
 std::string world_record(const ContextImpl& ctx, const memory::SegRef& ctrl) {
   std::ostringstream os;
-  os << ctx.job.host_id << "\n" << getpid() << "\n" << ctrl.seg << "\n" << ctrl.offset;
+  // The epoch last: the transport of a peer on another host finds this process's address
+  // under it (a replacement's predecessor published under an older one).
+  os << ctx.job.host_id << "\n" << getpid() << "\n" << ctrl.seg << "\n" << ctrl.offset << "\n" << ctx.env.epoch;
   return os.str();
 }
 
@@ -415,6 +417,7 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
   std::vector<memory::SegRef> refs(n);
   refs[me] = *ref;
   ctx->hosts.assign(n, ctx->job.host_id);
+  std::vector<uint64_t> epochs(n, 0);
   bool spans = false;
   if (n > 1) {
     STRATA_RETURN_IF_ERROR(ctx->store->set(world_key(*ctx, me), world_record(*ctx, *ref)));
@@ -425,6 +428,7 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
       STRATA_ASSIGN_OR_RETURN(WorldRecord w, parse_world_record(v.value()));
       refs[r] = w.ctrl;
       ctx->hosts[r] = w.host;
+      epochs[r] = w.epoch;
       if (w.host != ctx->job.host_id) {
         spans = true;
       } else {
@@ -450,6 +454,9 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
     return s.with_context("rank " + std::to_string(other) + " is on host '" + ctx->hosts[other] + "' and rank " +
                           std::to_string(me) + " on '" + ctx->job.host_id + "': ");
   }
+  // A peer that is itself a replacement published its transport address under its epoch.
+  for (int r = 0; r < n; ++r)
+    if (r != me && epochs[r] > 0) ctx->net->reset_peer(r, epochs[r]);
   // Across hosts: the world-sized block is not needed; the ranks of this host meet through a
   // block sized for them, announced under a second key.
   (void)ctx->heap->free(ctrl);

@@ -14,6 +14,7 @@ Result<WorldRecord> parse_world_record(const std::string& v) {
   std::istringstream is(v);
   std::getline(is, w.host);
   if (!(is >> w.pid >> w.ctrl.seg >> w.ctrl.offset)) return internal_error("malformed world record '" + v + "'");
+  if (!(is >> w.epoch)) w.epoch = 0;  // written before records carried it
   return w;
 }
 
@@ -71,6 +72,10 @@ std::unique_lock<std::mutex> Membership::quiesce(const Status& why) {
 void Membership::drop_peer(int r) {
   c_->peers[r] = CtrlView();
   c_->ctx->heap->drop_peer(c_->members[r]);
+}
+
+void Membership::reset_net_peer(int r, uint64_t epoch) {
+  if (c_->net) c_->net->reset_peer(c_->members[r], epoch);
 }
 
 void Membership::expect_pid(int r, long pid) {

@@ -50,6 +50,7 @@ struct WorldRecord {
   std::string host;
   long pid = 0;
   memory::SegRef ctrl{};
+  uint64_t epoch = 0;  // the recovery epoch its process started in (0: with the job)
 };
 /// Reads a record written by Membership::world_record (or world_record in comm_impl.hpp).
 Result<WorldRecord> parse_world_record(const std::string& v);
@@ -116,6 +117,10 @@ class Membership {
   [[nodiscard]] std::unique_lock<std::mutex> quiesce(const Status& why);
   /// Forgets member r: its control-block view and every heap mapping of its process.
   void drop_peer(int r);
+  /// Member r (on another host) was replaced by a process started in recovery `epoch`: its
+  /// transport endpoint and memory keys are dropped and made afresh on next use; the
+  /// endpoints to the other members stay. No-op on a communicator within one host.
+  void reset_net_peer(int r, uint64_t epoch);
   /// Member r is the process `pid` of its record on this host: its memory is taken from that
   /// process only.
   void expect_pid(int r, long pid);
