@@ -122,7 +122,7 @@ class Membership {
   /// Forgets member r: its control-block view and every heap mapping of its process (on
   /// this host; for a member on another host see reset_net_peer).
   void drop_peer(int r);
-  /// Member r (on another host) was replaced by a process started in recovery `epoch`: its
+  /// Member r was replaced by a process started in recovery `epoch`: its
   /// transport endpoint and memory keys are dropped and made afresh on next use; the
   /// endpoints to the other members stay. No-op on a communicator within one host.
   void reset_net_peer(int r, uint64_t epoch);

@@ -114,10 +114,11 @@ Status rebuild_world(Membership& m, bool fresh) {
       if (recs[r].host != m.host_of(r))
         return unavailable("rank " + std::to_string(r) + " rejoined on host '" + recs[r].host + "' but ran on '" +
                            m.host_of(r) + "'; a replacement must run on its predecessor's host");
+      // Across hosts the transport reaches every member, this host's too (point-to-point
+      // traffic): its endpoint is made afresh to the process the record names. The
+      // endpoints between survivors stay.
+      m.reset_net_peer(r, recs[r].epoch);
       if (!m.same_host(r)) {
-        // On another host: only the endpoint, made afresh to the process the record names
-        // (the endpoints between survivors stay).
-        m.reset_net_peer(r, recs[r].epoch);
         attached[r] = true;
         continue;
       }
