@@ -213,7 +213,7 @@ void Launcher::check_heartbeats() {
     for (auto& r : ranks_) {
       if (r.global != i || !r.current || !r.running) continue;
       replace({&r},
-              "rank " + std::to_string(i) + " (pid " + std::to_string(r.pid) + ") sent no heartbeat for " +
+              rank_name(r) + " (pid " + std::to_string(r.pid) + ") sent no heartbeat for " +
                   std::to_string(ft_->options().heartbeat_timeout.count()) + " ms (hung or stopped)",
               128 + SIGKILL);
       break;
