@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <sstream>
 
 #include <strata/recovery.hpp>
 
@@ -20,7 +21,7 @@ Status FtController::start(const bootstrap::StoreAddress& addr, const std::strin
   STRATA_ASSIGN_OR_RETURN(watch_store_, bootstrap::StoreClient::connect(addr, token, deadline));
   // The store lives in this process: a broken connection means it is shutting down.
   watch_store_->set_reconnect_timeout(std::chrono::seconds(1));
-  beats_.assign(static_cast<size_t>(n_), Beat{});
+  beats_.assign(ranks_.size(), Beat{});
   event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (event_fd_ < 0) return errno_status("eventfd", errno);
   watcher_ = std::thread([this] { watch_loop(); });
@@ -46,11 +47,12 @@ void FtController::watch_loop() {
       job = job_;
     }
     bool found = false;
-    for (int r = 0; r < n_ && !stop_.load(); ++r) {
+    for (size_t i = 0; i < ranks_.size() && !stop_.load(); ++i) {
+      const int r = ranks_[i];
       auto v = watch_store_->try_get(keys::heartbeat(job, r));
       const auto now = Clock::now();
       std::lock_guard<std::mutex> g(mu_);
-      Beat& b = beats_[static_cast<size_t>(r)];
+      Beat& b = beats_[i];
       if (job != job_ || !v.is_ok() || !v.value() || *v.value() == keys::kExiting) continue;  // not up, or leaving
       if (!b.seen || *v.value() != b.value) {
         b.value = *v.value();
@@ -58,7 +60,7 @@ void FtController::watch_loop() {
         b.changed = now;
       } else if (!b.reported && now - b.changed > opts_.heartbeat_timeout) {
         b.reported = true;
-        hung_.emplace_back(r, b.gen);
+        hung_.emplace_back(static_cast<int>(i), b.gen);
         found = true;
       }
     }
@@ -74,35 +76,70 @@ std::vector<int> FtController::take_hung() {
   (void)!::read(event_fd_, &drain, sizeof drain);
   std::lock_guard<std::mutex> g(mu_);
   std::vector<int> out;
-  for (auto [r, gen] : hung_)
-    if (beats_[static_cast<size_t>(r)].gen == gen) out.push_back(r);
+  for (auto [i, gen] : hung_)
+    if (beats_[static_cast<size_t>(i)].gen == gen) out.push_back(ranks_[static_cast<size_t>(i)]);
   hung_.clear();
-  // Completed rebuilds end the cumulative set of ranks being replaced.
-  if (!pending_.empty()) {
-    auto ready = store_->try_get(keys::ready(job_, epoch_));
-    if (ready.is_ok() && ready.value()) pending_.clear();
-  }
   return out;
 }
 
-bool FtController::on_failure(const std::vector<int>& ranks, const std::string& why) {
-  (void)why;
-  // Restarting everything is one event however many ranks went down with the first (the
-  // others typically exit on seeing it); replacing counts every rank replaced.
-  failures_ += opts_.restart_all ? 1 : static_cast<int>(ranks.size());
-  if (failures_ > opts_.max_failures) return false;
+FtController::JobState FtController::parse_state(const std::string& v) {
+  JobState st;
+  std::istringstream is(v);
+  std::string ranks;
+  if (is >> st.epoch >> st.failures >> ranks) st.pending = keys::parse_ranks(ranks);
+  return st;
+}
+
+std::string FtController::format_state(const JobState& st) {
+  // "-" for no ranks keeps the fields apart for the stream that reads them back.
+  const std::string ranks = keys::format_ranks(st.pending);
+  return std::to_string(st.epoch) + " " + std::to_string(st.failures) + " " + (ranks.empty() ? "-" : ranks);
+}
+
+bool FtController::on_failure(const std::vector<int>& ranks, std::string* why) {
   at_failure_ = store_->counters();
   const int64_t t = recovery::now_ns();
-  ++epoch_;
-  if (!pending_.empty()) {
-    auto ready = store_->try_get(keys::ready(job_, epoch_ - 1));
-    if (ready.is_ok() && ready.value()) pending_.clear();
+  // Every agent of the job may be doing the same at this moment: the state advances by
+  // compare-and-set, and the winner of epoch E+1 announces it with every rank still pending.
+  JobState next;
+  for (int attempt = 0;; ++attempt) {
+    auto cur = store_->try_get(state_key_);
+    if (!cur.is_ok()) {
+      *why = "the job's store cannot be reached to announce the failure: " + cur.status().message();
+      return false;
+    }
+    const std::string expected = cur.value().value_or("");
+    next = parse_state(expected);
+    if (!next.pending.empty()) {
+      // Ranks of a rebuild that completed are no longer being replaced.
+      auto ready = store_->try_get(keys::ready(job_, next.epoch));
+      if (ready.is_ok() && ready.value()) next.pending.clear();
+    }
+    // Restarting everything is one event however many ranks went down with the first (the
+    // others typically exit on seeing it); replacing counts every rank replaced.
+    next.failures += opts_.restart_all ? 1 : static_cast<int>(ranks.size());
+    failures_ = next.failures;
+    if (next.failures > opts_.max_failures) return false;
+    ++next.epoch;
+    for (int r : ranks)
+      if (std::find(next.pending.begin(), next.pending.end(), r) == next.pending.end()) next.pending.push_back(r);
+    std::sort(next.pending.begin(), next.pending.end());
+    const std::string desired = format_state(next);
+    auto res = store_->compare_set(state_key_, expected, desired);
+    if (!res.is_ok()) {
+      *why = "the job's store cannot be reached to announce the failure: " + res.status().message();
+      return false;
+    }
+    if (res.value() == desired) break;
+    if (attempt > 1000) {
+      *why = "the job's failure state kept changing under this agent (1000 attempts)";
+      return false;
+    }
   }
-  pending_.insert(ranks.begin(), ranks.end());
-  std::vector<int> list(pending_.begin(), pending_.end());
+  epoch_ = next.epoch;
   // The timestamps first: a rank that wakes on the notice reads them in its report.
   (void)store_->set(keys::detected(job_, epoch_), std::to_string(t));
-  (void)store_->set(keys::epoch(job_, epoch_), keys::format_ranks(list));
+  (void)store_->set(keys::epoch(job_, epoch_), keys::format_ranks(next.pending));
   std::lock_guard<std::mutex> g(mu_);
   for (int r : ranks) reset_heartbeat(r);
   return true;
@@ -126,13 +163,17 @@ bool FtController::spare_waiting(int spare) {
 }
 
 bool FtController::recovered() {
-  auto ready = store_->try_get(keys::ready(job_, epoch_));
+  // The newest epoch, which another host's agent may have announced after ours.
+  auto cur = store_->try_get(state_key_);
+  const uint64_t e = cur.is_ok() && cur.value() ? std::max(epoch_, parse_state(*cur.value()).epoch) : epoch_;
+  auto ready = store_->try_get(keys::ready(job_, e));
   return ready.is_ok() && ready.value();
 }
 
 void FtController::reset_heartbeat(int rank) {
-  if (rank < 0 || rank >= n_) return;
-  Beat& b = beats_[static_cast<size_t>(rank)];
+  auto it = std::find(ranks_.begin(), ranks_.end(), rank);
+  if (it == ranks_.end()) return;
+  Beat& b = beats_[static_cast<size_t>(it - ranks_.begin())];
   b = Beat{{}, false, false, b.gen + 1, {}};
   // The predecessor's counter must not count as the replacement's first beat: a slow start
   // would look like a hang.

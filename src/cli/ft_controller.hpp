@@ -3,18 +3,23 @@
 // The launcher owns the processes (spawn, kill, reap); this class decides what a failure
 // means, announces epochs through the store (the revoke notice every rank waits on), and
 // watches heartbeats so a hung or stopped rank is caught as well as one that exited.
+//
+// In a multi-node job every host's agent runs one for its own ranks. They share no state but
+// the job's store: the epoch, the job-wide failure count and the ranks being replaced live
+// in one key that an agent advances with compare-and-set, so two hosts that lose a rank at
+// the same moment announce two consecutive epochs, the second one listing both ranks.
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bootstrap/store.hpp"
+#include "recovery/keys.hpp"
 
 namespace strata::cli {
 
@@ -27,12 +32,14 @@ struct FtOptions {
 
 class FtController {
  public:
-  FtController(FtOptions opts, std::string job_id, int nranks) : opts_(opts), job_(std::move(job_id)), n_(nranks) {}
+  /// Watches `ranks` (global ranks: those of this host) of job `job_id`.
+  FtController(FtOptions opts, std::string job_id, std::vector<int> ranks)
+      : opts_(opts), job_(std::move(job_id)), state_key_(recovery::keys::state(job_)), ranks_(std::move(ranks)) {}
   ~FtController();
   /// Stops the watcher; call before the store goes away (it would retry reaching it).
   void stop();
 
-  /// Connects to the launcher's own store and starts the heartbeat watcher: a thread with
+  /// Connects to the job's store and starts the heartbeat watcher: a thread with
   /// its own connection, so that reading every rank's beat never delays the launcher's
   /// reaction to an exit. It signals event_fd() when it finds a hung rank.
   Status start(const bootstrap::StoreAddress& addr, const std::string& token);
@@ -41,10 +48,10 @@ class FtController {
   /// process (a report about a rank replaced meanwhile is dropped).
   std::vector<int> take_hung();
 
-  /// A rank failed (`why` says how). Returns false when the failure budget is spent (the
-  /// job must stop); otherwise bumps the epoch, publishes the notice and the caller starts
-  /// a replacement with epoch().
-  bool on_failure(const std::vector<int>& ranks, const std::string& why);
+  /// Ranks (global) failed. Returns false when the job-wide failure budget is spent (the
+  /// job must stop) or the store cannot be reached (`why` then says so); otherwise moves the
+  /// job to a new epoch, publishes the notice and the caller starts replacements with epoch().
+  bool on_failure(const std::vector<int>& ranks, std::string* why);
   /// Records that replacements were started (for the recovery report).
   void on_spawned();
   /// The controller's own store traffic for the current failure (from on_failure through
@@ -54,12 +61,14 @@ class FtController {
   Status assign_spare(int spare, int rank);
   /// Whether hot spare `spare` has reached strata::init() and waits there.
   bool spare_waiting(int spare);
-  /// Whether the rebuild of the current epoch is complete (its ready flag is up).
+  /// Whether the rebuild of the job's newest epoch is complete (its ready flag is up).
   bool recovered();
   /// restart_all: the restarted job runs under a new id (nothing of the old one is reused).
   void set_job(std::string job_id);
 
+  /// The epoch this agent announced last.
   uint64_t epoch() const { return epoch_; }
+  /// Failures counted job-wide, as of this agent's last announcement.
   int failures() const { return failures_; }
   const FtOptions& options() const { return opts_; }
 
@@ -71,7 +80,16 @@ class FtController {
     uint64_t gen = 0;       // bumped per replacement
     std::chrono::steady_clock::time_point changed{};
   };
-  void reset_heartbeat(int rank);  // caller holds mu_
+  /// The job's failure state (one store key): newest epoch, failures so far, and the ranks
+  /// being replaced since the last completed rebuild.
+  struct JobState {
+    uint64_t epoch = 0;
+    int failures = 0;
+    std::vector<int> pending;
+  };
+  static JobState parse_state(const std::string& v);
+  static std::string format_state(const JobState& st);
+  void reset_heartbeat(int rank);  // global rank; caller holds mu_
   void watch_loop();
   std::chrono::milliseconds tick_interval() const {
     // A quarter of the timeout catches a hang within 1.25x the timeout.
@@ -80,16 +98,16 @@ class FtController {
 
   FtOptions opts_;
   std::string job_;
-  int n_;
+  std::string state_key_;  // under the first job id: --restart-all's new ids keep the count
+  std::vector<int> ranks_;  // watched, global
   std::unique_ptr<bootstrap::StoreClient> store_;        // the launcher thread's
   std::unique_ptr<bootstrap::StoreClient> watch_store_;  // the watcher's
   uint64_t epoch_ = 0;
   int failures_ = 0;
-  std::set<int> pending_;                        // replaced since the last completed rebuild
   bootstrap::StoreClient::Counters at_failure_;  // store_'s counters when the last failure came in
 
   std::mutex mu_;  // guards job_ (for the watcher), beats_, hung_
-  std::vector<Beat> beats_;
+  std::vector<Beat> beats_;  // per watched rank (ranks_ order)
   std::vector<std::pair<int, uint64_t>> hung_;  // (rank, gen) found by the watcher
   std::thread watcher_;
   std::atomic<bool> stop_{false};

@@ -17,21 +17,29 @@
 namespace strata::cli::launch {
 
 void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why, int exit_code) {
-  std::vector<int> idx;
+  std::vector<int> idx;  // global ranks
   for (Rank* r : failed) {
-    idx.push_back(r->index);
+    idx.push_back(r->global);
     r->current = false;
     // Even when the rank itself has exited: a child it forked shares its sockets (the heap's
     // fd channel) and would keep the replacement from binding them.
     kill_and_wait(*r);
   }
-  if (!ft_->on_failure(idx, why)) {
+  std::string refused;
+  if (!ft_->on_failure(idx, &refused)) {
     exit_code_ = exit_code;
-    say(why + "; " + std::to_string(ft_->failures()) + " failure(s) exceed --max-failures " +
-        std::to_string(ft_->options().max_failures) + ", stopping the job");
+    const std::string msg =
+        why + "; " +
+        (refused.empty() ? std::to_string(ft_->failures()) + " failure(s) in the job exceed --max-failures " +
+                               std::to_string(ft_->options().max_failures)
+                         : refused) +
+        ", stopping the job";
+    say(msg);
+    report_failure(exit_code, msg);  // the other hosts' ranks cannot go on either
     stop(SIGTERM, true);
     return;
   }
+  const int base = link_ ? world_.rank_base : 0;
   std::vector<int> respawn = idx;
   std::vector<std::string> env = shared_env_;
   if (ft_->options().restart_all) {
@@ -42,7 +50,7 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
       r.current = false;
       kill_and_wait(r);
     }
-    for (int i = 0; i < opts_.nranks; ++i) respawn.push_back(i);
+    for (int i = 0; i < opts_.nranks; ++i) respawn.push_back(base + i);
     std::string job = job_id_ + "-restart" + std::to_string(++restarts_);
     for (auto& e : shared_env_)
       if (e.rfind("STRATA_JOB_ID=", 0) == 0) e = "STRATA_JOB_ID=" + job;
@@ -59,11 +67,13 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
     if (Rank* sp = ft_->options().restart_all ? nullptr : waiting_spare()) {
       const int id = sp->spare;
       sp->spare = -1;
-      sp->index = i;
+      sp->index = i - base;
       sp->global = i;
       if (Status s = ft_->assign_spare(id, i); !s.is_ok()) {
-        say("handing rank " + std::to_string(i) + " to spare " + std::to_string(id) + ": " + s.message());
+        const std::string msg = "handing rank " + std::to_string(i) + " to spare " + std::to_string(id) + ": " + s.message();
+        say(msg);
         exit_code_ = 1;
+        report_failure(exit_code_, msg);
         stop(SIGTERM, true);
         return;
       }
@@ -73,12 +83,14 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
       continue;
     }
     Rank& nr = ranks_.emplace_back();
-    nr.index = i;
-    nr.global = i;  // --ft runs on one node: global rank = local index
+    nr.index = i - base;
+    nr.global = i;
     Status s = spawn(nr, path_, argv_, env);
     if (!s.is_ok()) {
-      say("replacement of rank " + std::to_string(i) + ": " + s.message());
+      const std::string msg = "replacement of rank " + std::to_string(i) + ": " + s.message();
+      say(msg);
       exit_code_ = 1;
+      report_failure(exit_code_, msg);
       stop(SIGTERM, true);
       return;
     }
@@ -199,9 +211,9 @@ void Launcher::kill_and_wait(Rank& r) {
 void Launcher::check_heartbeats() {
   for (int i : ft_->take_hung()) {
     for (auto& r : ranks_) {
-      if (r.index != i || !r.current || !r.running) continue;
+      if (r.global != i || !r.current || !r.running) continue;
       replace({&r},
-              "rank " + std::to_string(i) + " (pid " + std::to_string(r.pid) + ") sent no heartbeat for " +
+              rank_name(r) + " (pid " + std::to_string(r.pid) + ") sent no heartbeat for " +
                   std::to_string(ft_->options().heartbeat_timeout.count()) + " ms (hung or stopped)",
               128 + SIGKILL);
       break;

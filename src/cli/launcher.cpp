@@ -263,13 +263,21 @@ int Launcher::run() {
     const Env& env = Env::get();
     opts_.ft_opts.heartbeat_interval = env.heartbeat_interval;
     opts_.ft_opts.heartbeat_timeout = env.heartbeat_timeout;
-    ft_ = std::make_unique<FtController>(opts_.ft_opts, job_id_, opts_.nranks);
-    Status c = ft_->start({"127.0.0.1", store_->port()}, token_);
+    // Each host's agent watches and replaces its own ranks; they meet in the job's store.
+    std::vector<int> mine;
+    const int base = link_ ? world_.rank_base : 0;
+    for (int i = 0; i < opts_.nranks; ++i) mine.push_back(base + i);
+    ft_ = std::make_unique<FtController>(opts_.ft_opts, job_id_, std::move(mine));
+    const bootstrap::StoreAddress at =
+        link_ ? link_->spec().store : bootstrap::StoreAddress{"127.0.0.1", store_->port()};
+    Status c = ft_->start(at, token_);
     if (!c.is_ok()) {
       say("--ft: cannot reach the job's store: " + c.message());
-      store_->stop();
+      if (store_) store_->stop();
       return 1;
     }
+    // Spare numbers are job-wide (the store keys of a spare carry them): each host has a range.
+    if (link_) next_spare_ = *opts_.node_rank * kSparesPerNode;
   }
 
   if (link_) {

@@ -51,6 +51,8 @@ inline constexpr std::chrono::milliseconds kRefillPoll{5};
 /// After the rebuild the ranks still restore the state and redo the step: the new spare's
 /// start-up (exec, loading, a Python program's imports) waits this much longer.
 inline constexpr std::chrono::milliseconds kRefillSettle{250};
+/// Hot spares are numbered job-wide: node I numbers its spares from I * kSparesPerNode.
+inline constexpr int kSparesPerNode = 100000;
 /// Exit status when --timeout ends the job, as timeout(1).
 inline constexpr int kTimeoutExit = 124;
 /// Exit status when the program cannot be started, as a shell.

@@ -198,8 +198,8 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
       o.token = *t;
     }
   }
-  if (o.ft && o.nnodes && *o.nnodes > 1)
-    return usage_error("--ft runs within one host so far; it cannot be combined with --nnodes > 1");
+  if (o.ft_opts.restart_all && o.nnodes && *o.nnodes > 1)
+    return usage_error("--restart-all restarts the ranks of one host; it cannot be combined with --nnodes > 1");
   return std::nullopt;
 }
 

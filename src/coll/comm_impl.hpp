@@ -42,6 +42,10 @@ namespace strata::detail {
 /// Declaration order matters for destruction: `ctx` goes last (the heap outlives the
 /// scratch blocks and the control block the destructor hands back), and the engine thread
 /// has been joined by the destructor before any member goes.
+/// Members a communicator across hosts may have: the source rank takes 12 bits of a message
+/// tag (coll/net/exec.hpp).
+inline constexpr int kMaxNetRanks = 4096;
+
 struct CommImpl : std::enable_shared_from_this<CommImpl> {
   // ---- group and peers: who the members are and how this rank reaches them -----------------
   std::shared_ptr<ContextImpl> ctx;
@@ -111,6 +115,9 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   std::vector<int> local_of;                   // comm rank -> index among its host's members
   std::vector<std::vector<int>> host_members;  // host index -> comm ranks
   uint64_t tag_base = 0;                       // communicator id hash, top 16 bits of every tag
+  // The recovery epoch this communicator was last rebuilt in, in every tag (4 bits): a message
+  // a survivor sent in an interrupted epoch can never match a receive of the next one.
+  uint32_t tag_epoch = 0;
 
   // ---- copy engine: one thread runs the _async work in order --------------------------------
   std::mutex exec_mu;  // held while an operation runs, by the engine or by a blocking caller
@@ -150,7 +157,7 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   // Callers hold exec_mu, so nothing else runs on this communicator meanwhile.
   /// Zeroes this rank's sequence counters and its control block's sync state, keeping its
   /// identity (and every peer's mapping of it).
-  void reset_sync_state();
+  void reset_sync_state(uint64_t epoch);
   /// Maps member r's (new) control block and watches its (new) process.
   Status attach_peer(int r, const memory::SegRef& ref, Deadline d);
   /// Clears the abort flag and the sticky error: the communicator is usable again.
@@ -177,10 +184,11 @@ Result<std::shared_ptr<CommImpl>> make_comm(const std::shared_ptr<ContextImpl>& 
 
 /// Creates a communicator over `members` that span hosts. `local_ctrl` is this rank's control
 /// block for the communicator of its host's members, `local_refs` those of every member on
-/// this host in comm-rank order.
+/// this host in comm-rank order. Without `local_refs` (a rank that replaces a failed one) the
+/// members on this host are attached later, one by one (attach_peer).
 Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id,
                                                 std::vector<int> members, int rank, void* local_ctrl,
-                                                const std::vector<memory::SegRef>& local_refs, Deadline d);
+                                                const std::vector<memory::SegRef>* local_refs, Deadline d);
 
 /// Runs one collective (blocking, on the calling thread) with the algorithm that
 /// coll/select.cpp chooses (coll/run.cpp). Validation already done. `queued`: the flight

@@ -762,7 +762,7 @@ Communicator Communicator::split(int color, int key) const {
     std::vector<memory::SegRef> lrefs(local_order.size());
     for (size_t i = 0; i < local_order.size(); ++i) lrefs[i] = refs_all[local_order[i]];
     return Communicator(value_or_throw(
-        detail::make_net_comm(c.ctx, std::move(id), std::move(members), new_rank, ctrl, lrefs, d), c.rank));
+        detail::make_net_comm(c.ctx, std::move(id), std::move(members), new_rank, ctrl, &lrefs, d), c.rank));
   }
   std::vector<memory::SegRef> refs(n);
   for (int i = 0; i < n; ++i) refs[i] = refs_all[order[i]];

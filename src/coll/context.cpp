@@ -149,11 +149,19 @@ CommImpl::~CommImpl() {
   ctx->retired_ctrl.emplace_back(ctrl_mem, false);
 }
 
-void CommImpl::reset_sync_state() {
+void CommImpl::reset_sync_state(uint64_t epoch) {
   seq = 0;
   phase = 0;
   std::fill(send_seq.begin(), send_seq.end(), 0);
   std::fill(recv_seq.begin(), recv_seq.end(), 0);
+  tag_epoch = static_cast<uint32_t>(epoch & 0xf);
+  if (net) {
+    // No block of its own: the members on this host meet through `local`'s.
+    any_source_next = 0;
+    for (auto& st : net_stash) st = StashedHeader();
+    if (local) local->reset_sync_state(epoch);
+    return;
+  }
   // Only the counters restart. A slow survivor may still be inside the old epoch's last
   // operation, reading this block's descriptors, count vectors and message slots after its
   // wait for them succeeded: zeroing those under it turned its clean PeerFailed into a false
@@ -170,6 +178,14 @@ void CommImpl::reset_sync_state() {
 }
 
 Status CommImpl::attach_peer(int r, const memory::SegRef& ref, Deadline d) {
+  if (net) {
+    // A member on this host: its block is one of `local`'s; liveness is watched here too.
+    STRATA_RETURN_IF_ERROR(local->attach_peer(local_of[r], ref, d));
+    if (pidfds[r] >= 0) ::close(pidfds[r]);
+    pids[r] = local->pids[local_of[r]];
+    pidfds[r] = open_pidfd(pids[r]);
+    return Status::ok();
+  }
   const size_t bytes = CtrlView::bytes(size);
   auto p = ctx->heap->peer_ptr(members[r], ref, bytes, d);
   if (!p.is_ok()) return p.status().with_context("mapping the control block of rank " + std::to_string(r) + ": ");
@@ -306,7 +322,9 @@ Result<void*> new_ctrl_block(ContextImpl& ctx, int rank, int n) {
 
 std::string world_record(const ContextImpl& ctx, const memory::SegRef& ctrl) {
   std::ostringstream os;
-  os << ctx.job.host_id << "\n" << getpid() << "\n" << ctrl.seg << "\n" << ctrl.offset;
+  // The epoch last: the transport of a peer on another host finds this process's address
+  // under it (a replacement's predecessor published under an older one).
+  os << ctx.job.host_id << "\n" << getpid() << "\n" << ctrl.seg << "\n" << ctrl.offset << "\n" << ctx.env.epoch;
   return os.str();
 }
 
@@ -336,7 +354,10 @@ Status ensure_net(ContextImpl& ctx) {
 
 Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImpl>& ctx, std::string id,
                                                 std::vector<int> members, int rank, void* local_ctrl,
-                                                const std::vector<memory::SegRef>& local_refs, Deadline d) {
+                                                const std::vector<memory::SegRef>* local_refs, Deadline d) {
+  if (members.size() > static_cast<size_t>(kMaxNetRanks))
+    return invalid_argument("communicator '" + id + "' has " + std::to_string(members.size()) +
+                            " members across hosts; at most " + std::to_string(kMaxNetRanks) + " are supported");
   STRATA_RETURN_IF_ERROR(ensure_net(*ctx));
   auto c = base_comm(ctx, std::move(id), std::move(members), rank);
   c->net = ctx->net.get();
@@ -362,9 +383,13 @@ Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImp
   const auto& mine = c->host_members[c->host_of[rank]];
   std::vector<int> local_globals;
   for (int r : mine) local_globals.push_back(c->members[r]);
-  auto local = make_comm(ctx, c->id + "/host", std::move(local_globals), c->local_of[rank], local_ctrl, local_refs, d);
-  if (!local.is_ok()) return local.status().with_context("intra-host part of communicator '" + c->id + "': ");
-  c->local = std::move(local).value();
+  if (local_refs) {
+    auto local = make_comm(ctx, c->id + "/host", std::move(local_globals), c->local_of[rank], local_ctrl, *local_refs, d);
+    if (!local.is_ok()) return local.status().with_context("intra-host part of communicator '" + c->id + "': ");
+    c->local = std::move(local).value();
+  } else {
+    c->local = new_comm(ctx, c->id + "/host", std::move(local_globals), c->local_of[rank], local_ctrl);
+  }
   c->oversubscribed = oversubscribed(ctx->env, c->local->size);
   // Liveness of the members on this host by pidfd; those on other hosts by their endpoints.
   for (size_t i = 0; i < mine.size(); ++i) {
@@ -396,11 +421,34 @@ Result<ContextRef> make_context(const Env& env, const bootstrap::JobInfo& job, s
 
 Result<std::shared_ptr<CommImpl>> new_world(const std::shared_ptr<ContextImpl>& ctx) {
   const int n = ctx->job.world_size, me = ctx->job.rank;
-  STRATA_ASSIGN_OR_RETURN(void* ctrl, new_ctrl_block(*ctx, me, n));
-  if (!ctx->heap->locate(ctrl, 1)) return internal_error("control block is not in the heap");
   std::vector<int> members(n);
   for (int r = 0; r < n; ++r) members[r] = r;
-  return new_comm(ctx, "world", std::move(members), me, ctrl);
+  // Where every rank lives: the job's records (a replaced rank's predecessor ran on the same
+  // host, so an older record says as much as a new one).
+  ctx->hosts.assign(n, ctx->job.host_id);
+  bool spans = false;
+  for (int r = 0; r < n; ++r) {
+    if (r == me) continue;
+    auto v = ctx->store->get(world_key(*ctx, r), ctx->timeout);
+    if (!v.is_ok()) return v.status().with_context("reading the world record of rank " + std::to_string(r) + ": ");
+    STRATA_ASSIGN_OR_RETURN(WorldRecord w, parse_world_record(v.value()));
+    ctx->hosts[r] = w.host;
+    spans = spans || w.host != ctx->job.host_id;
+  }
+  if (!spans) {
+    STRATA_ASSIGN_OR_RETURN(void* ctrl, new_ctrl_block(*ctx, me, n));
+    if (!ctx->heap->locate(ctrl, 1)) return internal_error("control block is not in the heap");
+    return new_comm(ctx, "world", std::move(members), me, ctrl);
+  }
+  int local_n = 0, li = 0;
+  for (int r = 0; r < n; ++r) {
+    if (ctx->hosts[r] != ctx->job.host_id) continue;
+    if (r == me) li = local_n;
+    ++local_n;
+  }
+  STRATA_ASSIGN_OR_RETURN(void* lctrl, new_ctrl_block(*ctx, li, local_n));
+  if (!ctx->heap->locate(lctrl, 1)) return internal_error("control block is not in the heap");
+  return make_net_comm(ctx, "world", std::move(members), me, lctrl, nullptr, Deadline::after(ctx->timeout));
 }
 
 Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>& ctx,
@@ -415,6 +463,7 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
   std::vector<memory::SegRef> refs(n);
   refs[me] = *ref;
   ctx->hosts.assign(n, ctx->job.host_id);
+  std::vector<uint64_t> epochs(n, 0);
   bool spans = false;
   if (n > 1) {
     STRATA_RETURN_IF_ERROR(ctx->store->set(world_key(*ctx, me), world_record(*ctx, *ref)));
@@ -425,6 +474,7 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
       STRATA_ASSIGN_OR_RETURN(WorldRecord w, parse_world_record(v.value()));
       refs[r] = w.ctrl;
       ctx->hosts[r] = w.host;
+      epochs[r] = w.epoch;
       if (w.host != ctx->job.host_id) {
         spans = true;
       } else {
@@ -450,6 +500,9 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
     return s.with_context("rank " + std::to_string(other) + " is on host '" + ctx->hosts[other] + "' and rank " +
                           std::to_string(me) + " on '" + ctx->job.host_id + "': ");
   }
+  // A peer that is itself a replacement published its transport address under its epoch.
+  for (int r = 0; r < n; ++r)
+    if (r != me && epochs[r] > 0) ctx->net->reset_peer(r, epochs[r]);
   // Across hosts: the world-sized block is not needed; the ranks of this host meet through a
   // block sized for them, announced under a second key.
   (void)ctx->heap->free(ctrl);
@@ -463,6 +516,9 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
   lrefs[li] = *lref;
   STRATA_RETURN_IF_ERROR(
       ctx->store->set(world_key(*ctx, me) + "/host", std::to_string(lref->seg) + " " + std::to_string(lref->offset)));
+  // The record a rebuild reads names the block that is in use (a reader that still finds the
+  // first version here takes only its host and pid).
+  STRATA_RETURN_IF_ERROR(ctx->store->set(world_key(*ctx, me), world_record(*ctx, *lref)));
   for (size_t i = 0; i < local.size(); ++i) {
     if (static_cast<int>(i) == li) continue;
     auto v = ctx->store->get(world_key(*ctx, local[i]) + "/host", ctx->timeout);
@@ -471,7 +527,7 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
     std::istringstream is(v.value());
     is >> lrefs[i].seg >> lrefs[i].offset;
   }
-  return make_net_comm(ctx, "world", std::move(members), me, lctrl, lrefs, d);
+  return make_net_comm(ctx, "world", std::move(members), me, lctrl, &lrefs, d);
 }
 
 }  // namespace strata::detail

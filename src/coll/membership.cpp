@@ -3,6 +3,8 @@
 
 #include "coll/membership.hpp"
 
+#include <unistd.h>
+
 #include <sstream>
 
 #include "coll/comm_impl.hpp"
@@ -14,6 +16,7 @@ Result<WorldRecord> parse_world_record(const std::string& v) {
   std::istringstream is(v);
   std::getline(is, w.host);
   if (!(is >> w.pid >> w.ctrl.seg >> w.ctrl.offset)) return internal_error("malformed world record '" + v + "'");
+  if (!(is >> w.epoch)) w.epoch = 0;  // written before records carried it
   return w;
 }
 
@@ -69,27 +72,53 @@ std::unique_lock<std::mutex> Membership::quiesce(const Status& why) {
 }
 
 void Membership::drop_peer(int r) {
-  c_->peers[r] = CtrlView();
+  if (c_->net) {
+    // Across hosts: a member on this host has a block in `local`; one elsewhere only an
+    // endpoint, which reset_net_peer renews once the replacement's record is known.
+    if (!same_host(r)) return;
+    c_->local->peers[c_->local_of[r]] = CtrlView();
+    if (c_->pidfds[r] >= 0) ::close(c_->pidfds[r]);
+    c_->pidfds[r] = -1;
+  } else {
+    c_->peers[r] = CtrlView();
+  }
   c_->ctx->heap->drop_peer(c_->members[r]);
 }
+
+void Membership::reset_net_peer(int r, uint64_t epoch) {
+  if (c_->net) c_->net->reset_peer(c_->members[r], epoch);
+}
+
+bool Membership::same_host(int r) const {
+  return !c_->net || c_->host_of[r] == c_->host_of[c_->rank];
+}
+
+const std::string& Membership::host_of(int r) const { return c_->ctx->hosts[c_->members[r]]; }
 
 void Membership::expect_pid(int r, long pid) {
   c_->ctx->heap->expect_peer_pid(c_->members[r], static_cast<pid_t>(pid));
 }
 
 Status Membership::map_peer(int r, const memory::SegRef& ref, Deadline d) {
-  return c_->ctx->heap->peer_ptr(c_->members[r], ref, CtrlView::bytes(c_->size), d).status();
+  const int blocks_of = c_->net ? c_->local->size : c_->size;  // across hosts, `local`'s blocks
+  return c_->ctx->heap->peer_ptr(c_->members[r], ref, CtrlView::bytes(blocks_of), d).status();
 }
 
 Status Membership::attach_peer(int r, const memory::SegRef& ref, Deadline d) { return c_->attach_peer(r, ref, d); }
 
-void Membership::reset_sync_state() { c_->reset_sync_state(); }
+void Membership::reset_sync_state(uint64_t epoch) { c_->reset_sync_state(epoch); }
 
-void Membership::clear_broken() { c_->clear_broken(); }
+void Membership::clear_broken() {
+  c_->clear_broken();
+  if (c_->local) c_->local->clear_broken();
+}
 
 void Membership::revoke(const Status& why) {
-  c_->set_broken(why);
-  c_->abort_flag.store(true);
+  for (CommImpl* c : {c_, c_->local.get()}) {
+    if (!c) continue;
+    c->set_broken(why);
+    c->abort_flag.store(true);
+  }
 }
 
 Status Membership::sync(Deadline d, const char* what) { return c_->sync(d, what); }
@@ -97,14 +126,15 @@ Status Membership::sync(Deadline d, const char* what) { return c_->sync(d, what)
 uint64_t Membership::peer_waits() const { return c_->peer_waits.load(std::memory_order_relaxed); }
 
 Result<std::string> Membership::world_record() const {
-  auto ref = c_->ctx->heap->locate(c_->ctrl_mem, 1);
+  auto ref = c_->ctx->heap->locate(c_->net ? c_->local->ctrl_mem : c_->ctrl_mem, 1);
   if (!ref) return internal_error("control block is not in the heap");
   return detail::world_record(*c_->ctx, *ref);
 }
 
 void Membership::probe_cma_alone() {
-  c_->self.hdr()->cma_ok = probe_cma(*c_) ? 1 : 0;
-  c_->cma_all = c_->self.hdr()->cma_ok != 0;
+  CommImpl& c = c_->net ? *c_->local : *c_;  // across hosts: the members on this host
+  c.self.hdr()->cma_ok = probe_cma(c) ? 1 : 0;
+  c.cma_all = c.self.hdr()->cma_ok != 0;
 }
 
 }  // namespace strata::detail

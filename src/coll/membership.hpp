@@ -50,6 +50,7 @@ struct WorldRecord {
   std::string host;
   long pid = 0;
   memory::SegRef ctrl{};
+  uint64_t epoch = 0;  // the recovery epoch its process started in (0: with the job)
 };
 /// Reads a record written by Membership::world_record (or world_record in comm_impl.hpp).
 Result<WorldRecord> parse_world_record(const std::string& v);
@@ -105,6 +106,10 @@ class Membership {
   std::chrono::milliseconds timeout() const;
   /// Whether its members span hosts (its data then moves over the network transport).
   bool spans_hosts() const;
+  /// Whether member r runs on this rank's host (always, within one host).
+  bool same_host(int r) const;
+  /// The host identity member r was found on when the communicator was made.
+  const std::string& host_of(int r) const;
   /// Global rank of member `r`.
   int global_rank(int r) const;
   /// The process context of this communicator.
@@ -114,8 +119,13 @@ class Membership {
   /// the returned lock, and fails every operation still queued for the copy engine with
   /// `why` (it belongs to an epoch that is over).
   [[nodiscard]] std::unique_lock<std::mutex> quiesce(const Status& why);
-  /// Forgets member r: its control-block view and every heap mapping of its process.
+  /// Forgets member r: its control-block view and every heap mapping of its process (on
+  /// this host; for a member on another host see reset_net_peer).
   void drop_peer(int r);
+  /// Member r was replaced by a process started in recovery `epoch`: its
+  /// transport endpoint and memory keys are dropped and made afresh on next use; the
+  /// endpoints to the other members stay. No-op on a communicator within one host.
+  void reset_net_peer(int r, uint64_t epoch);
   /// Member r is the process `pid` of its record on this host: its memory is taken from that
   /// process only.
   void expect_pid(int r, long pid);
@@ -125,10 +135,11 @@ class Membership {
   Status map_peer(int r, const memory::SegRef& ref, Deadline d);
   /// Attaches member r's (new) control block at `ref` and watches its (new) process.
   Status attach_peer(int r, const memory::SegRef& ref, Deadline d);
-  /// Restarts this rank's sequence counters and its control block's signals at zero, keeping
+  /// Restarts this rank's sequence counters and its control block's signals at zero for
+  /// recovery epoch `epoch` (which message tags across hosts carry), keeping
   /// its identity (and every peer's mapping of it) and what a slow peer may still be reading
   /// (descriptors, count vectors, message slots).
-  void reset_sync_state();
+  void reset_sync_state(uint64_t epoch);
   /// Clears the abort flag and the sticky error: the communicator is usable again in the
   /// epoch it was rebuilt for.
   void clear_broken();

@@ -66,7 +66,11 @@ Communicator init(const InitOptions& opts) {
   ov.host_id = opts.host_id;
   const bootstrap::JobInfo job = value_or_throw(bootstrap::detect_job(env, ov));
   const int rank = job.rank;
-  detail::ContextRef ctx = value_or_throw(detail::make_context(env, job, opts.timeout), rank);
+  // A spare learns its epoch from its assignment, not from STRATA_EPOCH: the context records
+  // it (the transport publishes this process's address under it, see world records).
+  Env ctx_env = env;
+  ctx_env.epoch = detail::start_epoch();
+  detail::ContextRef ctx = value_or_throw(detail::make_context(ctx_env, job, opts.timeout), rank);
   throw_if_error(detail::start_recovery_services(ctx), rank);
   if (detail::start_epoch() > 0 && job.world_size > 1)
     return Communicator(value_or_throw(detail::join_world(ctx), rank));

@@ -12,6 +12,9 @@ inline std::string base(const std::string& job) { return "strata/" + job + "/ft/
 /// Set by the controller when the job enters epoch e: the ranks being replaced ("2,5"),
 /// cumulative since the last completed recovery. Ranks wait on it: it is the revoke notice.
 inline std::string epoch(const std::string& job, uint64_t e) { return base(job) + "epoch/" + std::to_string(e); }
+/// The controllers' shared failure state "EPOCH FAILURES RANKS" (RANKS "-" when none),
+/// advanced by compare-and-set (cli/ft_controller.hpp).
+inline std::string state(const std::string& job) { return base(job) + "state"; }
 /// Controller's timestamps (CLOCK_REALTIME ns) for epoch e.
 inline std::string detected(const std::string& job, uint64_t e) { return base(job) + "detected/" + std::to_string(e); }
 inline std::string spawned(const std::string& job, uint64_t e) { return base(job) + "spawned/" + std::to_string(e); }

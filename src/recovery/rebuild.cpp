@@ -3,6 +3,8 @@
 // Survivors keep their process, heap, control block and every mapping of the other
 // survivors. What touched a failed rank is dropped (its heap mappings, its pidfd) and
 // re-attached to the replacement's new control block; every rank zeroes its own sync state.
+// Across hosts the same holds per host, and a survivor on another host than the failed rank
+// only renews its transport endpoint to it: the endpoints between survivors stay.
 // The meeting point is the store: replacements publish their world record under the epoch,
 // every rank bumps one arrival counter and the last one raises the epoch's "ready" flag, so
 // a survivor does O(failed ranks) work whatever the job's size. A failure during the
@@ -49,9 +51,6 @@ Status rebuild_world(Membership& m, bool fresh) {
   if (!ctx.has_monitor())
     return unavailable("recover() on rank " + std::to_string(m.rank()) +
                        ": this job does not run under a recovery controller (start it with `strata run --ft`)");
-  if (m.spans_hosts())
-    return unavailable("recover() on rank " + std::to_string(m.rank()) +
-                       ": the communicator spans hosts; recovery is implemented within one host so far");
   if (m.id() != "world")
     return invalid_argument("recover() on rank " + std::to_string(m.rank()) + ": communicator '" + m.id() +
                             "' is a sub-communicator; recover the world communicator, then split again");
@@ -84,7 +83,7 @@ Status rebuild_world(Membership& m, bool fresh) {
     STRATA_LOG(Info, "rank " << me << ": rebuilding the world communicator in epoch " << e << " (replacing " << *notice
                              << ")");
 
-    m.reset_sync_state();
+    m.reset_sync_state(e);
     for (int f : failed) {
       if (f == me || f < 0 || f >= n) continue;
       m.drop_peer(f);
@@ -112,9 +111,17 @@ Status rebuild_world(Membership& m, bool fresh) {
         break;
       }
       STRATA_ASSIGN_OR_RETURN(recs[r], parse_world_record(*v));
-      if (recs[r].host != ctx.job().host_id)
-        return unavailable("rank " + std::to_string(r) + " rejoined on host '" + recs[r].host + "' but rank " +
-                           std::to_string(me) + " is on '" + ctx.job().host_id + "'");
+      if (recs[r].host != m.host_of(r))
+        return unavailable("rank " + std::to_string(r) + " rejoined on host '" + recs[r].host + "' but ran on '" +
+                           m.host_of(r) + "'; a replacement must run on its predecessor's host");
+      // Across hosts the transport reaches every member, this host's too (point-to-point
+      // traffic): its endpoint is made afresh to the process the record names. The
+      // endpoints between survivors stay.
+      m.reset_net_peer(r, recs[r].epoch);
+      if (!m.same_host(r)) {
+        attached[r] = true;
+        continue;
+      }
       m.expect_pid(r, recs[r].pid);
       to_attach.push_back(r);
     }

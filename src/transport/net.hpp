@@ -90,6 +90,11 @@ class Net {
   virtual bool probe(int peer, uint64_t tag) = 0;
   /// Whether an endpoint error was seen for `peer` (it died or its link broke).
   virtual bool peer_failed(int peer) const = 0;
+  /// Forgets everything about `peer` (its endpoint, its memory keys, its failure): it was
+  /// replaced by a new process started in recovery epoch `gen`, whose address and keys are
+  /// published under that epoch. The next transfer with it connects afresh; the endpoints
+  /// to every other peer stay as they are.
+  virtual void reset_peer(int peer, uint64_t gen) = 0;
 };
 
 /// The UCX transport of one rank: UCP context + worker, worker addresses and rkeys exchanged

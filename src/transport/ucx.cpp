@@ -71,6 +71,7 @@ struct PeerState {
   ucp_ep_h ep = nullptr;
   std::atomic<bool> failed{false};
   ucs_status_t error = UCS_OK;
+  uint64_t gen = 0;  // the recovery epoch the peer's process started in (0: with the job)
 };
 
 struct RemoteSeg {
@@ -107,6 +108,7 @@ class Ucx final : public Net {
   bool test(const Transfer& x) override;
   bool probe(int peer, uint64_t tag) override;
   bool peer_failed(int peer) const override { return peers_[peer]->failed.load(std::memory_order_acquire); }
+  void reset_peer(int peer, uint64_t gen) override;
 
   static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
     auto* p = static_cast<PeerState*>(arg);
@@ -116,8 +118,11 @@ class Ucx final : public Net {
   }
 
  private:
-  std::string key(const std::string& what, int r) const {
-    return "strata/" + job_ + "/ucx/" + what + "/" + std::to_string(r);
+  // A replacement publishes under the epoch it started in: the predecessor's address and
+  // keys stay in the store, and a survivor must never take them for the new process's.
+  std::string key(const std::string& what, int r, uint64_t gen) const {
+    std::string k = "strata/" + job_ + "/ucx/" + what + "/" + std::to_string(r);
+    return gen ? k + "@" + std::to_string(gen) : k;
   }
   Result<ucp_ep_h> endpoint(int peer);                   // under mu_
   Result<RemoteSeg> remote_seg(int peer, uint32_t seg);  // under mu_
@@ -148,6 +153,7 @@ class Ucx final : public Net {
 
   std::string job_;
   int rank_;
+  uint64_t gen_ = 0;  // STRATA_EPOCH: > 0 in a replacement
   std::shared_ptr<bootstrap::StoreClient> store_;
   memory::Heap& heap_;
   std::chrono::milliseconds timeout_;
@@ -179,6 +185,7 @@ Status Ucx::start(const Env& env) {
   const std::string& tls = env.ucx_tls;
   const std::string& devices = env.ucx_net_devices;
   put_ = puts_are_datapath(env);
+  gen_ = env.epoch;
   ucp_config_t* cfg = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
   if (st != UCS_OK) return unavailable(std::string("ucx: reading UCX configuration: ") + ucs_status_string(st));
@@ -216,7 +223,7 @@ Status Ucx::start(const Env& env) {
     return unavailable(std::string("ucx: ucp_worker_get_address failed: ") + ucs_status_string(st));
   std::string a = to_hex(addr, len);
   ucp_worker_release_address(worker_, addr);
-  STRATA_RETURN_IF_ERROR(store_->set(key("addr", rank_), a));
+  STRATA_RETURN_IF_ERROR(store_->set(key("addr", rank_, gen_), a));
   heap_.set_segment_listener([this](uint32_t id, void* base, size_t size) { map_segment(id, base, size); });
   return Status::ok();
 }
@@ -245,7 +252,7 @@ void Ucx::map_segment(uint32_t id, void* base, size_t size) {
   memh_[id] = memh;
   uint64_t b = reinterpret_cast<uint64_t>(base);
   // Published once; every peer fetches it the first time it puts into this segment.
-  Status s = store_->set(key("rkey", rank_) + "/" + std::to_string(id), encode_rkey_record(b, rk, rklen));
+  Status s = store_->set(key("rkey", rank_, gen_) + "/" + std::to_string(id), encode_rkey_record(b, rk, rklen));
   ucp_rkey_buffer_release(rk);
   if (!s.is_ok()) STRATA_LOG(Warn, "ucx: publishing the rkey of segment " << id << ": " << s.to_string());
 }
@@ -288,7 +295,7 @@ Result<ucp_ep_h> Ucx::endpoint(int peer) {
   if (p.ep) return p.ep;
   // The address was published at the peer's init; it is in the store by the time any
   // operation with that peer runs, so this waits only if the peer is still starting.
-  auto a = store_->get(key("addr", peer), timeout_);
+  auto a = store_->get(key("addr", peer, p.gen), timeout_);
   if (!a.is_ok()) return a.status().with_context("ucx: worker address of rank " + std::to_string(peer) + ": ");
   STRATA_ASSIGN_OR_RETURN(std::string addr, decode_worker_address(a.value(), peer));
   ucp_ep_params_t ep{};
@@ -306,11 +313,42 @@ Result<ucp_ep_h> Ucx::endpoint(int peer) {
   return p.ep;
 }
 
+void Ucx::reset_peer(int peer, uint64_t gen) {
+  std::lock_guard<std::mutex> g(mu_);
+  PeerState& p = *peers_[peer];
+  for (auto it = rsegs_.begin(); it != rsegs_.end();) {
+    if (it->first.first != peer) {
+      ++it;
+      continue;
+    }
+    ucp_rkey_destroy(it->second.rkey);
+    it = rsegs_.erase(it);
+  }
+  if (p.ep) {
+    // Forced: the process behind it is gone, a flush would wait for nothing. Requests still
+    // queued on it complete with an error, which their (already discarded) owners ignore.
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(p.ep, &cp);
+    if (UCS_PTR_IS_PTR(r)) {
+      auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < until)
+        ucp_worker_progress(worker_);
+      ucp_request_free(r);
+    }
+    p.ep = nullptr;
+  }
+  p.gen = gen;
+  p.error = UCS_OK;
+  p.failed.store(false, std::memory_order_release);
+}
+
 Result<RemoteSeg> Ucx::remote_seg(int peer, uint32_t seg) {
   auto it = rsegs_.find({peer, seg});
   if (it != rsegs_.end()) return it->second;
   STRATA_ASSIGN_OR_RETURN(ucp_ep_h ep, endpoint(peer));
-  auto v = store_->get(key("rkey", peer) + "/" + std::to_string(seg), timeout_);
+  auto v = store_->get(key("rkey", peer, peers_[peer]->gen) + "/" + std::to_string(seg), timeout_);
   if (!v.is_ok())
     return v.status().with_context("ucx: rkey of segment " + std::to_string(seg) + " of rank " + std::to_string(peer) +
                                    ": ");

@@ -57,7 +57,7 @@ TEST(Membership, ResetRestartsCountersButKeepsWhatASlowPeerMayRead) {
     Membership m(comm.impl());
     {
       auto quiet = m.quiesce(aborted("test"));
-      m.reset_sync_state();
+      m.reset_sync_state(1);
     }
     EXPECT_EQ(c.seq, 0u);
     EXPECT_EQ(c.phase, 0u);

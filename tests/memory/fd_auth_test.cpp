@@ -285,7 +285,7 @@ TEST(FdAuth, AKilledRanksSocketIsTakenOverAndALiveOneIsNot) {
   ASSERT_TRUE(spawn_reporting(
       [&](auto report) {
         auto h = make_heap(key, 1);
-        if (!report(char{h ? 1 : 0})) return 91;
+        if (!report(static_cast<char>(h ? 1 : 0))) return 91;
         pause();
         return 0;
       },

@@ -7,6 +7,7 @@
 #   CASE: smoke | rank_failure | link_down          (the launcher alone)
 #         matrix COUNTS PROGRAM [ARGS...]            (PROGRAM's ranks must all exit 0)
 #         collective_link_down LINKDOWN_RANK         (mh_linkdown_rank.cpp)
+#         ft TRAIN_DP                                 (--ft across hosts, examples/train_dp)
 # The last two need collectives across hosts, i.e. the UCX transport.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -137,6 +138,73 @@ case $case in
     check "no rank ran into a wrong result or a wrong error" bash -c "! grep -h LINKDOWN-BAD $log/h*.out"
     check "h0's launcher reports the failure" grep_in "$log/h0.err" "strata run: "
     finish 3
+    ;;
+  ft)
+    # Recovery across hosts (`strata run --ft --nnodes 2`), 2 hosts x 2 ranks of train_dp: a
+    # failed rank is replaced on its own host while every other rank keeps its process, and
+    # the final parameters are bit-identical to the same job without a failure.
+    train_dp=$1
+    mh_setup 2 || exit 1
+    trap 'mh_cleanup; [[ -n ${MH_KEEP:-} ]] && echo "logs kept in $log" || rm -rf "$log"' EXIT
+    export STRATA_UCX_NET_DEVICES=${STRATA_UCX_NET_DEVICES:-eth0} STRATA_TIMEOUT=${STRATA_TIMEOUT:-15s}
+    # ft_job NAME [RUN OPTIONS] -- [TRAIN_DP OPTIONS]: one job, its logs under $log/NAME.
+    ft_job() {
+      local name=$1
+      shift
+      local -a run=()
+      while [[ $# -gt 0 && $1 != -- ]]; do run+=("$1"); shift; done
+      shift
+      mkdir -p "$log/$name"
+      mh_start_agents "$strata" 2,2 "$log/$name" --ft --timeout 60s "${run[@]}" -- "$train_dp" --steps 16 "$@"
+      check "$name: both agents finish within 70 s" mh_wait_agents "$log/$name" 2 70
+      for i in 0 1; do
+        check "$name: agent h$i exits with 0 (got $(mh_rc "$log/$name" $i))" test "$(mh_rc "$log/$name" $i)" = 0
+      done
+    }
+    hash_of() { sed -n 's/.*final params hash \([0-9a-f]*\) after.*/\1/p' "$log/$1/h0.out" | head -1; }
+    pids_of() { grep -ho "START rank=$2 pid=[0-9]*" "$log/$1/h0.out" "$log/$1/h1.out" | sort -u; }
+    same_hash() {
+      local want got
+      want=$(hash_of clean) got=$(hash_of "$1")
+      check "$1: final parameters equal the run without failure ($got vs $want)" test -n "$want" -a "$got" = "$want"
+    }
+    # Every job's output when something failed (the cases above keep one job in $log).
+    mh_show() {
+      local d
+      for d in "$1"/*/; do
+        echo "==== job $(basename "$d")"
+        mh_show_one "$d"
+      done
+    }
+    mh_show_one() {
+      local i
+      for i in 0 1; do
+        echo "---- h$i: exit $(mh_rc "$1" "$i")"
+        sed 's/^/  out| /' "$1/h$i.out" 2>/dev/null
+        sed 's/^/  err| /' "$1/h$i.err" 2>/dev/null
+      done
+    }
+
+    ft_job clean --
+    ft_job rank_on_h1 -- --fail 3:8 --times
+    same_hash rank_on_h1
+    check "rank_on_h1: h1's agent replaces rank 3 on h1" grep_in "$log/rank_on_h1/h1.err" "rank 3 on h1 (pid [0-9]*) was killed by signal 9 (SIGKILL); replacing it (epoch 1"
+    check "rank_on_h1: h0 reports the recovery" grep_in "$log/rank_on_h1/h0.out" "recovered epoch 1 (replaced rank 3)"
+    for r in 0 1 2; do
+      check "rank_on_h1: rank $r keeps its process ($(pids_of rank_on_h1 $r | wc -l) pid(s))" test "$(pids_of rank_on_h1 $r | wc -l)" = 1
+    done
+    check "rank_on_h1: rank 3 is a new process" test "$(pids_of rank_on_h1 3 | wc -l)" = 2
+    # A second rank, on the other host, dies as soon as the first recovery starts: the job
+    # moves to epoch 2, which replaces both.
+    ft_job during_recovery -- --fail 2:8 --fail-in-recovery 1
+    same_hash during_recovery
+    check "during_recovery: one recovery replaced both ranks" grep_in "$log/during_recovery/h0.out" "recovered epoch 2 (replaced rank 1,2)"
+    # Hot spares on each host: the failed ranks go to spares of their own hosts.
+    ft_job spares --spares 1 -- --fail 3:6 --fail 0:12 --pace 20
+    same_hash spares
+    check "spares: rank 3 goes to h1's spare" grep_in "$log/spares/h1.err" "rank 3 goes to spare 100000"
+    check "spares: rank 0 goes to h0's spare" grep_in "$log/spares/h0.err" "rank 0 goes to spare 0"
+    finish 2
     ;;
   *)
     echo "unknown case '$case'" >&2

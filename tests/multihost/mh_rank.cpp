@@ -65,6 +65,10 @@ double fold(ReduceOp op, int n, const std::function<double(int)>& v) {
       case ReduceOp::Prod: a *= b; break;
       case ReduceOp::Min: a = std::min(a, b); break;
       case ReduceOp::Max: a = std::max(a, b); break;
+      // Bitwise ops on the integers the values are (whole numbers below 2^53).
+      case ReduceOp::BAnd: a = static_cast<double>(static_cast<int64_t>(a) & static_cast<int64_t>(b)); break;
+      case ReduceOp::BOr: a = static_cast<double>(static_cast<int64_t>(a) | static_cast<int64_t>(b)); break;
+      case ReduceOp::BXor: a = static_cast<double>(static_cast<int64_t>(a) ^ static_cast<int64_t>(b)); break;
     }
   }
   return op == ReduceOp::Avg ? a / n : a;

@@ -33,6 +33,14 @@ if(STRATA_WITH_UCX)
             collective_link_down $<TARGET_FILE:mh_linkdown_rank>)
   set_tests_properties(multihost_collective_link_down PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 120)
 
+  # Recovery across hosts: train_dp under `strata run --ft --nnodes 2`.
+  if(TARGET train_dp)
+    add_test(NAME multihost_ft
+      COMMAND bash ${_mh}/launcher_netns_test.sh $<TARGET_FILE:strata_cli> $<TARGET_FILE:mh_smoke_rank>
+              ft $<TARGET_FILE:train_dp>)
+    set_tests_properties(multihost_ft PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 300)
+  endif()
+
   if(TARGET mh_rank)
     foreach(counts 2,2 1,2,2)
       string(REPLACE "," "_" _name ${counts})

@@ -18,7 +18,8 @@ using coll::Op;
 using coll::OpDesc;
 using coll::OpKind;
 
-// Tag layout: [63:48] communicator hash, [47:40] channel, [39:16] sequence, [15:0] source.
+// Tag layout: [63:48] communicator hash, [47:40] channel, [39:16] sequence, [15:12] recovery
+// epoch (mod 16), [11:0] source (a communicator across hosts has at most kMaxNetRanks members).
 enum Channel : uint64_t {
   kDesc = 0,
   kScatterReduce = 1,  // reduce-scatter phase of the direct patterns
@@ -32,8 +33,9 @@ enum Channel : uint64_t {
 };
 
 inline uint64_t make_tag(const CommImpl& c, uint64_t channel, uint32_t seq, int src) {
+  static_assert(kMaxNetRanks <= 0x1000);
   return c.tag_base << 48 | (channel & 0xff) << 40 | uint64_t{seq & 0xffffffu} << 16 |
-         (static_cast<uint64_t>(src) & 0xffff);
+         uint64_t{c.tag_epoch & 0xfu} << 12 | (static_cast<uint64_t>(src) & 0xfff);
 }
 
 /// Everything one operation needs while it runs on this rank.
