@@ -11,7 +11,7 @@
 // (scripts/bench_recovery.py, tests/recovery).
 //
 // Fault injection (each fires once, in the original process of RANK):
-//   --fail RANK:STEP[:kill|stop|exit|killmid|killdonor]  at STEP, after the local gradients:
+//   --fail RANK:STEP[:kill|stop|exit|killmid|killdonor|host]  at STEP, after the local gradients:
 //                                   SIGKILL, SIGSTOP (a hang), exit(3), SIGKILL while its own
 //                                   all_reduce is in flight (killmid), or SIGKILL and then the
 //                                   donor of its state dies after sending its first buffer
@@ -19,6 +19,9 @@
 //                                   redo it in full). A replacement that saw its restore cut
 //                                   short prints "INTERRUPTED rank=R step=S" with the step it
 //                                   held then (the old one: the step commits the transfer).
+//                                   host: SIGKILL the whole host of RANK, its `strata run` agent
+//                                   (this process's parent) and, through the agent's guard, every
+//                                   rank there (--ft --nnodes: a host lost).
 //   --fail-in-recovery RANK         RANK dies as soon as it enters the first recovery
 //   --fail-replacement RANK         the first replacement of RANK dies before restoring
 //   --no-replica                    every rank is its own replica group: nothing to restore from
@@ -94,8 +97,9 @@ Options parse(int argc, char** argv) {
       f.rank = std::stoi(v.substr(0, c1));
       f.step = std::stoull(v.substr(c1 + 1, c2 == std::string::npos ? std::string::npos : c2 - c1 - 1));
       if (c2 != std::string::npos) f.mode = v.substr(c2 + 1);
-      if (f.mode != "kill" && f.mode != "stop" && f.mode != "exit" && f.mode != "killmid" && f.mode != "killdonor")
-        usage("--fail mode must be kill, stop, exit, killmid or killdonor, got '" + f.mode + "'");
+      if (f.mode != "kill" && f.mode != "stop" && f.mode != "exit" && f.mode != "killmid" && f.mode != "killdonor" &&
+          f.mode != "host")
+        usage("--fail mode must be kill, stop, exit, killmid, killdonor or host, got '" + f.mode + "'");
       o.faults.push_back(f);
     } else if (a == "--fail-in-recovery") o.fail_in_recovery = std::stoi(next());
     else if (a == "--fail-replacement") o.fail_replacement = std::stoi(next());
@@ -215,7 +219,12 @@ void inject(strata::Communicator& comm, const std::string& mode) {
   strata::recovery::mark_failure(comm);
   if (mode == "stop") ::raise(SIGSTOP);
   else if (mode == "exit") std::_Exit(3);
-  else ::raise(SIGKILL);
+  else if (mode == "host") {
+    // The whole host: its agent (our parent, `strata run`), whose guard then SIGKILLs every
+    // rank it started there, and this rank at once.
+    ::kill(::getppid(), SIGKILL);
+    ::raise(SIGKILL);
+  } else ::raise(SIGKILL);
 }
 
 // Plain loop with a checkpoint every K steps: the restart-everything baseline.

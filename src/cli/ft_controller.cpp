@@ -85,64 +85,91 @@ std::vector<int> FtController::take_hung() {
 FtController::JobState FtController::parse_state(const std::string& v) {
   JobState st;
   std::istringstream is(v);
-  std::string ranks;
+  std::string ranks, flag;
   if (is >> st.epoch >> st.failures >> ranks) st.pending = keys::parse_ranks(ranks);
+  st.fatal = (is >> flag) && flag == "fatal";
   return st;
 }
 
 std::string FtController::format_state(const JobState& st) {
   // "-" for no ranks keeps the fields apart for the stream that reads them back.
   const std::string ranks = keys::format_ranks(st.pending);
-  return std::to_string(st.epoch) + " " + std::to_string(st.failures) + " " + (ranks.empty() ? "-" : ranks);
+  return std::to_string(st.epoch) + " " + std::to_string(st.failures) + " " + (ranks.empty() ? "-" : ranks) +
+         (st.fatal ? " fatal" : "");
 }
 
-bool FtController::on_failure(const std::vector<int>& ranks, std::string* why) {
-  at_failure_ = store_->counters();
-  const int64_t t = recovery::now_ns();
-  // Every agent of the job may be doing the same at this moment: the state advances by
-  // compare-and-set, and the winner of epoch E+1 announces it with every rank still pending.
-  JobState next;
-  for (int attempt = 0;; ++attempt) {
+std::optional<FtController::JobState> FtController::advance(const std::function<bool(JobState&)>& change,
+                                                             std::string* why) {
+  // Every agent of the job may be doing the same at this moment: the winner of epoch E+1
+  // announces it, with every rank still pending.
+  for (int attempt = 0; attempt < 1000; ++attempt) {
     auto cur = store_->try_get(state_key_);
     if (!cur.is_ok()) {
       *why = "the job's store cannot be reached to announce the failure: " + cur.status().message();
-      return false;
+      return std::nullopt;
     }
     const std::string expected = cur.value().value_or("");
-    next = parse_state(expected);
+    JobState next = parse_state(expected);
     if (!next.pending.empty()) {
       // Ranks of a rebuild that completed are no longer being replaced.
       auto ready = store_->try_get(keys::ready(job_, next.epoch));
       if (ready.is_ok() && ready.value()) next.pending.clear();
     }
-    // Restarting everything is one event however many ranks went down with the first (the
-    // others typically exit on seeing it); replacing counts every rank replaced.
-    next.failures += opts_.restart_all ? 1 : static_cast<int>(ranks.size());
-    failures_ = next.failures;
-    if (next.failures > opts_.max_failures) return false;
+    if (next.fatal) {
+      *why = "the job already ended without recovery (epoch " + std::to_string(next.epoch) + ")";
+      return std::nullopt;
+    }
+    if (!change(next)) return std::nullopt;
     ++next.epoch;
-    for (int r : ranks)
-      if (std::find(next.pending.begin(), next.pending.end(), r) == next.pending.end()) next.pending.push_back(r);
-    std::sort(next.pending.begin(), next.pending.end());
     const std::string desired = format_state(next);
     auto res = store_->compare_set(state_key_, expected, desired);
     if (!res.is_ok()) {
       *why = "the job's store cannot be reached to announce the failure: " + res.status().message();
-      return false;
+      return std::nullopt;
     }
-    if (res.value() == desired) break;
-    if (attempt > 1000) {
-      *why = "the job's failure state kept changing under this agent (1000 attempts)";
-      return false;
-    }
+    if (res.value() == desired) return next;
   }
-  epoch_ = next.epoch;
+  *why = "the job's failure state kept changing under this agent (1000 attempts)";
+  return std::nullopt;
+}
+
+bool FtController::on_failure(const std::vector<int>& ranks, std::string* why) {
+  at_failure_ = store_->counters();
+  const int64_t t = recovery::now_ns();
+  auto next = advance(
+      [&](JobState& st) {
+        // Restarting everything is one event however many ranks went down with the first (the
+        // others typically exit on seeing it); replacing counts every rank replaced.
+        st.failures += opts_.restart_all ? 1 : static_cast<int>(ranks.size());
+        failures_ = st.failures;
+        if (st.failures > opts_.max_failures) return false;
+        for (int r : ranks)
+          if (std::find(st.pending.begin(), st.pending.end(), r) == st.pending.end()) st.pending.push_back(r);
+        std::sort(st.pending.begin(), st.pending.end());
+        return true;
+      },
+      why);
+  if (!next) return false;
+  epoch_ = next->epoch;
   // The timestamps first: a rank that wakes on the notice reads them in its report.
   (void)store_->set(keys::detected(job_, epoch_), std::to_string(t));
-  (void)store_->set(keys::epoch(job_, epoch_), keys::format_ranks(next.pending));
+  (void)store_->set(keys::epoch(job_, epoch_), keys::format_ranks(next->pending));
   std::lock_guard<std::mutex> g(mu_);
   for (int r : ranks) reset_heartbeat(r);
   return true;
+}
+
+void FtController::announce_fatal(const std::string& why) {
+  std::string err;
+  auto next = advance(
+      [](JobState& st) {
+        st.fatal = true;
+        return true;
+      },
+      &err);
+  if (!next) return;
+  epoch_ = next->epoch;
+  (void)store_->set(keys::epoch(job_, epoch_), std::string(1, keys::kFatal) + why);
 }
 
 void FtController::on_spawned() { (void)store_->set(keys::spawned(job_, epoch_), std::to_string(recovery::now_ns())); }

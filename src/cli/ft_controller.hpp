@@ -12,8 +12,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,6 +54,10 @@ class FtController {
   /// job must stop) or the store cannot be reached (`why` then says so); otherwise moves the
   /// job to a new epoch, publishes the notice and the caller starts replacements with epoch().
   bool on_failure(const std::vector<int>& ranks, std::string* why);
+  /// Ends the job's recovery: announces an epoch whose notice is fatal (`why`), so that every
+  /// rank's pending and later operations and its recover() fail with Unavailable naming it.
+  /// Once per job: a notice another agent announced first stands.
+  void announce_fatal(const std::string& why);
   /// Records that replacements were started (for the recovery report).
   void on_spawned();
   /// The controller's own store traffic for the current failure (from on_failure through
@@ -86,7 +92,11 @@ class FtController {
     uint64_t epoch = 0;
     int failures = 0;
     std::vector<int> pending;
+    bool fatal = false;  // a fatal notice was announced: nothing more is
   };
+  /// Moves the shared state one epoch on with `change` applied, by compare-and-set; the new
+  /// state, or nullopt (with `why`) when the store failed or `change` refused (returned false).
+  std::optional<JobState> advance(const std::function<bool(JobState&)>& change, std::string* why);
   static JobState parse_state(const std::string& v);
   static std::string format_state(const JobState& st);
   void reset_heartbeat(int rank);  // global rank; caller holds mu_

@@ -358,6 +358,10 @@ void Launcher::loop() {
         }
       }
     }
+    if (term_at_ && now >= *term_at_) {
+      term_at_.reset();
+      stop(SIGTERM, true);
+    }
     if (kill_at_ && now >= *kill_at_) {
       kill_at_.reset();
       for (const auto& r : ranks_)
@@ -378,7 +382,7 @@ void Launcher::loop() {
 
     std::optional<Clock::time_point> wake;
     finish_flight(now);
-    for (const auto& t : {kill_at_, job_deadline_, drain_until_, flight_until_, refill_check_})
+    for (const auto& t : {kill_at_, term_at_, job_deadline_, drain_until_, flight_until_, refill_check_})
       if (t && (!wake || *t < *wake)) wake = t;
     int timeout = -1;
     if (wake) {

@@ -53,6 +53,12 @@ inline constexpr std::chrono::milliseconds kRefillPoll{5};
 inline constexpr std::chrono::milliseconds kRefillSettle{250};
 /// Hot spares are numbered job-wide: node I numbers its spares from I * kSparesPerNode.
 inline constexpr int kSparesPerNode = 100000;
+/// --ft across hosts: how long an agent may stay silent before its host counts as lost,
+/// unless STRATA_AGENT_TIMEOUT says otherwise.
+inline constexpr std::chrono::milliseconds kFtAgentTimeout{1000};
+/// --ft: when a lost host ends the job, the ranks get the error through the store and exit on
+/// their own; SIGTERM follows after this long.
+inline constexpr std::chrono::milliseconds kFatalGrace{1000};
 /// Exit status when --timeout ends the job, as timeout(1).
 inline constexpr int kTimeoutExit = 124;
 /// Exit status when the program cannot be started, as a shell.
@@ -211,6 +217,7 @@ class Launcher {
   int exit_code_ = 0;
   bool stopping_ = false;
   std::optional<Clock::time_point> kill_at_, job_deadline_, drain_until_;
+  std::optional<Clock::time_point> term_at_;  // --ft: SIGTERM the ranks then (a fatal notice was given)
   std::unique_ptr<FlightReport> flight_;  // a SIGUSR1 report being collected
   std::optional<Clock::time_point> flight_until_;
 };

@@ -42,7 +42,9 @@ Status Launcher::join_nodes() {
   spec.node_name = node_name_;
   spec.host_id = bootstrap::host_identity(env);
   spec.rdzv_timeout = opts_.rdzv_timeout.value_or(env.store_connect_timeout);
-  spec.agent_timeout = env.agent_timeout;
+  // --ft: a lost host must be found within a second (its ranks' survivors wait meanwhile);
+  // STRATA_AGENT_TIMEOUT, when set, decides.
+  spec.agent_timeout = env.agent_timeout_set || !opts_.ft ? env.agent_timeout : kFtAgentTimeout;
   // Signals are blocked (and only the signalfd sees them): the waits below check it, so
   // that a Ctrl-C while the other nodes are still missing ends the wait.
   auto interrupted = [this]() -> std::optional<std::string> {
@@ -73,6 +75,19 @@ void Launcher::on_job_event(const JobEvent& e) {
       job_over_ = true;
       if (e.node == *opts_.node_rank || stopping_) return;  // our own report, or already stopping
       exit_code_ = e.exit_code;
+      if (ft_) {
+        // --ft: the ranks here are waiting to recover. They learn through the store why they
+        // cannot (an error naming the lost host and its ranks) and exit on their own; the
+        // stop follows after a short grace.
+        ft_->announce_fatal(e.report);
+        say("the job failed on node " + std::to_string(e.node) + ": " + e.report +
+            "; no spare host takes its ranks, so the job cannot recover; the " + std::to_string(running_count()) +
+            " rank(s) on " + node_name_ + " get this error and are stopped in " +
+            std::to_string(kFatalGrace.count()) + " ms if still running");
+        stopping_ = true;
+        term_at_ = Clock::now() + kFatalGrace;
+        return;
+      }
       say("the job failed on node " + std::to_string(e.node) + " (" +
           (e.node >= 0 && e.node < static_cast<int>(world_.nodes.size()) ? world_.nodes[e.node].name
                                                                          : std::string("?")) +

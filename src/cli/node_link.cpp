@@ -72,6 +72,15 @@ std::string node_list(const std::vector<int>& nodes) {
 
 }  // namespace
 
+std::string NodeLink::ranks_of(int node) const {
+  if (node < 0 || node >= static_cast<int>(world_.nodes.size())) return "";
+  int base = 0;
+  for (int j = 0; j < node; ++j) base += world_.nodes[j].local_size;
+  const int n = world_.nodes[node].local_size;
+  return "; lost with it: rank" + (n == 1 ? " " + std::to_string(base)
+                                           : "s " + std::to_string(base) + "-" + std::to_string(base + n - 1));
+}
+
 // Waits are cut into slices of this length to look at `interrupted` in between.
 constexpr milliseconds kSlice{250};
 
@@ -163,6 +172,7 @@ Result<World> NodeLink::rendezvous(int master_port, const std::string& job_id, c
   }
   // From here on a store that does not answer within the agent timeout is a lost store.
   store.set_reconnect_timeout(s.agent_timeout);
+  world_ = w;
   return w;
 }
 
@@ -271,7 +281,8 @@ Status NodeLink::tick(std::vector<int64_t>& last_hb, std::vector<Clock::time_poi
         }
         std::string report = "the agent of node " + std::to_string(i) + (name.empty() ? "" : " (" + name + ")") +
                              " sent no heartbeat for " + seconds_text(silent) +
-                             ": its host is down or cut off from the network, or the agent was killed";
+                             ": its host is down or cut off from the network, or the agent was killed" +
+                             ranks_of(i);
         STRATA_ASSIGN_OR_RETURN(std::string v,
                                 store.compare_set(kStateKey, "", "fail\n1\n" + std::to_string(i) + "\n" + report));
         state = v;

@@ -103,7 +103,11 @@ class NodeLink {
   void post(JobEvent e);
   Status tick(std::vector<int64_t>& last_hb, std::vector<std::chrono::steady_clock::time_point>& last_change);
 
+  /// "; lost with it: ranks 2-3", the global ranks of `node` (empty before rendezvous).
+  std::string ranks_of(int node) const;
+
   NodeSpec spec_;
+  World world_;  // what rendezvous settled
   std::unique_ptr<bootstrap::StoreClient> client_;
   std::thread thread_;
   int wake_fd_ = -1;

@@ -159,7 +159,10 @@ Env parse(Lookup lookup, void* ctx) {
     else if (v) s.reject("must be at least 4096 bytes");
   }
   if (auto v = to_int(get("STRATA_STORE_REPLY_CACHE"), 1)) e.store_reply_cache = static_cast<size_t>(*v);
-  if (auto d = to_duration(get("STRATA_AGENT_TIMEOUT"), true)) e.agent_timeout = *d;
+  if (auto d = to_duration(get("STRATA_AGENT_TIMEOUT"), true)) {
+    e.agent_timeout = *d;
+    e.agent_timeout_set = true;
+  }
   if (auto v = to_int(get("STRATA_SPIN_US"), 0)) e.spin_us = static_cast<uint32_t>(*v);
   if (auto s = get("STRATA_OVERSUBSCRIBED"); s && *s != "auto" && !s->empty()) {
     const size_t before = e.invalid.size();

@@ -15,6 +15,9 @@ inline std::string epoch(const std::string& job, uint64_t e) { return base(job) 
 /// The controllers' shared failure state "EPOCH FAILURES RANKS" (RANKS "-" when none),
 /// advanced by compare-and-set (cli/ft_controller.hpp).
 inline std::string state(const std::string& job) { return base(job) + "state"; }
+/// An epoch notice that starts with this ends the job instead of replacing ranks: what
+/// follows says why (a host lost with no spare host to take its ranks).
+inline constexpr char kFatal = '!';
 /// Controller's timestamps (CLOCK_REALTIME ns) for epoch e.
 inline std::string detected(const std::string& job, uint64_t e) { return base(job) + "detected/" + std::to_string(e); }
 inline std::string spawned(const std::string& job, uint64_t e) { return base(job) + "spawned/" + std::to_string(e); }

@@ -79,6 +79,8 @@ Status rebuild_world(Membership& m, bool fresh) {
     }
     STRATA_ASSIGN_OR_RETURN(auto notice, wait_in_epoch(ctx, recovery::keys::epoch(job, e), e, d, "the epoch notice"));
     if (!notice) continue;
+    if (!notice->empty() && (*notice)[0] == recovery::keys::kFatal)
+      return unavailable("recover() on rank " + std::to_string(me) + ": the job cannot recover: " + notice->substr(1));
     const std::vector<int> failed = recovery::keys::parse_ranks(*notice);
     STRATA_LOG(Info, "rank " << me << ": rebuilding the world communicator in epoch " << e << " (replacing " << *notice
                              << ")");

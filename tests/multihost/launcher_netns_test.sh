@@ -146,7 +146,10 @@ case $case in
     train_dp=$1
     mh_setup 2 || exit 1
     trap 'mh_cleanup; [[ -n ${MH_KEEP:-} ]] && echo "logs kept in $log" || rm -rf "$log"' EXIT
+    # A longer agent timeout than --ft's default (1 s) where no host is lost: a loaded machine
+    # must not mistake a slow agent for a lost one.
     export STRATA_UCX_NET_DEVICES=${STRATA_UCX_NET_DEVICES:-eth0} STRATA_TIMEOUT=${STRATA_TIMEOUT:-15s}
+    export STRATA_AGENT_TIMEOUT=${STRATA_AGENT_TIMEOUT:-5s}
     # ft_job NAME [RUN OPTIONS] -- [TRAIN_DP OPTIONS]: one job, its logs under $log/NAME.
     ft_job() {
       local name=$1
@@ -204,6 +207,23 @@ case $case in
     same_hash spares
     check "spares: rank 3 goes to h1's spare" grep_in "$log/spares/h1.err" "rank 3 goes to spare 100000"
     check "spares: rank 0 goes to h0's spare" grep_in "$log/spares/h0.err" "rank 0 goes to spare 0"
+    # Host h1 lost (its agent and both its ranks SIGKILLed) with no spare host: with --ft's
+    # default agent timeout (1 s) every survivor gets an error naming the lost host and its
+    # ranks, and exits, within 5 s.
+    (
+      unset STRATA_AGENT_TIMEOUT
+      mkdir -p "$log/host_lost"
+      mh_start_agents "$strata" 2,2 "$log/host_lost" --ft --timeout 60s -- "$train_dp" --steps 16 --fail 3:8:host --times
+      mh_wait_agents "$log/host_lost" 2 70
+    )
+    check "host_lost: h0's agent fails (got $(mh_rc "$log/host_lost" 0))" test "$(mh_rc "$log/host_lost" 0)" != 0
+    # The loss is when h1's agent died (its output dies with it, INJECT line included).
+    check "host_lost: h1's agent was killed (got $(mh_rc "$log/host_lost" 1))" test "$(mh_rc "$log/host_lost" 1)" = 137
+    took=$(ms_between "$(mh_end "$log/host_lost" 1)" "$(mh_end "$log/host_lost" 0)")
+    check "host_lost: h0 is done within 5 s of the loss (took $took ms)" test "$took" -lt 5000
+    for r in 0 1; do
+      check "host_lost: rank $r gets an error naming h1 and its ranks" grep -q "^\[h0:$r\] rank $r: training failed: .*the job cannot recover: the agent of node 1 (h1) sent no heartbeat .*lost with it: ranks 2-3" "$log/host_lost/h0.out" "$log/host_lost/h0.err"
+    done
     finish 2
     ;;
   *)
