@@ -84,8 +84,7 @@ int main(int argc, char** argv) {
     strata::Communicator comm = strata::init();
     const int R = comm.size(), rank = comm.rank();
     if (o.experts % R != 0) {
-      if (rank == 0)
-        std::fprintf(stderr, "moe_serve: --experts %d is not a multiple of the %d ranks\n", o.experts, R);
+      if (rank == 0) std::fprintf(stderr, "moe_serve: --experts %d is not a multiple of the %d ranks\n", o.experts, R);
       return 2;
     }
     const int L = o.experts / R;

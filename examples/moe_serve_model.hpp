@@ -437,10 +437,9 @@ void serve_request(Model& m, int rank, int request, bool timed, Samples& s, Barr
   auto check = [&](const std::vector<float>& in, const std::vector<float>& got, size_t T) {
     if (!o.check) return;
     ref = in;
-    m.forward(ref, T, [&](int l, const std::vector<uint16_t>& x, size_t n, const std::vector<int64_t>& idx,
-                          const std::vector<float>& w, std::vector<uint16_t>& out) {
-      m.reference_moe(l, x, n, idx, w, out);
-    });
+    m.forward(ref, T,
+              [&](int l, const std::vector<uint16_t>& x, size_t n, const std::vector<int64_t>& idx,
+                  const std::vector<float>& w, std::vector<uint16_t>& out) { m.reference_moe(l, x, n, idx, w, out); });
     if (std::memcmp(ref.data(), got.data(), T * H * sizeof(float)) != 0) s.ref_ok = false;
   };
   std::vector<float> in = o.check ? h : std::vector<float>{};

@@ -135,10 +135,11 @@ int serve(const Options& o, int R, int rank) {
   Model m(o, rank * L, L);
   MpiMoe moe(m, R, rank);
   if (rank == 0)
-    std::printf("mpi_moe_serve: %d ranks, %d layers, %d experts, top-%d, hidden %zu, ffn %zu; %d requests (+%d "
-                "warm-up) of %zu prompt tokens/rank + %d decode steps of %zu tokens/rank\n",
-                R, o.layers, o.experts, o.topk, o.hidden, o.ffn, o.requests, o.warmup, o.prompt, o.decode_steps,
-                o.decode_tokens);
+    std::printf(
+        "mpi_moe_serve: %d ranks, %d layers, %d experts, top-%d, hidden %zu, ffn %zu; %d requests (+%d "
+        "warm-up) of %zu prompt tokens/rank + %d decode steps of %zu tokens/rank\n",
+        R, o.layers, o.experts, o.topk, o.hidden, o.ffn, o.requests, o.warmup, o.prompt, o.decode_steps,
+        o.decode_tokens);
   Samples s;
   for (int r = 0; r < o.warmup + o.requests; ++r)
     serve_request(
