@@ -154,7 +154,10 @@ def section_for_performance_md(head_lines):
     return [SECTION, "",
             "Relay-buffer-free dispatch/combine (`strata::moe`, issue 5) against its Relay baseline and Open MPI "
             "(Megatron-style all-to-all), R = 2, 4, 8: [PERFORMANCE_MOE.md](PERFORMANCE_MOE.md), measured by "
-            "`scripts/bench_moe.sh`. Headline, 2 ranks:", ""] + head_lines + [""]
+            "`scripts/bench_moe.sh`. Headline, 2 ranks:", ""] + head_lines + [
+                "", "Serving a small MoE model (TTFT/TPOT p50/p99 of `examples/moe_serve`, the same paths): "
+                "[PERFORMANCE_MOE.md](PERFORMANCE_MOE.md#serving-ttft-and-tpot-examplesmoe_serve), measured by "
+                "`make bench-moe-serve`.", ""]
 
 
 def section_lines(docs):
