@@ -7,7 +7,7 @@ Every path must give the same checksum at a rank count (the runs stop otherwise)
 section between <!-- serve-begin --> and <!-- serve-end --> of docs/PERFORMANCE_MOE.md, keeping
 the rest of the file (scripts/moe_report.py keeps this section in turn).
 
-  /usr/bin/python3 scripts/bench_moe_serve.py [--build build] [--ranks 2,4] [--rounds 3]
+  /usr/bin/python3 scripts/bench_moe_serve.py [--build build] [--ranks 2,4] [--rounds 5]
   make bench-moe-serve
   /usr/bin/python3 scripts/bench_moe_serve.py --results DIR   # the document from earlier results
 """
@@ -221,7 +221,7 @@ def main():
     ap.add_argument("--build", default=os.environ.get("BUILD_DIR", "build"))
     ap.add_argument("--docs", default="docs")
     ap.add_argument("--ranks", default="2,4")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None, help="results directory (default BUILD/bench-moe-serve)")
     ap.add_argument("--results", default=None, help="write the document from these results, run nothing")
     ap.add_argument("--skip-mpi", action="store_true")
@@ -236,7 +236,7 @@ def main():
     os.makedirs(out)
     if not run_all(o, out):
         return 1
-    if o.ranks != [2, 4] or o.rounds != 3 or o.extra:
+    if o.ranks != [2, 4] or o.rounds != 5 or o.extra:
         command = "/usr/bin/python3 scripts/bench_moe_serve.py --ranks %s --rounds %d%s" % (
             ",".join(map(str, o.ranks)), o.rounds, (" -- " + " ".join(o.extra)) if o.extra else "")
     return write_doc(out, o.docs, command)
