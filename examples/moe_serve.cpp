@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
     const int R = comm.size(), rank = comm.rank();
     if (o.experts % R != 0) {
       if (rank == 0) std::fprintf(stderr, "moe_serve: --experts %d is not a multiple of the %d ranks\n", o.experts, R);
+      comm.barrier();  // the launcher stops the job at the first exit: rank 0 has said why by now
       return 2;
     }
     const int L = o.experts / R;
