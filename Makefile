@@ -30,7 +30,7 @@ FORMAT_DIRS := src include tests bench examples python
 FORMAT_FILES = find $(FORMAT_DIRS) -type f \( -name '*.cpp' -o -name '*.hpp' -o -name '*.h' -o -name '*.cc' \) -print0
 NINJA_JOBS := $(if $(JOBS),-j $(JOBS),)
 
-.PHONY: all deps configure build test test-fast demo bench bench-multihost bench-moe bench-recovery bench-recovery-torch profile install format format-check lint clean
+.PHONY: all deps configure build test test-fast demo bench bench-multihost bench-moe bench-moe-serve bench-recovery bench-recovery-torch profile install format format-check lint clean
 
 all: build
 
@@ -118,6 +118,17 @@ bench-moe: deps
 	  cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS); \
 	fi
 	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) QUICK=$(QUICK) scripts/bench_moe.sh
+
+# MoE serving: TTFT/TPOT p50/p99 of examples/moe_serve (strata Prefill+Decode, Relay) and its Open
+# MPI peer at 2 and 4 ranks; rewrites the serving section of docs/PERFORMANCE_MOE.md (~2 min)
+bench-moe-serve: deps
+	@scripts/install_bench_deps.sh
+	cmake -S . -B $(BUILD_DIR) -G Ninja $(CMAKE_ARGS) >/dev/null
+	cmake --build $(BUILD_DIR) --target strata_cli moe_serve $(NINJA_JOBS)
+	@if grep -q 'build bench/peers/mpi_moe_serve:' $(BUILD_DIR)/build.ninja; then \
+	  cmake --build $(BUILD_DIR) --target mpi_moe_serve $(NINJA_JOBS); \
+	fi
+	/usr/bin/python3 scripts/bench_moe_serve.py --build $(BUILD_DIR)
 
 install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)

@@ -16,6 +16,8 @@ from report_common import between, md_row, md_rule, pyplot, read_text, replace_s
 
 HEAD_BEGIN = "<!-- moe-headline -->"
 HEAD_END = "<!-- /moe-headline -->"
+SERVE_BEGIN = "<!-- serve-begin -->"  # the section scripts/bench_moe_serve.py writes
+SERVE_END = "<!-- serve-end -->"
 SECTION = "## MoE dispatch/combine"
 TARGET_RELAY = 1.4
 TARGET_MPI = 2.0
@@ -152,7 +154,10 @@ def section_for_performance_md(head_lines):
     return [SECTION, "",
             "Relay-buffer-free dispatch/combine (`strata::moe`, issue 5) against its Relay baseline and Open MPI "
             "(Megatron-style all-to-all), R = 2, 4, 8: [PERFORMANCE_MOE.md](PERFORMANCE_MOE.md), measured by "
-            "`scripts/bench_moe.sh`. Headline, 2 ranks:", ""] + head_lines + [""]
+            "`scripts/bench_moe.sh`. Headline, 2 ranks:", ""] + head_lines + [
+                "", "Serving a small MoE model (TTFT/TPOT p50/p99 of `examples/moe_serve`, the same paths): "
+                "[PERFORMANCE_MOE.md](PERFORMANCE_MOE.md#serving-ttft-and-tpot-examplesmoe_serve), measured by "
+                "`make bench-moe-serve`.", ""]
 
 
 def section_lines(docs):
@@ -216,6 +221,11 @@ def main():
     for n in ranks:
         L += ["## %d ranks" % n, ""] + full_table(idx, n) + [""]
     path = os.path.join(o.docs, "PERFORMANCE_MOE.md")
+    # The serving section belongs to scripts/bench_moe_serve.py: kept as it is.
+    old = read_text(path)
+    b, e = old.find(SERVE_BEGIN), old.find(SERVE_END)
+    if 0 <= b < e:
+        L += [old[b:e + len(SERVE_END)], ""]
     write_lines(path, L)
     update_performance_md(o.docs, section_for_performance_md(head))
     print("moe_report: wrote %s (%d of %d R=2 targets met)" % (path, met, met + misses))

@@ -353,6 +353,8 @@ def test_reports(tmp, have_mpl):
     has(moe_md, "| decode 1 tok/rank, H 7168 | strata-relay | 8.0 | 12.0 | 20.0 | 14.34 | 9.56 | 1.00× | 1.50× |",
         where)
 
+    test_serve(tmp, docs)
+
     pngs = ["perf_all_reduce_n2.png", "perf_all_reduce_n4.png", "perf_moe.png", "perf_multihost.png"]
     if have_mpl:
         has(perf, "![all_reduce 2 ranks](perf_all_reduce_n2.png)", where)
@@ -361,6 +363,50 @@ def test_reports(tmp, have_mpl):
             check(os.path.exists(path) and read_png_magic(path), "%s is not a PNG" % png)
     else:
         has(perf, "(plot perf_all_reduce_n2.png not made: matplotlib is missing)", "PERFORMANCE.md")
+
+
+def serve_results(out, disagree=False):
+    """What scripts/bench_moe_serve.py leaves: 2 rounds at 2 ranks, strata / relay / openmpi."""
+    os.makedirs(out)
+    cfg = {"ranks": 2, "layers": 4, "hidden": 256, "ffn": 256, "experts": 8, "topk": 2, "prompt": 64,
+           "decode_steps": 16, "decode_tokens": 4, "requests": 30}
+    with open(os.path.join(out, "results.jsonl"), "w") as f:
+        for r in range(2):
+            for path, t in (("strata", 10.0), ("relay", 20.0), ("openmpi", 40.0)):
+                d = dict(cfg, path=path, round=r, ttft_ms_p50=t + r, ttft_ms_p99=2 * t, tpot_ms_p50=t / 10,
+                         tpot_ms_p99=t / 5, checksum="00000000000000ab")
+                if disagree and path == "relay":
+                    d["checksum"] = "00000000000000cd"
+                f.write(json.dumps(d) + "\n")
+    for name, text in (("load_start", "1.00 2.00 3.00"), ("load_end", "4.00 5.00 6.00"), ("machine", "test box")):
+        with open(os.path.join(out, name), "w") as f:
+            f.write(text)
+
+
+def test_serve(tmp, docs):
+    """bench_moe_serve.py writes its section of PERFORMANCE_MOE.md and keeps the rest; moe_report.py
+    keeps that section when it rewrites the file; paths that disagree write nothing."""
+    serve_results(os.path.join(tmp, "serve"))
+    out = run_script("bench_moe_serve.py", "--results", os.path.join(tmp, "serve"), "--docs", docs)
+    has(out, "wrote the serving section", "bench_moe_serve output")
+    where = "PERFORMANCE_MOE.md (serving)"
+    moe_md = read(os.path.join(docs, "PERFORMANCE_MOE.md"))
+    # Medians over the 2 rounds: TTFT p50 10.5 / 20.5 / 40.5 ms; in brackets Open MPI's ÷ the path's.
+    has(moe_md, "| ranks | path | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms |\n"
+        "|---|---|---:|---:|---:|---:|\n| 2 | strata | 10.50 (3.86×) | 20.00 (4.00×) | 1.000 (4.00×) | "
+        "2.000 (4.00×) |\n| 2 | relay | 20.50 (1.98×) |", where)
+    has(moe_md, "| 2 | openmpi | 40.50 | 80.00 | 4.000 | 8.000 |", where)
+    has(moe_md, "- Load average at start / end: 1.00 2.00 3.00 / 4.00 5.00 6.00", where)
+    has(moe_md, "8 of 8 targets met.", where)  # the rest of the file is still there
+    run_main("moe_report", "--results", os.path.join(tmp, "moe"), "--docs", docs, plots=False)
+    again = read(os.path.join(docs, "PERFORMANCE_MOE.md"))
+    check(again.count("<!-- serve-begin -->") == 1 and "| 2 | openmpi | 40.50 | 80.00 | 4.000 | 8.000 |" in again,
+          "moe_report.py dropped the serving section")
+    serve_results(os.path.join(tmp, "serve-bad"), disagree=True)
+    p = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bench_moe_serve.py"), "--results",
+                        os.path.join(tmp, "serve-bad"), "--docs", docs], capture_output=True, text=True, timeout=60)
+    check(p.returncode != 0 and "paths disagree" in p.stderr, "bench_moe_serve accepted disagreeing checksums")
+    check(read(os.path.join(docs, "PERFORMANCE_MOE.md")) == again, "bench_moe_serve wrote despite a disagreement")
 
 
 def read_png_magic(path):
