@@ -100,10 +100,12 @@ profile: build
 	BUILD_DIR=$(BUILD_DIR) scripts/profile_hotspots.sh
 
 # Recovery figures (detection, RTO and its breakdown at 4-64 ranks vs restart-all + checkpoint);
-# rewrites docs/RECOVERY.md (but its PyTorch section) + docs/recovery_rto.png (~6 min)
+# then across 2 and 3 namespace hosts (root); rewrites docs/RECOVERY.md (but its PyTorch section)
+# + docs/recovery_rto.png (~8 min)
 bench-recovery: build
 	@scripts/install_bench_deps.sh
 	/usr/bin/python3 scripts/bench_recovery.py --build $(BUILD_DIR)
+	/usr/bin/python3 scripts/bench_recovery_multihost.py --build $(BUILD_DIR)
 
 # PyTorch DDP recovery (strata, strata + hot spare, torchrun --max_restarts 1 at 2, 4, 8 ranks);
 # rewrites the PyTorch section of docs/RECOVERY.md only (~4 min)

@@ -14,7 +14,9 @@ completed again (for strata the redone step; for the baseline after the lost ste
   scripts/bench_recovery.py [--ranks 4,8,16,32,64] [--repeats 3] [--build build] [--no-baseline]
 
 It rewrites --out (docs/RECOVERY.md) except the PyTorch section between <!-- ddp-begin --> and
-<!-- ddp-end -->, which scripts/bench_ddp_recovery.py writes (make bench-recovery-torch).
+<!-- ddp-end -->, which scripts/bench_ddp_recovery.py writes (make bench-recovery-torch), and the
+section across hosts between <!-- mh-begin --> and <!-- mh-end -->, which
+scripts/bench_recovery_multihost.py writes.
 """
 
 import argparse
@@ -293,6 +295,7 @@ def write_doc(a, rows, costs):
              "with log2 N on the ranks inside the agreement tree only. None of it is process start-up, and *start* stays flat with a "
              "spare; on a host with a core per rank these terms do not scale with N the same way. Run-to-run "
              "spread is large here: other helpers' builds and tests shared the 2 cores while these figures were taken (the load average above), so compare rows within one run of the script. The replacement still reads every peer's world record from the store (its store requests grow with N, the table's replacement columns) and maps every peer's control block, because the redone step's collectives need them all; survivors and the controller do not grow.\n")
+    L += kept_section(a.out, "<!-- mh-begin -->", "<!-- mh-end -->")
     L += kept_torch_section(a.out)
     write_lines(a.out, L)
     print(f"wrote {a.out}", file=sys.stderr)
@@ -301,7 +304,12 @@ def write_doc(a, rows, costs):
 def kept_torch_section(path):
     """The PyTorch section scripts/bench_ddp_recovery.py wrote between its markers (markers
     included), kept as it is: this script measures train_dp only and must not drop it."""
-    begin, end = "<!-- ddp-begin -->", "<!-- ddp-end -->"
+    return kept_section(path, "<!-- ddp-begin -->", "<!-- ddp-end -->")
+
+
+def kept_section(path, begin, end):
+    """A section another script writes between its markers (scripts/bench_ddp_recovery.py,
+    scripts/bench_recovery_multihost.py), markers included, kept as it is."""
     try:
         with open(path) as f:
             doc = f.read()
