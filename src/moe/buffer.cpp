@@ -166,6 +166,7 @@ Status BufferImpl::init() {
     return from_error(e);
   }
   STRATA_RETURN_IF_ERROR(relay_cnt.ensure(comm, 2 * sizeof(uint64_t) * E));
+  if (xhost && c->net->use_put()) STRATA_RETURN_IF_ERROR(init_puts());
   epoch = comm.epoch();
   dead.assign(R, 0);
   acc.resize(H);

@@ -116,6 +116,7 @@ struct Inbound {
   std::vector<uint32_t> first;  // [n + 1]: token j's selections are sel[first[j], first[j+1])
   std::vector<Placed> sel;
   Local back;  // combine: one partial row per token, sent back to src
+  transport::RemoteRef src_partial;  // puts: where src takes our partial rows
 };
 
 /// Another host, seen from this rank as a source.
@@ -124,6 +125,7 @@ struct Outbound {
   int gate = 0;   // comm rank on `host` that places our rows there
   Local stage;    // the dispatch message: record then rows
   Local partial;  // combine: the partial rows that come back
+  transport::RemoteRef gate_stage;  // puts: where the gate takes our message
 };
 
 /// The state of one moe::Buffer on this rank.
@@ -165,6 +167,7 @@ struct BufferImpl {
   std::vector<int> host_of;    // comm rank -> host (all 0 within one host)
   int hosts = 1, my_host = 0;
   uint32_t tag_id = 0;  // this Buffer's number on the communicator (its message tags)
+  bool use_put = false;  // rows between hosts go as one-sided puts (the transport's data path)
   std::vector<Inbound> inbound;
   std::vector<Outbound> outbound;  // one per other host, ascending host order
   Traffic traffic;
@@ -274,6 +277,9 @@ struct BufferImpl {
 
   /// Hosts, gates and the ranks this one maps (init; also within one host).
   void init_hosts();
+  /// Puts as the data path (collective, in init): every gate's staging block and every
+  /// source's partial block made once at their largest size and their places exchanged.
+  Status init_puts();
   /// Bytes of a dispatch message of n tokens: header, records, rows (rows 64-byte aligned).
   size_t msg_bytes(size_t n) const;
   /// Tag of a message from comm rank `src`: this Buffer, direction (0 dispatch, 1 combine), call.

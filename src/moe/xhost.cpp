@@ -72,6 +72,49 @@ void BufferImpl::init_hosts() {
     }
 }
 
+Status BufferImpl::init_puts() {
+  use_put = true;
+  // Sizes fixed from here on: a peer puts at these places in every call.
+  for (Inbound& in : inbound) STRATA_RETURN_IF_ERROR(in.stage.ensure(comm, msg_bytes(M)));
+  for (Outbound& o : outbound) STRATA_RETURN_IF_ERROR(o.partial.ensure(comm, M * row_bytes));
+  // Every rank's record: [R] its staging block for source s (gates), [hosts] its partial
+  // block for host h; (segment, offset) pairs of uint64.
+  const size_t n = static_cast<size_t>(R + hosts) * 2;
+  Local blk;
+  STRATA_RETURN_IF_ERROR(blk.ensure(comm, sizeof(uint64_t) * n * (R + 1)));
+  auto* mine = static_cast<uint64_t*>(blk.p);
+  std::fill_n(mine, n * (R + 1), 0);
+  memory::Heap& heap = *c->ctx->heap;
+  auto ref_of = [&](const Local& l, uint64_t* at) -> Status {
+    auto r = heap.locate(l.p, l.bytes);
+    if (!r) return internal_error("moe: a staging block is not in the heap" + where());
+    at[0] = r->seg;
+    at[1] = r->offset;
+    return Status::ok();
+  };
+  for (const Inbound& in : inbound) STRATA_RETURN_IF_ERROR(ref_of(in.stage, mine + 2 * in.src));
+  for (const Outbound& o : outbound) STRATA_RETURN_IF_ERROR(ref_of(o.partial, mine + 2 * (R + o.host)));
+  Status st = Status::ok();
+  try {
+    comm.all_gather(mine, mine + n, n, DataType::UInt64);
+  } catch (const Error& e) {
+    st = from_error(e);
+  }
+  if (st.is_ok()) {
+    const uint64_t* all = mine + n;
+    for (Outbound& o : outbound) {
+      const uint64_t* r = all + static_cast<size_t>(o.gate) * n + 2 * me;
+      o.gate_stage = {static_cast<uint32_t>(r[0]), r[1]};
+    }
+    for (Inbound& in : inbound) {
+      const uint64_t* r = all + static_cast<size_t>(in.src) * n + 2 * (R + my_host);
+      in.src_partial = {static_cast<uint32_t>(r[0]), r[1]};
+    }
+  }
+  blk.release(comm);
+  return st;
+}
+
 size_t BufferImpl::msg_bytes(size_t n) const { return round_up(kHead + n * K * sizeof(Record), kLine) + n * row_bytes; }
 
 uint64_t BufferImpl::tag(int dir, int src) const {
@@ -103,7 +146,11 @@ Status BufferImpl::xdispatch(size_t T, const std::byte* xb, const int64_t* idx, 
   for (Inbound& in : inbound) {
     STRATA_RETURN_IF_ERROR(in.stage.ensure(comm, max_msg));
     transport::Part part{in.stage.p, max_msg};
-    STRATA_ASSIGN_OR_RETURN(in.recv, c->net->recv_parts(c->members[in.src], tag(0, in.src), {&part, 1}));
+    if (use_put) {  // the rows are put into the stage; the message says they are there
+      STRATA_ASSIGN_OR_RETURN(in.recv, c->net->recv(c->members[in.src], tag(0, in.src), nullptr, 0));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(in.recv, c->net->recv_parts(c->members[in.src], tag(0, in.src), {&part, 1}));
+    }
     xs.push_back(in.recv);
   }
   // One message per other host: the tokens that select one of its experts, once each.
@@ -140,7 +187,12 @@ Status BufferImpl::xdispatch(size_t T, const std::byte* xb, const int64_t* idx, 
       strata::kernels::copy(rows + j * row_bytes, xb + t * row_bytes, row_bytes);
     }
     h.xcount[o.host] = static_cast<uint32_t>(n);
-    STRATA_ASSIGN_OR_RETURN(auto x, c->net->send(c->members[o.gate], tag(0, me), p, bytes));
+    transport::TransferPtr x;
+    if (use_put) {
+      STRATA_ASSIGN_OR_RETURN(x, c->net->put(c->members[o.gate], tag(0, me), p, bytes, o.gate_stage));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(x, c->net->send(c->members[o.gate], tag(0, me), p, bytes));
+    }
     xs.push_back(std::move(x));
     traffic.dispatch_bytes += bytes;
     traffic.record_bytes += bytes - n * row_bytes;
@@ -157,7 +209,7 @@ Status BufferImpl::xdispatch(size_t T, const std::byte* xb, const int64_t* idx, 
     const std::byte* p = in.stage.b();
     uint64_t n = 0;
     std::memcpy(&n, p, kHead);
-    if (n > M || in.recv->received != msg_bytes(n))
+    if (n > M || (!use_put && in.recv->received != msg_bytes(n)))
       return internal_error("moe::dispatch: a malformed message from rank " + std::to_string(in.src) + " (" +
                             std::to_string(in.recv->received) + " bytes, " + std::to_string(n) + " tokens)" + where());
     const auto* rec = reinterpret_cast<const Record*>(p + kHead);
@@ -197,7 +249,12 @@ Status BufferImpl::xcombine(const HandleState& h, const std::vector<const std::b
     const size_t n = h.xcount[o.host];
     if (!n) continue;
     STRATA_RETURN_IF_ERROR(o.partial.ensure(comm, n * row_bytes));
-    STRATA_ASSIGN_OR_RETURN(auto x, c->net->recv(c->members[o.gate], tag(1, o.gate), o.partial.p, n * row_bytes));
+    transport::TransferPtr x;
+    if (use_put) {
+      STRATA_ASSIGN_OR_RETURN(x, c->net->recv(c->members[o.gate], tag(1, o.gate), nullptr, 0));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(x, c->net->recv(c->members[o.gate], tag(1, o.gate), o.partial.p, n * row_bytes));
+    }
     xs.push_back(std::move(x));
   }
   // This host's partial sum of every token we placed, back to its source.
@@ -212,7 +269,13 @@ Status BufferImpl::xcombine(const HandleState& h, const std::vector<const std::b
       }
       kernels::store(cfg.dtype, in.back.b() + j * row_bytes, acc.data(), H);
     }
-    STRATA_ASSIGN_OR_RETURN(auto x, c->net->send(c->members[in.src], tag(1, me), in.back.p, in.n * row_bytes));
+    transport::TransferPtr x;
+    if (use_put) {
+      STRATA_ASSIGN_OR_RETURN(x,
+                              c->net->put(c->members[in.src], tag(1, me), in.back.p, in.n * row_bytes, in.src_partial));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(x, c->net->send(c->members[in.src], tag(1, me), in.back.p, in.n * row_bytes));
+    }
     xs.push_back(std::move(x));
     traffic.combine_bytes += in.n * row_bytes;
   }

@@ -154,6 +154,13 @@ TEST(MultiHost, MoeTwoHostsTwoRanksEach) {
   expect_all_pass(run_job({"h0", "h0", "h1", "h1"}, {}, "20s", 240s, {}, -1, STRATA_MH_MOE_RANK));
 }
 
+// The same with one-sided puts as the data path (forced; UCX emulates them over TCP here):
+// each gate's staging block and each source's partial block are placed once, at init.
+TEST(MultiHost, MoePutDataPath) {
+  expect_all_pass(run_job({"h0", "h0", "h1", "h1"}, {"--quick"}, "20s", 240s, {{"STRATA_UCX_DATAPATH", "put"}}, -1,
+                          STRATA_MH_MOE_RANK));
+}
+
 TEST(MultiHost, MoeInterleavedAndUnevenHosts) {
   expect_all_pass(run_job({"a", "b", "a", "b"}, {"--quick"}, "20s", 240s, {}, -1, STRATA_MH_MOE_RANK));
   expect_all_pass(run_job({"h0", "h1", "h1", "h2", "h2", "h2"}, {"--quick"}, "20s", 240s, {}, -1, STRATA_MH_MOE_RANK));
