@@ -115,16 +115,16 @@ struct Inbound {
   size_t n = 0;                 // tokens in the message
   std::vector<uint32_t> first;  // [n + 1]: token j's selections are sel[first[j], first[j+1])
   std::vector<Placed> sel;
-  Local back;  // combine: one partial row per token, sent back to src
+  Local back;                        // combine: one partial row per token, sent back to src
   transport::RemoteRef src_partial;  // puts: where src takes our partial rows
 };
 
 /// Another host, seen from this rank as a source.
 struct Outbound {
   int host = 0;
-  int gate = 0;   // comm rank on `host` that places our rows there
-  Local stage;    // the dispatch message: record then rows
-  Local partial;  // combine: the partial rows that come back
+  int gate = 0;                     // comm rank on `host` that places our rows there
+  Local stage;                      // the dispatch message: record then rows
+  Local partial;                    // combine: the partial rows that come back
   transport::RemoteRef gate_stage;  // puts: where the gate takes our message
 };
 
@@ -166,7 +166,7 @@ struct BufferImpl {
   std::vector<int> shm_ranks;  // ranks whose arenas this rank maps: all, or those of its host
   std::vector<int> host_of;    // comm rank -> host (all 0 within one host)
   int hosts = 1, my_host = 0;
-  uint32_t tag_id = 0;  // this Buffer's number on the communicator (its message tags)
+  uint32_t tag_id = 0;   // this Buffer's number on the communicator (its message tags)
   bool use_put = false;  // rows between hosts go as one-sided puts (the transport's data path)
   std::vector<Inbound> inbound;
   std::vector<Outbound> outbound;  // one per other host, ascending host order
