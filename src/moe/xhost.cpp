@@ -38,6 +38,19 @@ struct Record {
 
 constexpr size_t kHead = sizeof(uint64_t);
 
+/// The transfers one call has posted. Any still listed when the call leaves early (an error
+/// before their wait) are cancelled and the communicator breaks: no message may land in a
+/// staging block after the call, and the peers are out of step anyway.
+struct Posted {
+  CommImpl& c;
+  std::vector<transport::TransferPtr> xs;
+  ~Posted() {
+    if (xs.empty()) return;
+    c.set_broken(internal_error("moe: a call ended with transfers in flight"));
+    (void)c.net->wait(xs, c.policy(Deadline::after(std::chrono::milliseconds(0))), "moe (abandoned)");
+  }
+};
+
 }  // namespace
 
 void BufferImpl::init_hosts() {
@@ -140,7 +153,8 @@ Status BufferImpl::xdispatch(size_t T, const std::byte* xb, const int64_t* idx, 
                              const std::vector<std::byte*>& win, size_t win_rows, bool decode,
                              const std::vector<uint64_t>& my_first,
                              const std::function<uint64_t(int, int64_t)>& first_row, Deadline d) {
-  std::vector<transport::TransferPtr> xs;
+  Posted posted{*c, {}};
+  auto& xs = posted.xs;
   // Receives first: a message that arrives before its receive is buffered by UCX (a copy).
   const size_t max_msg = msg_bytes(M);
   for (Inbound& in : inbound) {
@@ -244,7 +258,8 @@ Status BufferImpl::xdispatch(size_t T, const std::byte* xb, const int64_t* idx, 
 }
 
 Status BufferImpl::xcombine(const HandleState& h, const std::vector<const std::byte*>& ys, void* out, Deadline d) {
-  std::vector<transport::TransferPtr> xs;
+  Posted posted{*c, {}};
+  auto& xs = posted.xs;
   for (Outbound& o : outbound) {
     const size_t n = h.xcount[o.host];
     if (!n) continue;
