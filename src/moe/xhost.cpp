@@ -144,7 +144,7 @@ Status BufferImpl::net_wait(std::vector<transport::TransferPtr>& xs, Deadline d,
   int peer = -1;
   for (int r = 0; r < R && st.peer() >= 0; ++r)
     if (c->members[r] == st.peer()) peer = r;
-  Status full(st.code(), std::string("moe ") + what + ": " + st.message() + where(), peer);
+  Status full(st.code(), st.message() + where(), peer);  // the message names `what`
   c->set_broken(full);
   return full;
 }
@@ -215,7 +215,7 @@ Status BufferImpl::xdispatch(size_t T, const std::byte* xb, const int64_t* idx, 
   }
   // Rows for this host's experts go straight into the windows meanwhile.
   STRATA_RETURN_IF_ERROR(send_rows_to(T, xb, idx, win, my_first, h));
-  STRATA_RETURN_IF_ERROR(net_wait(xs, d, "dispatch"));
+  STRATA_RETURN_IF_ERROR(net_wait(xs, d, "moe dispatch"));
   // Place what the gated sources sent: row of (s, e) = first_row(s, e) + its rank among s's
   // rows for e, which is its order in the message (s sends its tokens in order).
   std::vector<uint64_t> run(E);
@@ -294,7 +294,7 @@ Status BufferImpl::xcombine(const HandleState& h, const std::vector<const std::b
     xs.push_back(std::move(x));
     traffic.combine_bytes += in.n * row_bytes;
   }
-  STRATA_RETURN_IF_ERROR(net_wait(xs, d, "combine"));
+  STRATA_RETURN_IF_ERROR(net_wait(xs, d, "moe combine"));
   auto* ob = static_cast<std::byte*>(out);
   for (size_t t = 0; t < h.num_tokens; ++t) {
     std::fill(acc.begin(), acc.end(), 0.0f);

@@ -9,6 +9,14 @@
 // dtype, in ascending host order); and the bytes sent to other hosts deduplicated (one row per
 // token and destination host). Exits non-zero naming the rank, the case and the mismatch.
 //
+//   mh_moe_rank [--quick]              the checks above
+//   mh_moe_rank --fault VICTIM [--iters K]
+//                                      Prefill and Decode in a loop; rank VICTIM SIGKILLs itself
+//                                      between a dispatch and its combine after K iterations;
+//                                      every other rank must fail with PeerFailed or Timeout
+//                                      within 2x STRATA_TIMEOUT of the call's start (exit 0),
+//                                      else exit 3.
+//
 // Placement comes from the environment like any Strata program, so the same binary runs under
 // tests/multihost/multihost_test.cpp (hosts faked with STRATA_HOST_ID, UCX over loopback TCP)
 // and one agent per network namespace (launcher_netns_test.sh matrix 2,2).
@@ -16,10 +24,13 @@
 #include <strata/moe.hpp>
 #include <strata/strata.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -342,21 +353,51 @@ int run(Communicator& c, bool quick) {
   return ck.failures ? 1 : 0;
 }
 
+int fault(Communicator& c, int victim, int iters) {
+  const int R = c.size();
+  const size_t M = 64, H = 1024;
+  moe::Buffer buf(c, {.num_experts = 2 * R, .hidden = H, .max_tokens = M, .topk = 4, .dtype = DataType::Float32});
+  Shape s{R, 2 * R, 4, H, M, std::vector<size_t>(R, M), DataType::Float32, Routing::Uniform};
+  Inputs in = make_inputs(s, c.rank(), 77);
+  std::vector<float> out(M * H);
+  auto t_op = std::chrono::steady_clock::now();
+  try {
+    for (int i = 0;; ++i) {
+      Schedule sc = i % 2 ? Schedule::Decode : Schedule::Prefill;
+      t_op = std::chrono::steady_clock::now();
+      auto d = buf.dispatch(in.x.data(), M, in.idx.data(), in.w.data(), sc);
+      if (c.rank() == victim && i == iters) raise(SIGKILL);
+      t_op = std::chrono::steady_clock::now();
+      buf.combine(d.window, d.handle, out.data());
+    }
+  } catch (const Error& e) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t_op).count();
+    std::printf("mh_moe_rank: rank %d: FAULT code=%s ms=%lld: %s\n", c.rank(), to_string(e.code()),
+                static_cast<long long>(ms), e.what());
+    bool ok = (e.code() == Code::PeerFailed || e.code() == Code::Timeout) && ms < 2 * c.timeout().count();
+    return ok ? 0 : 3;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool quick = false;
+  int victim = -1, iters = 10;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick") quick = true;
+    else if (a == "--fault" && i + 1 < argc) victim = std::atoi(argv[++i]);
+    else if (a == "--iters" && i + 1 < argc) iters = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] | --fault VICTIM [--iters K]\n", argv[0]);
       return 2;
     }
   }
   try {
     auto t0 = std::chrono::steady_clock::now();
     Communicator c = init();
+    if (victim >= 0) return fault(c, victim, iters);
     int rc = run(c, quick);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("mh_moe_rank: rank %d of %d (local %d of %d): %s, %.2f s\n", c.rank(), c.size(), c.local_rank(),

@@ -166,6 +166,19 @@ TEST(MultiHost, MoeInterleavedAndUnevenHosts) {
   expect_all_pass(run_job({"h0", "h1", "h1", "h2", "h2", "h2"}, {"--quick"}, "20s", 240s, {}, -1, STRATA_MH_MOE_RANK));
 }
 
+// moe::Buffer across hosts: a rank on the other host is SIGKILLed between a dispatch and
+// its combine; every other rank (its host's peers included, which wait on its signals, and
+// the ranks whose rows it gates) fails with PeerFailed or Timeout within twice the timeout.
+TEST(MultiHost, MoePeerOnOtherHostKilled) {
+  auto res = run_job({"h0", "h0", "h1", "h1"}, {"--fault", "3", "--iters", "6"}, "2s", 60s, {}, -1, STRATA_MH_MOE_RANK);
+  EXPECT_EQ(res[3].signal, SIGKILL) << res[3].output;
+  for (int r : {0, 1, 2}) {
+    std::cout << res[r].output;
+    EXPECT_EQ(res[r].exit_code, 0) << "rank " << r << ":\n" << res[r].output;
+    EXPECT_NE(res[r].output.find("FAULT"), std::string::npos) << res[r].output;
+  }
+}
+
 // A rank on the other host is SIGKILLed mid-loop: every other rank fails with PeerFailed or
 // Timeout within twice the timeout (mh_rank measures and checks it) and nothing hangs.
 TEST(MultiHost, PeerOnOtherHostKilled) {
