@@ -190,6 +190,20 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
           "out[t] = sum_k w[t,k] * y[slot(t,k)] (float32, rounded once). y: expert outputs in d's layout "
           "(default: d.window, written in place). Returns out [T, hidden].")
       .def(
+          "traffic",
+          [](PyMoeBuffer& b) {
+            const moe::Traffic t = b.get().traffic();
+            py::dict d;
+            d["dispatch_bytes"] = t.dispatch_bytes;
+            d["combine_bytes"] = t.combine_bytes;
+            d["record_bytes"] = t.record_bytes;
+            d["rows_sent"] = t.rows_sent;
+            d["remote_selections"] = t.remote_selections;
+            d["calls"] = t.calls;
+            return d;
+          },
+          "What this rank sent to other hosts so far (dict of byte and row counts; zeros within one host).")
+      .def(
           "close",
           [](PyMoeBuffer& b) {
             py::gil_scoped_release nogil;

@@ -5,6 +5,9 @@
 // ranks. dispatch() writes every selected token row straight into the window of the rank
 // that owns the expert; combine() reads the expert outputs in place from the peers' windows
 // and reduces them with the routing weights. Only counts and flags travel besides the rows.
+// On a communicator that spans hosts the same holds within each host; between hosts a token
+// travels once per destination host (with its expert list) and comes back once per host as
+// that host's partial sum (DESIGN §5, "Across hosts").
 
 #include <strata/strata.hpp>
 
@@ -27,6 +30,7 @@ struct Config {
   /// Prefill/Decode: when a peer's process on this host exits, drop the selections of its
   /// experts and complete the call on the survivors (no error) instead of failing it with
   /// PeerFailed. The communicator still breaks, so other collectives fail until recover().
+  /// Within one host only: a Buffer on a communicator that spans hosts refuses it.
   bool mask_failed_ranks = false;
   /// With masking: a token that lost selections scales its remaining weights by
   /// (sum of its weights) / (sum of the remaining ones). Off: the lost share is just missing.
@@ -47,6 +51,18 @@ namespace detail {
 struct BufferImpl;
 struct HandleState;
 }  // namespace detail
+
+/// What this rank sent to other hosts, summed over the calls of a Buffer (Buffer::traffic).
+/// Zero on a communicator within one host. Relay counts what its all_to_all_v sends to ranks
+/// on other hosts (one row per (token, expert), no deduplication).
+struct Traffic {
+  uint64_t dispatch_bytes = 0;     ///< dispatch: rows and routing records to other hosts
+  uint64_t combine_bytes = 0;      ///< combine: rows back to other hosts (partial sums)
+  uint64_t record_bytes = 0;       ///< of dispatch_bytes: per-token routing records and headers
+  uint64_t rows_sent = 0;          ///< token rows sent to other hosts in dispatch
+  uint64_t remote_selections = 0;  ///< (token, expert) pairs on other hosts: rows without deduplication
+  uint64_t calls = 0;              ///< dispatch calls counted
+};
 
 /// What combine() needs to bring the expert outputs of one dispatch back to their tokens.
 struct Handle {
@@ -119,6 +135,9 @@ class Buffer {
 
   const Config& config() const;
 
+  /// Bytes and rows this rank sent to other hosts so far (see Traffic).
+  Traffic traffic() const;
+
   /// Sends row t of x ([num_tokens][H], the Buffer's dtype) to the experts topk_idx[t][k]
   /// ([num_tokens][K]; -1 = no expert). topk_w ([num_tokens][K]) is kept for combine.
   /// InvalidArgument for num_tokens > M, an expert id outside [-1, E), or an expert named
@@ -136,7 +155,10 @@ class Buffer {
   }
 
   /// out[t] = sum over k with topk_idx[t][k] >= 0 of topk_w[t][k] * y[slot(t, k)], in
-  /// float32 in the order k = 0..K-1, rounded once to the dtype. y holds the expert outputs in
+  /// float32 in the order k = 0..K-1, rounded once to the dtype. Prefill and Decode on a
+  /// communicator that spans hosts: the terms of this rank's host first (k ascending), then,
+  /// host by host in ascending host order, each other host's partial sum of its terms (fp32,
+  /// k ascending, rounded once to the dtype to travel back), rounded once at the end. y holds the expert outputs in
   /// the layout of the dispatch (d.total_rows rows; the window itself, written in place, is
   /// the fast path). y elsewhere in the registered heap is read in place, and this call then
   /// returns only once every peer has read it; y outside the heap is copied into the window.

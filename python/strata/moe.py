@@ -12,6 +12,8 @@
 Every rank calls Buffer(), dispatch() and combine() in the same order with the same schedule.
 Buffer(..., mask_failed_ranks=True[, renormalize=True]): a dead peer's experts are masked
 instead of failing the call; d.dropped counts each token's dropped selections.
+On a communicator that spans hosts, buf.traffic() counts the bytes and rows this rank sent to
+other hosts (each token once per destination host).
 """
 
 from ._strata import MoeBuffer as Buffer, MoeDispatch as Dispatch

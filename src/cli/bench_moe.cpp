@@ -4,9 +4,13 @@
 // the figures are the communication alone; every run's output is checked.
 //
 //   strata bench moe -n 2 [--quick] [--only prefill|decode] [--json FILE]
+//   strata run --nnodes 2 ... -- strata bench moe --as-rank [...]   (one job across hosts)
 //
 // Like `strata bench`, it starts its ranks through `strata run` on this binary; rank 0 writes
-// the table to the inherited descriptors given by the hidden --worker-fds option.
+// the table to the inherited descriptors given by the hidden --worker-fds option. With
+// --as-rank the process is one rank of a job someone else started (across hosts: `strata run
+// --nnodes` on every host) and rank 0 writes to its stdout; when the job spans hosts, a
+// "# bytes to other hosts" line per case and host follows the rows (moe::Buffer::traffic).
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -53,9 +57,45 @@ const char* kUsage =
     "  --quick                 fewer iterations per case (the same sizes)\n"
     "  --only prefill|decode   run one of the two schedules' cases\n"
     "  --json FILE             append one JSON object per case and line to FILE\n"
+    "  --as-rank               be one rank of a job someone else started (strata run --nnodes\n"
+    "                          on every host); prints the bytes each host sends to the others\n"
     "  -h, --help              show this help\n";
 
 double us_since(Clock::time_point t) { return std::chrono::duration<double, std::micro>(Clock::now() - t).count(); }
+
+/// Across hosts: one line per host and case with the bytes its ranks send to other hosts per
+/// call, next to the deduplicated bound (one row per token and destination host) and to the
+/// rows without deduplication (one per (token, expert) on another host, what Relay sends).
+/// Hosts are blocks of local_size() consecutive ranks, as `strata run --nnodes` numbers them.
+void report_traffic(Communicator& comm, const Case& c, const std::vector<moe::Schedule>& scheds,
+                    const std::vector<double>& sent, int out_fd) {
+  const int R = comm.size(), me = comm.rank(), per = comm.local_size();
+  if (per == R || R % per != 0) return;  // one host, or hosts of uneven sizes (not reported)
+  const int hosts = R / per;
+  const size_t ns = scheds.size();
+  std::vector<double> all(static_cast<size_t>(hosts) * ns * 4, 0.0);
+  for (size_t i = 0; i < ns * 4; ++i) all[(me / per) * ns * 4 + i] = sent[i] / c.iters;
+  comm.all_reduce(all, ReduceOp::Sum);
+  if (me != 0) return;
+  const double rb = static_cast<double>(c.hidden) * 2, mb = 1e6;
+  for (int h = 0; h < hosts; ++h) {
+    const double* v = &all[h * ns * 4];
+    std::string line = "# bytes to other hosts per call, host " + std::to_string(h) + " (" + c.phase + ", " +
+                       std::to_string(c.tokens) + " tokens/rank):";
+    double bound = 0, undedup = 0;
+    for (size_t k = 0; k < ns; ++k) {
+      char b[160];
+      std::snprintf(b, sizeof b, " %s %.2f+%.2f MB;", moe::to_string(scheds[k]), v[k * 4] / mb, v[k * 4 + 1] / mb);
+      line += b;
+      if (scheds[k] != moe::Schedule::Relay) bound = v[k * 4 + 2] * rb;
+      undedup = v[k * 4 + 3] * rb;
+    }
+    char b[200];
+    std::snprintf(b, sizeof b, " bound (one row per token and host) %.2f MB, one row per selection %.2f MB\n",
+                  bound / mb, undedup / mb);
+    write_all(out_fd, line + b);
+  }
+}
 
 int worker(const MoeOptions& o) {
   Communicator comm = init();
@@ -79,10 +119,14 @@ int worker(const MoeOptions& o) {
     const size_t ns = scheds.size();
     std::vector<std::vector<double>> dt(ns, std::vector<double>(c.iters)), ct = dt;
     std::vector<double> bad(ns, 0.0);
+    // Per schedule, summed over the timed iterations: bytes to other hosts in dispatch and
+    // combine, rows sent, (token, expert) pairs on other hosts.
+    std::vector<double> sent(ns * 4, 0.0);
     for (int i = 0; i < c.warmup + c.iters; ++i) {
       for (size_t k = 0; k < ns; ++k) {
         comm.barrier();
         auto t0 = Clock::now();
+        const moe::Traffic t_before = buf.traffic();
         moe::Dispatch d = buf.dispatch(in.x.data(), c.tokens, in.idx.data(), in.w.data(), scheds[k]);
         double d_us = us_since(t0);
         comm.barrier();
@@ -92,6 +136,11 @@ int worker(const MoeOptions& o) {
         if (i >= c.warmup) {
           dt[k][i - c.warmup] = d_us;
           ct[k][i - c.warmup] = c_us;
+          const moe::Traffic t = buf.traffic();
+          sent[k * 4 + 0] += static_cast<double>(t.dispatch_bytes - t_before.dispatch_bytes);
+          sent[k * 4 + 1] += static_cast<double>(t.combine_bytes - t_before.combine_bytes);
+          sent[k * 4 + 2] += static_cast<double>(t.rows_sent - t_before.rows_sent);
+          sent[k * 4 + 3] += static_cast<double>(t.remote_selections - t_before.remote_selections);
         }
         std::string why;
         if (i + 1 == c.warmup + c.iters && !check_identity(c, in, out.data(), why)) {
@@ -113,6 +162,7 @@ int worker(const MoeOptions& o) {
         if (!o.json.empty()) std::ofstream(o.json, std::ios::app) << json;
       }
     }
+    report_traffic(comm, c, scheds, sent, out_fd);
   }
   comm.barrier();
   return rc;
@@ -151,6 +201,9 @@ int bench_moe_main(int argc, char** argv) {
     } else if (take_option(argc, argv, i, {"--json"}, v, err)) {
       o.json = v;
       pass.push_back("--json=" + v);
+    } else if (a == "--as-rank") {
+      o.worker = true;
+      ++i;
     } else if (take_option(argc, argv, i, {"--worker-fds"}, v, err)) {
       if (std::sscanf(v.c_str(), "%d,%d", &o.out_fd, &o.err_fd) != 2) {
         print_error(kWho, "bad --worker-fds");

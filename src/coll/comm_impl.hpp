@@ -77,6 +77,9 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   };
   std::vector<StashedHeader> net_stash;  // per peer; empty until a receive from any rank
   int split_count = 0;
+  // moe::Buffers made on this communicator (collective, same order everywhere): each takes
+  // the next number, which keeps the message tags of two live Buffers apart across hosts.
+  uint32_t moe_buffers = 0;
 
   // ---- failure and wait policy: failures are sticky; every wait polls the abort flag -------
   std::atomic<bool> abort_flag{false};

@@ -134,8 +134,8 @@ Result<std::vector<std::byte*>> BufferImpl::peers_of(void* local, size_t bytes, 
   memory::Heap& heap = *c->ctx->heap;
   auto ref = heap.locate(local, bytes);
   if (!ref) return internal_error("moe: a symmetric window is not in the heap");
-  std::vector<std::byte*> out(R);
-  for (int r = 0; r < R; ++r) {
+  std::vector<std::byte*> out(R, nullptr);  // ranks on other hosts: none
+  for (int r : shm_ranks) {
     STRATA_ASSIGN_OR_RETURN(void* p, heap.peer_ptr(c->members[r], *ref, bytes, d));
     out[r] = static_cast<std::byte*>(p);
   }
@@ -151,19 +151,22 @@ Result<void*> BufferImpl::sym_alloc(size_t bytes) {
 }
 
 Status BufferImpl::init() {
-  ctrl_bytes = sizeof(CtrlHead) + kLine * static_cast<size_t>(R) + round_up(sizeof(uint64_t) * E, kLine);
+  init_hosts();
+  ctrl_bytes = sizeof(CtrlHead) + kLine * static_cast<size_t>(R) + round_up(sizeof(uint64_t) * E, kLine) +
+               sizeof(uint64_t) * R * L;
   STRATA_ASSIGN_OR_RETURN(ctrl, sym_alloc(ctrl_bytes));
   // The arena recycles blocks: an earlier Buffer's signals may still be in there.
   std::memset(ctrl, 0, ctrl_bytes);
   STRATA_ASSIGN_OR_RETURN(auto pc, peers_of(ctrl, ctrl_bytes, deadline()));
   peer_ctrl.resize(R);
-  for (int r = 0; r < R; ++r) peer_ctrl[r] = reinterpret_cast<char*>(pc[r]);
+  for (int r = 0; r < R; ++r) peer_ctrl[r] = reinterpret_cast<char*>(pc[r]);  // null: other host
   try {
     comm.barrier();  // nobody reads a control block before its owner cleared it
   } catch (const Error& e) {
     return from_error(e);
   }
   STRATA_RETURN_IF_ERROR(relay_cnt.ensure(comm, 2 * sizeof(uint64_t) * E));
+  if (xhost && c->net->use_put()) STRATA_RETURN_IF_ERROR(init_puts());
   epoch = comm.epoch();
   dead.assign(R, 0);
   acc.resize(H);
@@ -197,7 +200,7 @@ BufferImpl::~BufferImpl() {
       epoch == comm.epoch()) {  // init got that far, and peer_ctrl still maps live peers
     publish_released(seq);
     Deadline d = deadline();
-    for (int r = 0; r < R; ++r)
+    for (int r : shm_ranks)
       if (!wait_sig(head(r)->released, seq, d, r, "destroy").is_ok()) break;
   }
   memory::Heap& heap = *c->ctx->heap;
@@ -205,6 +208,8 @@ BufferImpl::~BufferImpl() {
   if (pwin) (void)heap.free_symmetric(pwin);
   if (ctrl) (void)heap.free_symmetric(ctrl);
   for (Local* l : {&send_stage, &recv_stage, &relay_win, &relay_cnt}) l->release(comm);
+  for (Inbound& in : inbound) in.stage.release(comm), in.back.release(comm);
+  for (Outbound& o : outbound) o.stage.release(comm), o.partial.release(comm);
 }
 
 void BufferImpl::publish_released(uint32_t s) {
@@ -279,7 +284,7 @@ Status BufferImpl::begin(Deadline d, bool wait_readers) {
   ++seq;
   publish_released(seq - 1);
   if (wait_readers)
-    for (int r = 0; r < R; ++r) {
+    for (int r : shm_ranks) {  // only ranks of this host write into its windows
       // A dead rank reads nothing anymore.
       STRATA_ASSIGN_OR_RETURN(bool live, wait_live(head(r)->released, seq - 1, d, r, "dispatch"));
       (void)live;
@@ -387,6 +392,8 @@ Buffer::Buffer(Communicator comm, const Config& cfg) {
   b.esz = dtype_size(cfg.dtype);
   b.row_bytes = b.H * b.esz;
   b.align = cfg.expert_alignment;
+  if (b.c->net && cfg.mask_failed_ranks) bad("mask_failed_ranks is not supported on a communicator that spans hosts");
+  b.tag_id = b.c->moe_buffers++;
   throw_if_error(b.init(), me);
 }
 
@@ -395,6 +402,11 @@ Buffer::Buffer(Buffer&&) noexcept = default;
 Buffer& Buffer::operator=(Buffer&&) noexcept = default;
 
 const Config& Buffer::config() const { return impl_->cfg; }
+
+Traffic Buffer::traffic() const {
+  if (!impl_) throw Error(Code::InvalidArgument, "moe::Buffer: used after move");
+  return impl_->traffic;
+}
 
 Dispatch Buffer::dispatch(const void* x, size_t num_tokens, const int64_t* topk_idx, const float* topk_w, Schedule s) {
   if (!impl_) throw Error(Code::InvalidArgument, "moe::Buffer: used after move");

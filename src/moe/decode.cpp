@@ -24,13 +24,21 @@ Result<Dispatch> BufferImpl::decode(const void* x, size_t T, const int64_t* idx,
   std::vector<uint64_t> first_row(E);
   for (int e = 0; e < E; ++e) first_row[e] = (static_cast<size_t>(e % L) * R + me) * M;
   h->total_rows = rows;
-  STRATA_RETURN_IF_ERROR(send_rows_to(T, static_cast<const std::byte*>(x), idx, peer_dwin, first_row, *h));
+  if (xhost) {
+    auto gated = [&](int s, int64_t e) { return (static_cast<size_t>(e % L) * R + s) * M; };
+    STRATA_RETURN_IF_ERROR(
+        xdispatch(T, static_cast<const std::byte*>(x), idx, *h, peer_dwin, rows, true, first_row, gated, d));
+  } else {
+    STRATA_RETURN_IF_ERROR(send_rows_to(T, static_cast<const std::byte*>(x), idx, peer_dwin, first_row, *h));
+  }
   STRATA_RETURN_IF_ERROR(finish_sends(d));
   h->counts.resize(static_cast<size_t>(L) * R);
   h->offsets.resize(static_cast<size_t>(L) * R);
   for (int l = 0; l < L; ++l)
     for (int s = 0; s < R; ++s) {
-      h->counts[static_cast<size_t>(l) * R + s] = dead[s] ? 0 : count_row(s)[me * L + l];
+      h->counts[static_cast<size_t>(l) * R + s] = dead[s]         ? 0
+                                                  : on_my_host(s) ? count_row(s)[me * L + l]
+                                                                  : in_counts(me)[static_cast<size_t>(s) * L + l];
       h->offsets[static_cast<size_t>(l) * R + s] = (static_cast<size_t>(l) * R + s) * M;
     }
   return result(Schedule::Decode, std::move(h), static_cast<std::byte*>(dwin));

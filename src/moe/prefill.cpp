@@ -40,11 +40,24 @@ Result<Dispatch> BufferImpl::prefill(const void* x, size_t T, const int64_t* idx
   auto h = new_handle(Schedule::Prefill, T, w);
   idx = mask_dead(T, idx, *h);
   plan(T, idx);
+  matrix.resize(static_cast<size_t>(R) * E);
+  if (xhost) {
+    // Across hosts the count rows are all-gathered (E uint64 per rank; the collective keeps
+    // its traffic within the host where it can).
+    STRATA_RETURN_IF_ERROR(relay_cnt.ensure(comm, sizeof(uint64_t) * E * (R + 1)));
+    auto* cs = static_cast<uint64_t*>(relay_cnt.p);
+    for (int e = 0; e < E; ++e) cs[e] = cnt[e];
+    try {
+      comm.all_gather(cs, cs + E, static_cast<size_t>(E), DataType::UInt64);
+    } catch (const Error& e) {
+      return from_error(e);
+    }
+    std::memcpy(matrix.data(), cs + E, sizeof(uint64_t) * E * R);
+  }
   uint64_t* mine = count_row(me);
   for (int e = 0; e < E; ++e) mine[e] = cnt[e];
   transport::publish(head(me)->counts_ready, seq);
-  matrix.resize(static_cast<size_t>(R) * E);
-  for (int k = 0; k < R; ++k) {
+  for (int k = 0; k < R && !xhost; ++k) {
     int r = (me + k) % R;
     STRATA_ASSIGN_OR_RETURN(bool live, wait_live(head(r)->counts_ready, seq, d, r, "dispatch (count exchange)"));
     // A rank that died before publishing sends nothing: every survivor reads the same row.
@@ -52,13 +65,15 @@ Result<Dispatch> BufferImpl::prefill(const void* x, size_t T, const int64_t* idx
     else std::fill_n(&matrix[static_cast<size_t>(r) * E], E, 0);
   }
   // Where our rows for each expert start, and how large the largest window must be.
-  std::vector<uint64_t> first_row(E), offs;
+  std::vector<uint64_t> first_row(E), offs, host_offs;  // host_offs: [R][L*R] of this host's ranks
   size_t need = 0;
+  if (xhost) host_offs.resize(static_cast<size_t>(R) * L * R);
   for (int dst = 0; dst < R; ++dst) {
     size_t total = 0;
     compact_layout(dst, matrix.data(), offs, total);
     need = std::max(need, total);
     for (int l = 0; l < L; ++l) first_row[dst * L + l] = offs[static_cast<size_t>(l) * R + me];
+    if (xhost && on_my_host(dst)) std::copy(offs.begin(), offs.end(), host_offs.begin() + dst * L * R);
     if (dst == me) {
       h->total_rows = total;
       h->offsets = offs;
@@ -69,7 +84,15 @@ Result<Dispatch> BufferImpl::prefill(const void* x, size_t T, const int64_t* idx
       return needs_all("growing the prefill window (" + std::to_string(need) + " rows)");
     STRATA_RETURN_IF_ERROR(grow_prefill(need, d));
   }
-  STRATA_RETURN_IF_ERROR(send_rows_to(T, static_cast<const std::byte*>(x), idx, peer_pwin, first_row, *h));
+  if (xhost) {
+    auto gated = [&](int s, int64_t e) {
+      return host_offs[static_cast<size_t>(e / L) * L * R + static_cast<size_t>(e % L) * R + s];
+    };
+    STRATA_RETURN_IF_ERROR(
+        xdispatch(T, static_cast<const std::byte*>(x), idx, *h, peer_pwin, pwin_rows, false, first_row, gated, d));
+  } else {
+    STRATA_RETURN_IF_ERROR(send_rows_to(T, static_cast<const std::byte*>(x), idx, peer_pwin, first_row, *h));
+  }
   STRATA_RETURN_IF_ERROR(finish_sends(d));
   h->counts.resize(static_cast<size_t>(L) * R);
   for (int l = 0; l < L; ++l)

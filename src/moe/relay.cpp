@@ -66,6 +66,7 @@ Result<Dispatch> BufferImpl::relay(const void* x, size_t T, const int64_t* idx, 
   const size_t received = h->recv_displ[R - 1] + h->recv_rows[R - 1];
   STRATA_RETURN_IF_ERROR(recv_stage.ensure(comm, received * row_bytes));
   STRATA_RETURN_IF_ERROR(a2av(send_stage.p, h->send_rows, h->send_displ, recv_stage.p, h->recv_rows, h->recv_displ));
+  count_relay(h->send_rows, true);
   // Unpermute: [source][expert] chunks into [expert][source] order.
   std::vector<uint64_t> mat(static_cast<size_t>(R) * E, 0);
   for (int s = 0; s < R; ++s)
@@ -99,6 +100,7 @@ Status BufferImpl::combine_relay(const HandleState& h, const void* y, void* out)
     }
   }
   STRATA_RETURN_IF_ERROR(a2av(recv_stage.p, h.recv_rows, h.recv_displ, send_stage.p, h.send_rows, h.send_displ));
+  count_relay(h.recv_rows, false);
   reduce_tokens(h, out, [&](size_t i) { return send_stage.b() + h.row[i] * row_bytes; });
   publish_released(seq);
   return Status::ok();

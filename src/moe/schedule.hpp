@@ -7,18 +7,23 @@
 //   prefill.cpp  count exchange, compact layout, growing the window
 //   decode.cpp   the fixed [L][R][M] layout
 //   relay.cpp    the all_to_all(v) baseline, dispatch and combine
+//   xhost.cpp    Prefill and Decode between hosts (deduplicated rows through gate ranks)
 //
 // Every rank owns, in its symmetric arena (same offset on every rank, so a peer's copy is
 // found without a handshake):
 //   - a control block: `released`, `counts_ready`, `y` (signal + where the expert outputs
-//     are), one `sent_to[d]` signal per destination, and its count row [E];
+//     are), one `sent_to[d]` signal per destination, its count row [E] and, for rows that
+//     came from other hosts, the counts [R][L] their gate placed here (Decode);
 //   - the Prefill window (compact rows, grown collectively when a batch needs more) and the
 //     Decode window ([L][R][M][H], made on the first Decode call).
 // All signals carry the call's sequence number, so nothing is ever reset between calls.
+// On a communicator that spans hosts, "every rank" above means every rank of this host
+// (`shm_ranks`): only they map each other's arenas; other hosts are reached by messages.
 
 #include <strata/moe.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +51,10 @@ struct HandleState {
   // ranks that died before publishing their outputs, hence mutable.
   mutable std::vector<uint8_t> lost;
   std::vector<uint64_t> counts, offsets;  // [L][R] of this rank's layout
+  // Spanning hosts (Prefill, Decode): per (token, host) the token's position in the message
+  // to that host (kNone: not sent there), and the tokens sent to each host.
+  std::vector<uint32_t> xpos;    // [T][hosts]
+  std::vector<uint32_t> xcount;  // [hosts]
   // Relay only: rows per rank sent in dispatch and received back in combine, and back.
   std::vector<size_t> send_rows, send_displ, recv_rows, recv_displ;
 };
@@ -65,6 +74,9 @@ struct CtrlHead {
   alignas(64) Signal counts_ready;
   alignas(64) YLine y;
 };
+
+/// "Not sent to that host" in HandleState::xpos.
+inline constexpr uint32_t kNone = 0xffffffffu;
 
 /// One cache line per signal, so that writers of different signals never share a line.
 inline constexpr size_t kLine = 64;
@@ -86,6 +98,34 @@ struct Local {
   void release(Communicator& comm);
   /// `p` as bytes.
   std::byte* b() const { return static_cast<std::byte*>(p); }
+};
+
+/// One selection of a token that came from another host: where its gate placed the row.
+struct Placed {
+  int32_t dest = 0;  // comm rank (on this host)
+  float w = 0.0f;
+  uint64_t row = 0;  // row in dest's window
+};
+
+/// A remote source whose rows this rank places on its host (this rank is its gate).
+struct Inbound {
+  int src = -1;
+  Local stage;                  // the dispatch message as it arrived
+  transport::TransferPtr recv;  // its receive (this call)
+  size_t n = 0;                 // tokens in the message
+  std::vector<uint32_t> first;  // [n + 1]: token j's selections are sel[first[j], first[j+1])
+  std::vector<Placed> sel;
+  Local back;                        // combine: one partial row per token, sent back to src
+  transport::RemoteRef src_partial;  // puts: where src takes our partial rows
+};
+
+/// Another host, seen from this rank as a source.
+struct Outbound {
+  int host = 0;
+  int gate = 0;                     // comm rank on `host` that places our rows there
+  Local stage;                      // the dispatch message: record then rows
+  Local partial;                    // combine: the partial rows that come back
+  transport::RemoteRef gate_stage;  // puts: where the gate takes our message
 };
 
 /// The state of one moe::Buffer on this rank.
@@ -121,6 +161,17 @@ struct BufferImpl {
   std::vector<uint64_t> matrix;          // [R][E] (Prefill)
   std::vector<int64_t> masked_idx;       // [T*K] topk_idx less the dead ranks' experts
 
+  // ---- spanning hosts (xhost.cpp) ------------------------------------------------------------
+  bool xhost = false;          // the communicator spans hosts
+  std::vector<int> shm_ranks;  // ranks whose arenas this rank maps: all, or those of its host
+  std::vector<int> host_of;    // comm rank -> host (all 0 within one host)
+  int hosts = 1, my_host = 0;
+  uint32_t tag_id = 0;   // this Buffer's number on the communicator (its message tags)
+  bool use_put = false;  // rows between hosts go as one-sided puts (the transport's data path)
+  std::vector<Inbound> inbound;
+  std::vector<Outbound> outbound;  // one per other host, ascending host order
+  Traffic traffic;
+
   /// Rank r's control block head.
   CtrlHead* head(int r) const { return reinterpret_cast<CtrlHead*>(peer_ctrl[r]); }
   /// Rank r's "my rows for d are written" signal.
@@ -131,6 +182,13 @@ struct BufferImpl {
   uint64_t* count_row(int r) const {
     return reinterpret_cast<uint64_t*>(peer_ctrl[r] + sizeof(CtrlHead) + kLine * static_cast<size_t>(R));
   }
+  /// Rank r's counts [R][L] of rows placed there for sources on other hosts (by their gates).
+  uint64_t* in_counts(int r) const {
+    return reinterpret_cast<uint64_t*>(peer_ctrl[r] + sizeof(CtrlHead) + kLine * static_cast<size_t>(R) +
+                                       round_up(sizeof(uint64_t) * E, kLine));
+  }
+  /// Whether comm rank r shares this rank's host.
+  bool on_my_host(int r) const { return host_of[r] == my_host; }
   /// The deadline of a wait starting now.
   Deadline deadline() const { return Deadline::after(c->timeout); }
   /// " on rank r (moe call #n)", for error messages.
@@ -191,6 +249,7 @@ struct BufferImpl {
   // ---- windows.cpp -----------------------------------------------------------------------------
 
   /// Writes each row (t, k) into its destination's window at first_row[e] + rank_in_expert.
+  /// Across hosts only the rows for this host's ranks (the others are xdispatch's).
   Status send_rows_to(size_t T, const std::byte* xb, const int64_t* idx, const std::vector<std::byte*>& win,
                       const std::vector<uint64_t>& first_row, HandleState& h);
   /// Publishes sent_to[d] = seq to every d and waits for every source's sent_to[me].
@@ -213,6 +272,34 @@ struct BufferImpl {
 
   /// Dispatch into the fixed [L][R][M] window: no count exchange before the writes.
   Result<Dispatch> decode(const void* x, size_t T, const int64_t* idx, const float* w);
+
+  // ---- xhost.cpp -------------------------------------------------------------------------------
+
+  /// Hosts, gates and the ranks this one maps (init; also within one host).
+  void init_hosts();
+  /// Puts as the data path (collective, in init): every gate's staging block and every
+  /// source's partial block made once at their largest size and their places exchanged.
+  Status init_puts();
+  /// Bytes of a dispatch message of n tokens: header, records, rows (rows 64-byte aligned).
+  size_t msg_bytes(size_t n) const;
+  /// Tag of a message from comm rank `src`: this Buffer, direction (0 dispatch, 1 combine), call.
+  uint64_t tag(int dir, int src) const;
+  /// Waits for network transfers; a failure names this call and breaks the communicator.
+  Status net_wait(std::vector<transport::TransferPtr>& xs, Deadline d, const char* what);
+  /// The cross-host part of dispatch: sends each token once per other host it selects,
+  /// receives the rows of the sources this rank gates and places them into the windows of
+  /// this host's experts: row first_row(s, e) + (rank of the token among s's rows for e).
+  /// `win`: the schedule's windows of this host's ranks; `my_first`: first_row(me, e) for
+  /// every e (read for this host's experts). Decode also writes in_counts.
+  Status xdispatch(size_t T, const std::byte* xb, const int64_t* idx, HandleState& h,
+                   const std::vector<std::byte*>& win, size_t win_rows, bool decode,
+                   const std::vector<uint64_t>& my_first, const std::function<uint64_t(int src, int64_t e)>& first_row,
+                   Deadline d);
+  /// The cross-host part of combine and the reduction of every token (order: see moe.hpp).
+  /// `ys`: every rank of this host's expert outputs.
+  Status xcombine(const HandleState& h, const std::vector<const std::byte*>& ys, void* out, Deadline d);
+  /// Counts Relay's rows to ranks on other hosts (sent: rows per destination rank).
+  void count_relay(const std::vector<size_t>& rows_to, bool dispatch);
 
   // ---- relay.cpp -------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ target_sources(strata PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/prefill.cpp
   ${CMAKE_CURRENT_LIST_DIR}/decode.cpp
   ${CMAKE_CURRENT_LIST_DIR}/relay.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/xhost.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kernels.cpp
 )
 # The combine loops must vectorise whatever the build type (RelWithDebInfo is -O2), and never

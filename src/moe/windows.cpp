@@ -27,9 +27,10 @@ Status BufferImpl::send_rows_to(size_t T, const std::byte* xb, const int64_t* id
       int64_t e = idx[i];
       if (e < 0) continue;
       int d = static_cast<int>(e / L);
+      h.dest[i] = d;
+      if (!on_my_host(d)) continue;
       uint64_t r = first_row[e] + rank_in_expert[i];
       strata::kernels::copy(win[d] + r * row_bytes, src, row_bytes);
-      h.dest[i] = d;
       h.row[i] = r;
     }
   }
@@ -37,9 +38,13 @@ Status BufferImpl::send_rows_to(size_t T, const std::byte* xb, const int64_t* id
 }
 
 Status BufferImpl::finish_sends(Deadline d) {
-  for (int r = 0; r < R; ++r) transport::publish(sent_to(me, (me + r) % R), seq);
-  for (int k = 0; k < R; ++k) {
-    int s = (me + R - k) % R;
+  // Across hosts, the writers of this host's windows are this host's ranks (gates included).
+  const int n = static_cast<int>(shm_ranks.size());
+  int at = 0;
+  while (shm_ranks[at] != me) ++at;
+  for (int j = 0; j < n; ++j) transport::publish(sent_to(me, shm_ranks[(at + j) % n]), seq);
+  for (int j = 0; j < n; ++j) {
+    int s = shm_ranks[(at + n - j) % n];
     STRATA_ASSIGN_OR_RETURN(bool live, wait_live(sent_to(s, me), seq, d, s, "dispatch"));
     (void)live;  // a dead source's rows are never combined: its count reads 0
   }
@@ -72,8 +77,11 @@ Status BufferImpl::combine_windows(const void* y, const HandleState& h, void* ou
   transport::publish(yl.ready, seq);
 
   std::vector<const std::byte*> ys(R);
-  for (int k = 0; k < R; ++k) {
-    int r = (me + k) % R;
+  const int n = static_cast<int>(shm_ranks.size());
+  int at = 0;
+  while (shm_ranks[at] != me) ++at;
+  for (int j = 0; j < n; ++j) {
+    int r = shm_ranks[(at + j) % n];
     STRATA_ASSIGN_OR_RETURN(bool live, wait_live(head(r)->y.ready, seq, d, r, "combine"));
     const YLine& py = head(r)->y;
     if (!live) {
@@ -90,11 +98,12 @@ Status BufferImpl::combine_windows(const void* y, const HandleState& h, void* ou
       ys[r] = static_cast<const std::byte*>(p);
     }
   }
-  reduce_tokens(h, out, [&](size_t i) { return ys[h.dest[i]] + h.row[i] * row_bytes; });
+  if (xhost) STRATA_RETURN_IF_ERROR(xcombine(h, ys, out, d));
+  else reduce_tokens(h, out, [&](size_t i) { return ys[h.dest[i]] + h.row[i] * row_bytes; });
   publish_released(seq);
   if (!in_window) {
     // y is the caller's: it may be reused once we return, so every reader must be done.
-    for (int r = 0; r < R; ++r) {
+    for (int r : shm_ranks) {
       STRATA_ASSIGN_OR_RETURN(bool live, wait_live(head(r)->released, seq, d, r, "combine"));
       (void)live;  // a dead rank reads nothing anymore
     }

@@ -48,7 +48,8 @@ std::string read_all(int fd) {
 /// the others have exited.
 std::vector<RankOutcome> run_job(const std::vector<std::string>& hosts, const std::vector<std::string>& args,
                                  const std::string& timeout, std::chrono::seconds wall,
-                                 const std::vector<std::pair<std::string, std::string>>& env = {}, int stopped = -1) {
+                                 const std::vector<std::pair<std::string, std::string>>& env = {}, int stopped = -1,
+                                 const char* program = STRATA_MH_RANK) {
   const std::string token = "mh-token";
   // The store runs in a process of its own so that this one has no thread when it forks the
   // ranks (what the sanitizers, TSan above all, require of fork).
@@ -79,10 +80,10 @@ std::vector<RankOutcome> run_job(const std::vector<std::string>& hosts, const st
       setenv("STRATA_UCX_TLS", "tcp,self", 0);
       for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
       std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(STRATA_MH_RANK));
+      argv.push_back(const_cast<char*>(program));
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
-      execv(STRATA_MH_RANK, argv.data());
+      execv(program, argv.data());
       _exit(127);
     }
     close(p[1]);
@@ -144,6 +145,38 @@ TEST(MultiHost, MatrixInterleavedHosts) {
 TEST(MultiHost, MatrixPutDataPath) {
   expect_all_pass(
       run_job({"h0", "h0", "h1", "h1"}, {"--quick", "--large", "8192"}, "20s", 240s, {{"STRATA_UCX_DATAPATH", "put"}}));
+}
+
+// moe::Buffer across hosts (tests/multihost/mh_moe_rank.cpp): Prefill, Decode and Relay, every
+// payload type, skewed routing, ranks without tokens, the max_tokens error; and hosts
+// interleaved in rank order (gates and the reference's host order follow hosts, not ranks).
+TEST(MultiHost, MoeTwoHostsTwoRanksEach) {
+  expect_all_pass(run_job({"h0", "h0", "h1", "h1"}, {}, "20s", 240s, {}, -1, STRATA_MH_MOE_RANK));
+}
+
+// The same with one-sided puts as the data path (forced; UCX emulates them over TCP here):
+// each gate's staging block and each source's partial block are placed once, at init.
+TEST(MultiHost, MoePutDataPath) {
+  expect_all_pass(run_job({"h0", "h0", "h1", "h1"}, {"--quick"}, "20s", 240s, {{"STRATA_UCX_DATAPATH", "put"}}, -1,
+                          STRATA_MH_MOE_RANK));
+}
+
+TEST(MultiHost, MoeInterleavedAndUnevenHosts) {
+  expect_all_pass(run_job({"a", "b", "a", "b"}, {"--quick"}, "20s", 240s, {}, -1, STRATA_MH_MOE_RANK));
+  expect_all_pass(run_job({"h0", "h1", "h1", "h2", "h2", "h2"}, {"--quick"}, "20s", 240s, {}, -1, STRATA_MH_MOE_RANK));
+}
+
+// moe::Buffer across hosts: a rank on the other host is SIGKILLed between a dispatch and
+// its combine; every other rank (its host's peers included, which wait on its signals, and
+// the ranks whose rows it gates) fails with PeerFailed or Timeout within twice the timeout.
+TEST(MultiHost, MoePeerOnOtherHostKilled) {
+  auto res = run_job({"h0", "h0", "h1", "h1"}, {"--fault", "3", "--iters", "6"}, "2s", 60s, {}, -1, STRATA_MH_MOE_RANK);
+  EXPECT_EQ(res[3].signal, SIGKILL) << res[3].output;
+  for (int r : {0, 1, 2}) {
+    std::cout << res[r].output;
+    EXPECT_EQ(res[r].exit_code, 0) << "rank " << r << ":\n" << res[r].output;
+    EXPECT_NE(res[r].output.find("FAULT"), std::string::npos) << res[r].output;
+  }
 }
 
 // A rank on the other host is SIGKILLed mid-loop: every other rank fails with PeerFailed or

@@ -50,4 +50,11 @@ if(STRATA_WITH_UCX)
       set_tests_properties(multihost_matrix_${_name} PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 200)
     endforeach()
   endif()
+  # moe::Buffer across two namespace hosts of two ranks each (mh_moe_rank.cpp checks itself).
+  if(TARGET mh_moe_rank)
+    add_test(NAME multihost_moe_2_2
+      COMMAND bash ${_mh}/launcher_netns_test.sh $<TARGET_FILE:strata_cli> $<TARGET_FILE:mh_smoke_rank>
+              matrix 2,2 $<TARGET_FILE:mh_moe_rank>)
+    set_tests_properties(multihost_moe_2_2 PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 200)
+  endif()
 endif()

@@ -307,11 +307,16 @@ def test_reports(tmp, have_mpl):
     out = run_main("perf_multihost_report", os.path.join(tmp, "mh"), "--docs", docs)
     has(out, "wrote " + os.path.join(docs, "PERFORMANCE_MULTIHOST.md"), "perf_multihost_report output")
     run_main("moe_report", "--results", os.path.join(tmp, "moe"), "--docs", docs, "--command", "make bench-moe")
+    # The hand-written cross-host section survives a rewrite of PERFORMANCE_MOE.md.
+    with open(os.path.join(docs, "PERFORMANCE_MOE.md"), "a") as f:
+        f.write("\n<!-- moe-xhost -->\n## Across hosts\n\nkept text\n<!-- /moe-xhost -->\n")
     # A new interpreter in another working directory: the script finds report_common (and the
     # reports it takes sections from) next to itself.
     out = run_script("perf_report.py", res, "--docs", docs, cwd=tmp)
     has(out, "perf_report: wrote", "perf_report output")
     run_main("moe_report", "--results", os.path.join(tmp, "moe"), "--docs", docs, plots=False)
+    has(read(os.path.join(docs, "PERFORMANCE_MOE.md")), "<!-- moe-xhost -->\n## Across hosts\n\nkept text\n"
+        "<!-- /moe-xhost -->", "PERFORMANCE_MOE.md after a rewrite")
     out = run_main("perf_multihost_report", os.path.join(tmp, "mh"), "--docs", docs, plots=False)
     has(out, "refreshed the 'Between hosts' section", "perf_multihost_report output")
 

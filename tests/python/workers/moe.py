@@ -91,6 +91,9 @@ d = mb.dispatch(x, idx, w, "prefill")
 assert list(d.dropped) == [0] * T and list(d.failed_ranks) == [], (d.dropped, d.failed_ranks)
 out = mb.combine(d)
 assert list(d.dropped) == [0] * T
+# Within one host nothing goes to another host.
+assert mb.traffic() == {"dispatch_bytes": 0, "combine_bytes": 0, "record_bytes": 0, "rows_sent": 0,
+                        "remote_selections": 0, "calls": 0}, mb.traffic()
 mb.close()
 comm.barrier()
 print("OK", flush=True)
