@@ -194,9 +194,10 @@ def section_lines(rows, command, load_start, load_end, host, spin=""):
          "then yields and sleeps, leaving the core to the peer it waits for and to the other jobs.", "",
          ] + md_table(["ranks", "path"] + [h for _, h in FIGS], body, "llrrrr") + [
         "",
-        "Between hosts (`strata run --nnodes 2`, two network-namespace hosts): pending — MoE across hosts is "
-        "being built separately; the example itself takes its ranks and experts from the communicator only "
-        "(no host-local assumption) and needs no change of its own.",
+        "Between hosts (`strata run --nnodes 2`, two network-namespace hosts): not measured yet. The Buffer "
+        "now runs across hosts (see \"Across hosts\" below) and the example takes its ranks and experts from "
+        "the communicator only, so it runs there unchanged; the serving figure across namespaces is still to be "
+        "taken.",
         END]
     return L
 

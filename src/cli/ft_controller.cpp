@@ -99,7 +99,7 @@ std::string FtController::format_state(const JobState& st) {
 }
 
 std::optional<FtController::JobState> FtController::advance(const std::function<bool(JobState&)>& change,
-                                                             std::string* why) {
+                                                            std::string* why) {
   // Every agent of the job may be doing the same at this moment: the winner of epoch E+1
   // announces it, with every rank still pending.
   for (int attempt = 0; attempt < 1000; ++attempt) {

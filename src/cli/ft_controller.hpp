@@ -108,16 +108,16 @@ class FtController {
 
   FtOptions opts_;
   std::string job_;
-  std::string state_key_;  // under the first job id: --restart-all's new ids keep the count
-  std::vector<int> ranks_;  // watched, global
-  std::unique_ptr<bootstrap::StoreClient> store_;        // the launcher thread's
+  std::string state_key_;                          // under the first job id: --restart-all's new ids keep the count
+  std::vector<int> ranks_;                         // watched, global
+  std::unique_ptr<bootstrap::StoreClient> store_;  // the launcher thread's
   std::unique_ptr<bootstrap::StoreClient> watch_store_;  // the watcher's
   uint64_t epoch_ = 0;
   int failures_ = 0;
   bootstrap::StoreClient::Counters at_failure_;  // store_'s counters when the last failure came in
 
-  std::mutex mu_;  // guards job_ (for the watcher), beats_, hung_
-  std::vector<Beat> beats_;  // per watched rank (ranks_ order)
+  std::mutex mu_;                               // guards job_ (for the watcher), beats_, hung_
+  std::vector<Beat> beats_;                     // per watched rank (ranks_ order)
   std::vector<std::pair<int, uint64_t>> hung_;  // (rank, gen) found by the watcher
   std::thread watcher_;
   std::atomic<bool> stop_{false};

@@ -70,7 +70,8 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
       sp->index = i - base;
       sp->global = i;
       if (Status s = ft_->assign_spare(id, i); !s.is_ok()) {
-        const std::string msg = "handing rank " + std::to_string(i) + " to spare " + std::to_string(id) + ": " + s.message();
+        const std::string msg =
+            "handing rank " + std::to_string(i) + " to spare " + std::to_string(id) + ": " + s.message();
         say(msg);
         exit_code_ = 1;
         report_failure(exit_code_, msg);

@@ -218,7 +218,7 @@ class Launcher {
   bool stopping_ = false;
   std::optional<Clock::time_point> kill_at_, job_deadline_, drain_until_;
   std::optional<Clock::time_point> term_at_;  // --ft: SIGTERM the ranks then (a fatal notice was given)
-  std::unique_ptr<FlightReport> flight_;  // a SIGUSR1 report being collected
+  std::unique_ptr<FlightReport> flight_;      // a SIGUSR1 report being collected
   std::optional<Clock::time_point> flight_until_;
 };
 

@@ -82,8 +82,8 @@ void Launcher::on_job_event(const JobEvent& e) {
         ft_->announce_fatal(e.report);
         say("the job failed on node " + std::to_string(e.node) + ": " + e.report +
             "; no spare host takes its ranks, so the job cannot recover; the " + std::to_string(running_count()) +
-            " rank(s) on " + node_name_ + " get this error and are stopped in " +
-            std::to_string(kFatalGrace.count()) + " ms if still running");
+            " rank(s) on " + node_name_ + " get this error and are stopped in " + std::to_string(kFatalGrace.count()) +
+            " ms if still running");
         stopping_ = true;
         term_at_ = Clock::now() + kFatalGrace;
         return;

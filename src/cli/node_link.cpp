@@ -77,8 +77,8 @@ std::string NodeLink::ranks_of(int node) const {
   int base = 0;
   for (int j = 0; j < node; ++j) base += world_.nodes[j].local_size;
   const int n = world_.nodes[node].local_size;
-  return "; lost with it: rank" + (n == 1 ? " " + std::to_string(base)
-                                           : "s " + std::to_string(base) + "-" + std::to_string(base + n - 1));
+  return "; lost with it: rank" +
+         (n == 1 ? " " + std::to_string(base) : "s " + std::to_string(base) + "-" + std::to_string(base + n - 1));
 }
 
 // Waits are cut into slices of this length to look at `interrupted` in between.
@@ -281,8 +281,7 @@ Status NodeLink::tick(std::vector<int64_t>& last_hb, std::vector<Clock::time_poi
         }
         std::string report = "the agent of node " + std::to_string(i) + (name.empty() ? "" : " (" + name + ")") +
                              " sent no heartbeat for " + seconds_text(silent) +
-                             ": its host is down or cut off from the network, or the agent was killed" +
-                             ranks_of(i);
+                             ": its host is down or cut off from the network, or the agent was killed" + ranks_of(i);
         STRATA_ASSIGN_OR_RETURN(std::string v,
                                 store.compare_set(kStateKey, "", "fail\n1\n" + std::to_string(i) + "\n" + report));
         state = v;

@@ -384,7 +384,8 @@ Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImp
   std::vector<int> local_globals;
   for (int r : mine) local_globals.push_back(c->members[r]);
   if (local_refs) {
-    auto local = make_comm(ctx, c->id + "/host", std::move(local_globals), c->local_of[rank], local_ctrl, *local_refs, d);
+    auto local =
+        make_comm(ctx, c->id + "/host", std::move(local_globals), c->local_of[rank], local_ctrl, *local_refs, d);
     if (!local.is_ok()) return local.status().with_context("intra-host part of communicator '" + c->id + "': ");
     c->local = std::move(local).value();
   } else {

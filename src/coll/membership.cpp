@@ -89,9 +89,7 @@ void Membership::reset_net_peer(int r, uint64_t epoch) {
   if (c_->net) c_->net->reset_peer(c_->members[r], epoch);
 }
 
-bool Membership::same_host(int r) const {
-  return !c_->net || c_->host_of[r] == c_->host_of[c_->rank];
-}
+bool Membership::same_host(int r) const { return !c_->net || c_->host_of[r] == c_->host_of[c_->rank]; }
 
 const std::string& Membership::host_of(int r) const { return c_->ctx->hosts[c_->members[r]]; }
 

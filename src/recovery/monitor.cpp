@@ -65,8 +65,8 @@ struct MonitorLoop {
     c.epochs().latest.store(e, std::memory_order_release);
     if (!failed.empty() && failed[0] == recovery::keys::kFatal) {
       STRATA_LOG(Info, "rank " << rank << ": the job cannot recover: " << failed.substr(1));
-      c.revoke_all(unavailable("the job cannot recover (seen by rank " + std::to_string(rank) +
-                               "): " + failed.substr(1)));
+      c.revoke_all(
+          unavailable("the job cannot recover (seen by rank " + std::to_string(rank) + "): " + failed.substr(1)));
       return;
     }
     auto ranks = recovery::keys::parse_ranks(failed);

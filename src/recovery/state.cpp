@@ -335,8 +335,8 @@ void run(Communicator& comm, State& state, uint64_t total_steps, const StepFunct
       comm.barrier();  // the commit point: every rank has the step's reduced gradients
     } catch (const Error& e) {
       if (!recoverable(e.code()) || ++recoveries > opts.max_recoveries) throw;
-      STRATA_LOG(Info, "rank " << comm.rank() << ": " << (need_restore ? "restore" : "step") << " failed, recovering: "
-                               << e.what());
+      STRATA_LOG(Info, "rank " << comm.rank() << ": " << (need_restore ? "restore" : "step")
+                               << " failed, recovering: " << e.what());
       if (opts.on_failure) opts.on_failure();
       // A failure during the rebuild moves the job to a newer epoch: rebuild again.
       for (;;) {

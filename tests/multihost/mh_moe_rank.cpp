@@ -290,7 +290,7 @@ struct Checker {
 };
 
 int run(Communicator& c, bool quick) {
-  Checker ck{c};
+  Checker ck{c, {}, 0, 0, {}};
   ck.host_of = c.impl()->host_of;
   if (ck.host_of.empty()) ck.host_of.assign(c.size(), 0);
   const int R = c.size();
