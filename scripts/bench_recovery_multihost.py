@@ -125,7 +125,8 @@ def write_doc(a, rows):
          "(part of `make bench-recovery`; needs root). train_dp with 2 ranks per namespace host, real UCX over TCP "
          "between the namespaces, all on this 2-core machine; medians of the runs, in ms. A rank of the last host is "
          f"SIGKILLed at step {a.fail_step}; every other rank keeps its process. \"same params\": the final parameters "
-         "equal the run without a failure, in every run.", "",
+         "equal the run without a failure, in every run. The hot-spare runs pace every step by 20 ms "
+         "(`--pace 20`, so that the spares are waiting before the failure): their redone step contains it.", "",
          "| hosts | ranks | case | runs | detection | RTO | detect | join | rebuild | state transfer | redone step | same params |",
          "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for hosts, case, med, same, n in rows:
