@@ -86,14 +86,27 @@ FtController::JobState FtController::parse_state(const std::string& v) {
   JobState st;
   std::istringstream is(v);
   std::string ranks, flag;
-  if (is >> st.epoch >> st.failures >> ranks) st.pending = keys::parse_ranks(ranks);
+  if (is >> st.epoch >> st.failures >> ranks) {
+    st.pending = keys::parse_ranks(ranks);
+    st.moves = keys::parse_moves(ranks);
+  }
   st.fatal = (is >> flag) && flag == "fatal";
   return st;
 }
 
+std::string FtController::format_pending(const JobState& st) {
+  std::string s;
+  for (int r : st.pending) {
+    s += s.empty() ? "" : ",";
+    auto m = std::find_if(st.moves.begin(), st.moves.end(), [r](const auto& mv) { return mv.first == r; });
+    s += m == st.moves.end() ? std::to_string(r) : keys::with_host(r, m->second);
+  }
+  return s;
+}
+
 std::string FtController::format_state(const JobState& st) {
   // "-" for no ranks keeps the fields apart for the stream that reads them back.
-  const std::string ranks = keys::format_ranks(st.pending);
+  const std::string ranks = format_pending(st);
   return std::to_string(st.epoch) + " " + std::to_string(st.failures) + " " + (ranks.empty() ? "-" : ranks) +
          (st.fatal ? " fatal" : "");
 }
@@ -113,7 +126,10 @@ std::optional<FtController::JobState> FtController::advance(const std::function<
     if (!next.pending.empty()) {
       // Ranks of a rebuild that completed are no longer being replaced.
       auto ready = store_->try_get(keys::ready(job_, next.epoch));
-      if (ready.is_ok() && ready.value()) next.pending.clear();
+      if (ready.is_ok() && ready.value()) {
+        next.pending.clear();
+        next.moves.clear();
+      }
     }
     if (next.fatal) {
       *why = "the job already ended without recovery (epoch " + std::to_string(next.epoch) + ")";
@@ -133,7 +149,7 @@ std::optional<FtController::JobState> FtController::advance(const std::function<
   return std::nullopt;
 }
 
-bool FtController::on_failure(const std::vector<int>& ranks, std::string* why) {
+bool FtController::on_failure(const std::vector<int>& ranks, std::string* why, const std::string& new_host) {
   at_failure_ = store_->counters();
   const int64_t t = recovery::now_ns();
   auto next = advance(
@@ -143,8 +159,12 @@ bool FtController::on_failure(const std::vector<int>& ranks, std::string* why) {
         st.failures += opts_.restart_all ? 1 : static_cast<int>(ranks.size());
         failures_ = st.failures;
         if (st.failures > opts_.max_failures) return false;
-        for (int r : ranks)
+        for (int r : ranks) {
           if (std::find(st.pending.begin(), st.pending.end(), r) == st.pending.end()) st.pending.push_back(r);
+          if (new_host.empty()) continue;
+          std::erase_if(st.moves, [r](const auto& mv) { return mv.first == r; });
+          st.moves.emplace_back(r, new_host);
+        }
         std::sort(st.pending.begin(), st.pending.end());
         return true;
       },
@@ -153,7 +173,7 @@ bool FtController::on_failure(const std::vector<int>& ranks, std::string* why) {
   epoch_ = next->epoch;
   // The timestamps first: a rank that wakes on the notice reads them in its report.
   (void)store_->set(keys::detected(job_, epoch_), std::to_string(t));
-  (void)store_->set(keys::epoch(job_, epoch_), keys::format_ranks(next->pending));
+  (void)store_->set(keys::epoch(job_, epoch_), format_pending(*next));
   std::lock_guard<std::mutex> g(mu_);
   for (int r : ranks) reset_heartbeat(r);
   return true;

@@ -53,7 +53,8 @@ class FtController {
   /// Ranks (global) failed. Returns false when the job-wide failure budget is spent (the
   /// job must stop) or the store cannot be reached (`why` then says so); otherwise moves the
   /// job to a new epoch, publishes the notice and the caller starts replacements with epoch().
-  bool on_failure(const std::vector<int>& ranks, std::string* why);
+  /// `new_host`: the ranks start again on another host (a spare host took a lost host's).
+  bool on_failure(const std::vector<int>& ranks, std::string* why, const std::string& new_host = "");
   /// Ends the job's recovery: announces an epoch whose notice is fatal (`why`), so that every
   /// rank's pending and later operations and its recover() fail with Unavailable naming it.
   /// Once per job: a notice another agent announced first stands.
@@ -92,13 +93,16 @@ class FtController {
     uint64_t epoch = 0;
     int failures = 0;
     std::vector<int> pending;
-    bool fatal = false;  // a fatal notice was announced: nothing more is
+    std::vector<std::pair<int, std::string>> moves;  // pending ranks that start on another host
+    bool fatal = false;                              // a fatal notice was announced: nothing more is
   };
   /// Moves the shared state one epoch on with `change` applied, by compare-and-set; the new
   /// state, or nullopt (with `why`) when the store failed or `change` refused (returned false).
   std::optional<JobState> advance(const std::function<bool(JobState&)>& change, std::string* why);
   static JobState parse_state(const std::string& v);
   static std::string format_state(const JobState& st);
+  /// The ranks being replaced as a notice lists them ("2,3@h2"; see recovery/keys.hpp).
+  static std::string format_pending(const JobState& st);
   void reset_heartbeat(int rank);  // global rank; caller holds mu_
   void watch_loop();
   std::chrono::milliseconds tick_interval() const {

@@ -82,6 +82,7 @@ Status Launcher::prepare() {
 
   STRATA_ASSIGN_OR_RETURN(std::string id, random_hex(6));
   job_id_ = "run-" + id;
+  if (opts_.spare_host) return join_as_spare();
   if (opts_.multi_node()) return join_nodes();
   STRATA_ASSIGN_OR_RETURN(token_, random_hex(16));
   // Signals are blocked above, so the store thread inherits the mask and never takes them.
@@ -212,6 +213,11 @@ int Launcher::run() {
   }
   // After prepare(): the thread inherits the blocked signals and never takes them.
   if (Status o = output_.start(); !o.is_ok()) print_error(kRunWho, o.message() + "; writing output directly");
+  if (spare_unneeded_) {
+    say("the job ended without needing this spare host");
+    output_.close();
+    return 0;
+  }
   auto path = find_program(opts_.argv[0]);
   if (!path) {
     bool is_path = opts_.argv[0].find('/') != std::string::npos;
@@ -289,10 +295,13 @@ int Launcher::run() {
     link_fd_ = *fd;
   }
   ranks_.resize(opts_.nranks);
+  // A spare host's ranks replace a lost host's: they start in the epoch that announced it.
+  std::vector<std::string> first_env = shared_env;
+  if (start_epoch_ > 0) first_env.push_back("STRATA_EPOCH=" + std::to_string(start_epoch_));
   for (int i = 0; i < opts_.nranks; ++i) {
     ranks_[i].index = i;
     ranks_[i].global = (link_ ? world_.rank_base : 0) + i;
-    Status s = spawn(ranks_[i], path_, argv_, shared_env);
+    Status s = spawn(ranks_[i], path_, argv_, first_env);
     if (!s.is_ok()) {
       say(rank_name(ranks_[i]) + ": " + s.message());
       exit_code_ = s.code() == Code::InvalidArgument ? kNotFoundExit : 1;

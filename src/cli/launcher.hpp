@@ -72,14 +72,15 @@ struct RunOptions {
   uint16_t port = 0;
   bool ft = false;
   FtOptions ft_opts;
-  int spares = 0;  // --spares K: hot spares waiting in strata::init() (--ft)
+  int spares = 0;           // --spares K: hot spares waiting in strata::init() (--ft)
+  bool spare_host = false;  // --spare: a spare host for a lost node's ranks (--ft)
   std::vector<std::string> argv;
   // Multi-node.
   std::optional<int> nnodes, node_rank;
   std::string store;
   std::optional<std::string> token;
   std::optional<std::chrono::milliseconds> rdzv_timeout;
-  bool multi_node() const { return nnodes.has_value(); }
+  bool multi_node() const { return nnodes.has_value() || spare_host; }
 };
 
 /// The path PROGRAM runs from (PATH lookup for a bare name), or nullopt.
@@ -126,6 +127,18 @@ class Launcher {
   Status join_nodes();
   /// Reacts to the job's fate as another node or the store reported it.
   void on_job_event(const JobEvent& e);
+  /// `strata run --ft --spare`: waits at the job's store until a lost host's ranks are given
+  /// to this host (it then runs them like that node's agent), or the job ends without it.
+  Status join_as_spare();
+  /// --ft: node `node` was lost; a spare host takes its ranks, or the job ends with `report`.
+  void on_node_lost(int node, const std::string& report);
+  /// --ft: the job cannot recover (`why`): every rank learns it through the store, and this
+  /// host's ranks are stopped after kFatalGrace.
+  void end_unrecoverable(const std::string& why);
+  /// The host's name without its domain, for output prefixes.
+  static std::string short_host_name(int node_rank);
+  /// What the rendezvous waits check: a signal that ends the wait (its name), or nullopt.
+  NodeLink::Interrupted signal_check();
   /// Tells the other nodes that this one failed (no-op on a single host).
   void report_failure(int exit_code, const std::string& report);
   /// "rank 3", or "rank 3 on host" in a multi-node job, for messages.
@@ -212,7 +225,9 @@ class Launcher {
   World world_;
   std::string node_name_;
   int link_fd_ = -1;
-  bool job_over_ = false;  // the job's fate is known job-wide (or the store was lost)
+  uint64_t start_epoch_ = 0;     // a spare host's ranks start in this recovery epoch
+  bool spare_unneeded_ = false;  // a spare host whose job ended without it
+  bool job_over_ = false;        // the job's fate is known job-wide (or the store was lost)
   bool done_sent_ = false;
   int exit_code_ = 0;
   bool stopping_ = false;

@@ -20,6 +20,10 @@ std::string node_key(int i) { return kPrefix + "node/" + std::to_string(i); }
 std::string hb_key(int i) { return kPrefix + "hb/" + std::to_string(i); }
 std::string done_key(int i) { return kPrefix + "done/" + std::to_string(i); }
 std::string left_key(int i) { return kPrefix + "left/" + std::to_string(i); }
+std::string spare_key(int64_t s) { return kPrefix + "spare/" + std::to_string(s); }
+std::string taken_key(int64_t s) { return kPrefix + "taken/" + std::to_string(s); }
+std::string assign_key(int64_t s) { return kPrefix + "assign/" + std::to_string(s); }
+const std::string kSparesKey = kPrefix + "spares";
 const std::string kStateKey = kPrefix + "state";
 const std::string kJobKey = kPrefix + "job";
 
@@ -150,6 +154,12 @@ Result<World> NodeLink::rendezvous(int master_port, const std::string& job_id, c
                          " (is 'strata run --node-rank N' running there, with the same " + "--store and token?)");
   }
 
+  return read_world();
+}
+
+Result<World> NodeLink::read_world() {
+  const NodeSpec& s = spec_;
+  auto& store = *client_;
   World w;
   STRATA_ASSIGN_OR_RETURN(std::string job, store.get(kJobKey, s.rdzv_timeout));
   auto job_parts = split_lines(job, 2);
@@ -174,6 +184,92 @@ Result<World> NodeLink::rendezvous(int master_port, const std::string& job_id, c
   store.set_reconnect_timeout(s.agent_timeout);
   world_ = w;
   return w;
+}
+
+Result<std::optional<NodeLink::Takeover>> NodeLink::wait_as_spare(const Interrupted& interrupted) {
+  auto& store = *client_;
+  STRATA_ASSIGN_OR_RETURN(int64_t n, store.add(kSparesKey, 1));
+  const int64_t id = n - 1;
+  STRATA_RETURN_IF_ERROR(
+      store.set(spare_key(id), std::to_string(spec_.local_size) + "\n" + spec_.node_name + "\n" + spec_.host_id));
+  for (;;) {
+    auto v = store.get(assign_key(id), kSlice);
+    if (v.is_ok()) {
+      std::istringstream in(v.value());
+      int node = -1;
+      uint64_t epoch = 0;
+      if (!(in >> node >> epoch) || node < 0 || epoch == 0)
+        return internal_error("malformed assignment '" + v.value() + "' of spare host " + std::to_string(id));
+      // The job's shape from node 0's registration; this host becomes `node`.
+      STRATA_ASSIGN_OR_RETURN(std::string reg0, store.get(node_key(0), spec_.rdzv_timeout));
+      auto p0 = split_lines(reg0, 4);
+      auto nnodes = p0.size() == 4 ? to_int(p0[1]) : std::nullopt;
+      if (!nnodes || node >= *nnodes) return internal_error("malformed registration of node 0: '" + reg0 + "'");
+      spec_.nnodes = static_cast<int>(*nnodes);
+      spec_.node_rank = node;
+      STRATA_ASSIGN_OR_RETURN(World w, read_world());
+      if (w.nodes[node].local_size != spec_.local_size)
+        return invalid_argument("spare host " + spec_.node_name + " was started with -n " +
+                                std::to_string(spec_.local_size) + " but node " + std::to_string(node) + " had " +
+                                std::to_string(w.nodes[node].local_size) + " rank(s)");
+      STRATA_RETURN_IF_ERROR(store.set(node_key(node), std::to_string(spec_.local_size) + "\n" +
+                                                           std::to_string(spec_.nnodes) + "\n" + spec_.node_name +
+                                                           "\n" + spec_.host_id));
+      w.nodes[node] = NodeInfo{spec_.local_size, spec_.node_name, spec_.host_id};
+      world_ = w;
+      return std::optional<Takeover>(Takeover{w, epoch});
+    }
+    if (v.status().code() != Code::Timeout)
+      return v.status().with_context("spare host waiting at the store " + spec_.store.to_string() + ": ");
+    STRATA_ASSIGN_OR_RETURN(auto state, store.try_get(kStateKey));
+    if (state) return std::optional<Takeover>();  // the job is over
+    if (auto why = interrupted()) return aborted(*why + " while waiting as a spare host");
+  }
+}
+
+Result<std::optional<NodeLink::SpareHost>> NodeLink::claim_spare(int node) {
+  // The monitor thread owns client_: the agent's own requests take a connection of their own.
+  if (!main_client_) {
+    STRATA_ASSIGN_OR_RETURN(
+        main_client_, bootstrap::StoreClient::connect(spec_.store, spec_.token, Deadline::after(spec_.agent_timeout)));
+    main_client_->set_reconnect_timeout(spec_.agent_timeout);
+  }
+  auto& store = *main_client_;
+  STRATA_ASSIGN_OR_RETURN(auto keys, store.list(kPrefix + "spare/"));
+  for (const std::string& k : keys) {
+    auto id = to_int(k.substr(k.rfind('/') + 1));
+    if (!id) continue;
+    STRATA_ASSIGN_OR_RETURN(std::string got, store.compare_set(taken_key(*id), "", std::to_string(node)));
+    if (got != std::to_string(node)) continue;
+    STRATA_ASSIGN_OR_RETURN(auto rec, store.try_get(k));
+    if (!rec) continue;
+    auto p = split_lines(*rec, 3);
+    if (p.size() != 3 || p[2].empty()) continue;
+    SpareHost sp;
+    sp.id = static_cast<int>(*id);
+    sp.local_size = static_cast<int>(to_int(p[0]).value_or(0));
+    sp.name = p[1];
+    sp.host_id = p[2];
+    return std::optional<SpareHost>(sp);
+  }
+  return std::optional<SpareHost>();
+}
+
+Status NodeLink::assign_spare(const SpareHost& spare, int node, uint64_t epoch) {
+  {
+    std::lock_guard lk(mu_);
+    revived_.push_back(node);
+    if (node >= 0 && node < static_cast<int>(world_.nodes.size()))
+      world_.nodes[node] = NodeInfo{world_.nodes[node].local_size, spare.name, spare.host_id};
+  }
+  return main_client_->set(assign_key(spare.id), std::to_string(node) + " " + std::to_string(epoch));
+}
+
+std::pair<int, int> NodeLink::ranks_of_node(int node) const {
+  int base = 0;
+  const int nodes = static_cast<int>(world_.nodes.size());
+  for (int j = 0; j < node && j < nodes; ++j) base += world_.nodes[j].local_size;
+  return {base, node >= 0 && node < nodes ? world_.nodes[node].local_size : 0};
 }
 
 Result<int> NodeLink::start_monitor() {
@@ -257,6 +353,17 @@ Status NodeLink::tick(std::vector<int64_t>& last_hb, std::vector<Clock::time_poi
   if (!state && spec_.node_rank == 0) {
     // Node 0 watches the others: an agent whose heartbeat stalls took its host's ranks
     // with it (killed, host down, or cut off from the network).
+    {
+      // A spare host took these nodes over: its beats are watched from now on.
+      std::lock_guard lk(mu_);
+      for (int i : revived_) {
+        if (i <= 0 || i >= spec_.nnodes) continue;
+        last_hb[i] = -1;
+        last_change[i] = Clock::now();
+        std::erase(silent_nodes_, i);
+      }
+      revived_.clear();
+    }
     STRATA_ASSIGN_OR_RETURN(auto done, store.list(kPrefix + "done/"));
     if (static_cast<int>(done.size()) >= spec_.nnodes) {
       STRATA_ASSIGN_OR_RETURN(std::string v, store.compare_set(kStateKey, "", "ok"));
@@ -274,6 +381,12 @@ Status NodeLink::tick(std::vector<int64_t>& last_hb, std::vector<Clock::time_poi
         }
         auto silent = std::chrono::duration_cast<milliseconds>(now - last_change[i]);
         if (silent < spec_.agent_timeout) continue;
+        bool reported = false;
+        {
+          std::lock_guard lk(mu_);
+          reported = std::find(silent_nodes_.begin(), silent_nodes_.end(), i) != silent_nodes_.end();
+        }
+        if (reported) continue;  // --ft: lost, and the agent is deciding what to do about it
         std::string name;
         if (auto reg = store.try_get(node_key(i)); reg.is_ok() && reg->has_value()) {
           auto p = split_lines(**reg, 4);
@@ -282,6 +395,15 @@ Status NodeLink::tick(std::vector<int64_t>& last_hb, std::vector<Clock::time_poi
         std::string report = "the agent of node " + std::to_string(i) + (name.empty() ? "" : " (" + name + ")") +
                              " sent no heartbeat for " + seconds_text(silent) +
                              ": its host is down or cut off from the network, or the agent was killed" + ranks_of(i);
+        if (spec_.ft) {
+          // The agent decides: a spare host takes the ranks, or the job ends with this report.
+          {
+            std::lock_guard lk(mu_);
+            silent_nodes_.push_back(i);
+          }
+          post(JobEvent{JobEvent::Kind::NodeLost, 1, i, report});
+          continue;
+        }
         STRATA_ASSIGN_OR_RETURN(std::string v,
                                 store.compare_set(kStateKey, "", "fail\n1\n" + std::to_string(i) + "\n" + report));
         state = v;

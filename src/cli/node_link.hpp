@@ -12,6 +12,10 @@
 //                  written once (compare-and-set: the first failure is the one reported)
 //   left/I         agent I saw the final state; node 0 keeps the store up until every
 //                  agent left (or a short grace passed), so none loses it before reading it
+//   spare/S        (--ft) spare host S waits to take a lost node's ranks: "N\nNAME\nHOST_ID"
+//   spares         the counter that numbers spare hosts
+//   taken/S        spare host S was given to a node (compare-and-set: given once)
+//   assign/S       "I E": spare host S becomes node I in recovery epoch E
 //
 // The store traffic after rendezvous runs on a thread of its own: a request to a host that
 // is cut off blocks for up to the agent timeout, and the agent's main loop must keep
@@ -42,6 +46,7 @@ struct NodeSpec {
   std::string host_id;    // what ranks on this node use as host identity
   std::chrono::milliseconds rdzv_timeout{60000};
   std::chrono::milliseconds agent_timeout{10000};
+  bool ft = false;  // --ft: a silent node is reported to the agent (NodeLost), not the job's end
 };
 
 struct NodeInfo {
@@ -60,10 +65,10 @@ struct World {
 
 /// What the monitor thread tells the agent's main loop.
 struct JobEvent {
-  enum class Kind { Failed, Finished, LostStore };
+  enum class Kind { Failed, Finished, LostStore, NodeLost };
   Kind kind;
   int exit_code = 0;
-  int node = -1;       // the node that reported the failure (Failed)
+  int node = -1;       // the node that reported the failure (Failed), or was lost (NodeLost)
   std::string report;  // what to print
 };
 
@@ -81,6 +86,28 @@ class NodeLink {
   /// Registers this node and waits for all the others. `master_port` is node 0's offer.
   Result<World> rendezvous(int master_port, const std::string& job_id, const Interrupted& interrupted);
 
+  /// A spare host (`strata run --ft --spare`): registers as one and waits until the job
+  /// gives it a lost node (its world then, this node's rank in spec(), and the epoch its
+  /// ranks start in), or until the job ends without needing it (nullopt).
+  struct Takeover {
+    World world;
+    uint64_t epoch = 0;
+  };
+  Result<std::optional<Takeover>> wait_as_spare(const Interrupted& interrupted);
+  /// --ft: a spare host that waits, taken for lost node `node` (compare-and-set): its number
+  /// and host id, or nullopt when none is left.
+  struct SpareHost {
+    int id = -1;
+    std::string name, host_id;
+    int local_size = 0;
+  };
+  Result<std::optional<SpareHost>> claim_spare(int node);
+  /// Hands lost node `node` to the claimed spare host in recovery epoch `epoch`, and watches
+  /// the node's heartbeat afresh.
+  Status assign_spare(const SpareHost& spare, int node, uint64_t epoch);
+  /// The global ranks of `node`: first and count.
+  std::pair<int, int> ranks_of_node(int node) const;
+
   /// Starts heartbeats and the watch on the job state. The returned fd becomes readable
   /// whenever an event may be waiting (an eventfd; read it to clear).
   Result<int> start_monitor();
@@ -96,6 +123,8 @@ class NodeLink {
   void finish();
 
   const NodeSpec& spec() const { return spec_; }
+  /// What rendezvous (or a spare host's takeover) settled.
+  const World& world() const { return world_; }
 
  private:
   explicit NodeLink(NodeSpec spec) : spec_(std::move(spec)) {}
@@ -105,10 +134,13 @@ class NodeLink {
 
   /// "; lost with it: ranks 2-3", the global ranks of `node` (empty before rendezvous).
   std::string ranks_of(int node) const;
+  /// The job's id and every node's registration (spec_.node_rank's rank base).
+  Result<World> read_world();
 
   NodeSpec spec_;
   World world_;  // what rendezvous settled
   std::unique_ptr<bootstrap::StoreClient> client_;
+  std::unique_ptr<bootstrap::StoreClient> main_client_;  // the agent's own requests (claim_spare)
   std::thread thread_;
   int wake_fd_ = -1;
 
@@ -121,6 +153,7 @@ class NodeLink {
   bool quit_ = false;
   bool published_ = false;         // the last report reached the store
   std::vector<int> silent_nodes_;  // node 0: agents it declared gone (they will not leave)
+  std::vector<int> revived_;       // nodes a spare host took over: watched afresh
 };
 
 }  // namespace strata::cli

@@ -35,7 +35,7 @@ const char kUsage[] =
     "  --port P         port of the store (default: any free port)\n"
     "  -h, --help       show this help\n"
     "\n"
-    "fault tolerance (one host):\n"
+    "fault tolerance (one host, or every host of a multi-node job):\n"
     "  --ft             keep the job going when a rank fails: the survivors shrink the\n"
     "                   communicator and a replacement rank is started in its place\n"
     "  --restart-all    with --ft: restart every rank after a failure (torchrun-like)\n"
@@ -58,6 +58,11 @@ const char kUsage[] =
     "                   prefer --token-file or STRATA_JOB_TOKEN, the default). Ranks get it\n"
     "                   in STRATA_JOB_TOKEN, never on their command line; it never crosses\n"
     "                   the network (challenge-response)\n"
+    "  --spare          with --ft and --store (no --nnodes): join the running job at ADDR:PORT as\n"
+    "                   a spare host; when a host is lost (its agent silent for\n"
+    "                   STRATA_AGENT_TIMEOUT, 1s under --ft) its ranks start again here, with\n"
+    "                   -n equal to that host's rank count. Without a spare host left, every\n"
+    "                   rank gets an error naming the lost host and its ranks\n"
     "  --rdzv-timeout T how long agents wait for each other at start, a duration as for\n"
     "                   --timeout (default: STRATA_STORE_TIMEOUT, 60s)\n"
     "  -n N is this node's rank count and may differ between nodes; global ranks are\n"
@@ -117,6 +122,9 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
     } else if (arg == "--ft") {
       o.ft = true;
       ++i;
+    } else if (arg == "--spare") {
+      o.spare_host = true;
+      ++i;
     } else if (arg == "--restart-all") {
       o.ft_opts.restart_all = true;
       ++i;
@@ -174,6 +182,21 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
   if (spares_given && !o.ft) return usage_error("--spares needs --ft (spares stand in for failed ranks)");
   if (o.spares > 0 && o.ft_opts.restart_all)
     return usage_error("--spares cannot be combined with --restart-all, which starts every rank again");
+  if (o.spare_host) {
+    if (!o.ft) return usage_error("--spare needs --ft (a spare host takes a lost host's ranks in a recovery)");
+    if (o.nnodes || o.node_rank)
+      return usage_error(
+          "--spare joins a running job as a spare host: give --store ADDR:PORT, not --nnodes or "
+          "--node-rank (it takes the node number of the host it replaces)");
+    if (o.store.empty()) return usage_error("--spare needs --store ADDR:PORT, the job's store");
+    auto addr = bootstrap::StoreAddress::parse(o.store);
+    if (!addr.is_ok()) return usage_error("--store '" + o.store + "': " + addr.status().message());
+    if (!o.token) o.token = Env::get().job_token;
+    if (o.token->empty())
+      return usage_error("--spare needs the job's token: pass --token-file F or set STRATA_JOB_TOKEN");
+    if (o.ft_opts.restart_all) return usage_error("--spare cannot be combined with --restart-all");
+    return std::nullopt;
+  }
   bool any_multi = o.nnodes || o.node_rank || !o.store.empty() || o.token || o.rdzv_timeout;
   if (any_multi) {
     if (!o.nnodes) return usage_error("--node-rank, --store, --token, --token-file and --rdzv-timeout need --nnodes H");

@@ -420,21 +420,27 @@ Result<ContextRef> make_context(const Env& env, const bootstrap::JobInfo& job, s
   return ContextRef(std::move(ctx));
 }
 
-Result<std::shared_ptr<CommImpl>> new_world(const std::shared_ptr<ContextImpl>& ctx) {
+Result<std::shared_ptr<CommImpl>> new_world(const std::shared_ptr<ContextImpl>& ctx,
+                                            const std::vector<std::pair<int, std::string>>& moved) {
   const int n = ctx->job.world_size, me = ctx->job.rank;
   std::vector<int> members(n);
   for (int r = 0; r < n; ++r) members[r] = r;
   // Where every rank lives: the job's records (a replaced rank's predecessor ran on the same
-  // host, so an older record says as much as a new one).
+  // host, so an older record says as much as a new one), but for the ranks of a lost host.
   ctx->hosts.assign(n, ctx->job.host_id);
   bool spans = false;
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
-    auto v = ctx->store->get(world_key(*ctx, r), ctx->timeout);
-    if (!v.is_ok()) return v.status().with_context("reading the world record of rank " + std::to_string(r) + ": ");
-    STRATA_ASSIGN_OR_RETURN(WorldRecord w, parse_world_record(v.value()));
-    ctx->hosts[r] = w.host;
-    spans = spans || w.host != ctx->job.host_id;
+    auto m = std::find_if(moved.begin(), moved.end(), [r](const auto& mv) { return mv.first == r; });
+    if (m != moved.end()) {
+      ctx->hosts[r] = m->second;
+    } else {
+      auto v = ctx->store->get(world_key(*ctx, r), ctx->timeout);
+      if (!v.is_ok()) return v.status().with_context("reading the world record of rank " + std::to_string(r) + ": ");
+      STRATA_ASSIGN_OR_RETURN(WorldRecord w, parse_world_record(v.value()));
+      ctx->hosts[r] = w.host;
+    }
+    spans = spans || ctx->hosts[r] != ctx->job.host_id;
   }
   if (!spans) {
     STRATA_ASSIGN_OR_RETURN(void* ctrl, new_ctrl_block(*ctx, me, n));

@@ -93,6 +93,8 @@ bool Membership::same_host(int r) const { return !c_->net || c_->host_of[r] == c
 
 const std::string& Membership::host_of(int r) const { return c_->ctx->hosts[c_->members[r]]; }
 
+void Membership::move_host(int r, const std::string& host) { c_->ctx->hosts[c_->members[r]] = host; }
+
 void Membership::expect_pid(int r, long pid) {
   c_->ctx->heap->expect_peer_pid(c_->members[r], static_cast<pid_t>(pid));
 }

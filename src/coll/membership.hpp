@@ -108,8 +108,11 @@ class Membership {
   bool spans_hosts() const;
   /// Whether member r runs on this rank's host (always, within one host).
   bool same_host(int r) const;
-  /// The host identity member r was found on when the communicator was made.
+  /// The host identity member r runs on.
   const std::string& host_of(int r) const;
+  /// Member r runs on `host` from now on: its whole host was lost and every member there
+  /// started again on a spare host (the host keeps its place among the communicator's hosts).
+  void move_host(int r, const std::string& host);
   /// Global rank of member `r`.
   int global_rank(int r) const;
   /// The process context of this communicator.
@@ -173,7 +176,9 @@ Result<ContextRef> make_context(const Env& env, const bootstrap::JobInfo& job, s
 Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>& ctx,
                                              std::shared_ptr<CommImpl>* published = nullptr);
 /// The world communicator of a rank started to replace a failed one: this rank's new control
-/// block, no peer attached yet (the recovery layer's rebuild attaches them).
-Result<std::shared_ptr<CommImpl>> new_world(const std::shared_ptr<ContextImpl>& ctx);
+/// block, no peer attached yet (the recovery layer's rebuild attaches them). `moved`: ranks
+/// that start again on another host than their records say (a lost host's), with that host.
+Result<std::shared_ptr<CommImpl>> new_world(const std::shared_ptr<ContextImpl>& ctx,
+                                            const std::vector<std::pair<int, std::string>>& moved = {});
 
 }  // namespace strata::detail

@@ -10,6 +10,7 @@
 #include "coll/membership.hpp"
 #include "common/env.hpp"
 #include "common/status.hpp"
+#include "recovery/keys.hpp"
 #include "recovery/monitor.hpp"
 #include "recovery/rebuild.hpp"
 #include "recovery/spare.hpp"
@@ -21,7 +22,14 @@ namespace {
 /// The world communicator of a replacement rank: its new control block, attached to the
 /// survivors (who keep theirs) in the epoch the controller announced.
 Result<std::shared_ptr<CommImpl>> join_world(const ContextRef& ctx) {
-  STRATA_ASSIGN_OR_RETURN(auto c, new_world(ctx.impl()));
+  // The notice of the epoch this process started in says which ranks start again on another
+  // host (a lost host's, on a spare host): their old records name the lost one.
+  const std::string& job = ctx.job().job_id;
+  auto notice = ctx.store()->get(recovery::keys::epoch(job, start_epoch()), ctx.env().timeout);
+  if (!notice.is_ok())
+    return notice.status().with_context("rank " + std::to_string(ctx.job().rank) + " reading the notice of epoch " +
+                                        std::to_string(start_epoch()) + ": ");
+  STRATA_ASSIGN_OR_RETURN(auto c, new_world(ctx.impl(), recovery::keys::parse_moves(notice.value())));
   Membership m(c);
   // Nothing is queued on a new communicator yet; the lock is what the rebuild expects held.
   auto quiet = m.quiesce(aborted("operation queued before rank " + std::to_string(m.rank()) + " joined the job"));

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace strata::recovery::keys {
@@ -38,6 +39,29 @@ inline std::string ready(const std::string& job, uint64_t e) { return base(job) 
 /// strata::init(); the launcher hands it a rank by setting `assign` to "RANK EPOCH".
 inline std::string spare(const std::string& job, int id) { return base(job) + "spare/" + std::to_string(id); }
 inline std::string assign(const std::string& job, int id) { return base(job) + "assign/" + std::to_string(id); }
+
+/// A notice's ranks may carry the host they move to ("2@h2,3@h2"): a whole host was lost
+/// and its ranks start again on a spare host. parse_ranks ignores the hosts.
+inline std::string with_host(int rank, const std::string& host) { return std::to_string(rank) + "@" + host; }
+
+/// "2@h2,3@h2,5" -> {2: "h2", 3: "h2"}: the ranks that move to another host.
+inline std::vector<std::pair<int, std::string>> parse_moves(const std::string& s) {
+  std::vector<std::pair<int, std::string>> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    const std::string item = s.substr(i, j - i);
+    if (size_t at = item.find('@'); at != std::string::npos && at + 1 < item.size()) {
+      try {
+        out.emplace_back(std::stoi(item.substr(0, at)), item.substr(at + 1));
+      } catch (...) {
+      }
+    }
+    i = j + 1;
+  }
+  return out;
+}
 
 /// "2,5" -> {2, 5}; malformed entries are skipped.
 inline std::vector<int> parse_ranks(const std::string& s) {

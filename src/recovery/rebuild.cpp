@@ -82,6 +82,10 @@ Status rebuild_world(Membership& m, bool fresh) {
     if (!notice->empty() && (*notice)[0] == recovery::keys::kFatal)
       return unavailable("recover() on rank " + std::to_string(me) + ": the job cannot recover: " + notice->substr(1));
     const std::vector<int> failed = recovery::keys::parse_ranks(*notice);
+    // A lost host's ranks start again on a spare host, all of them (the host keeps its place
+    // among the communicator's hosts, so nothing else about the layout changes).
+    for (const auto& [r, host] : recovery::keys::parse_moves(*notice))
+      if (r >= 0 && r < n && r != me) m.move_host(r, host);
     STRATA_LOG(Info, "rank " << me << ": rebuilding the world communicator in epoch " << e << " (replacing " << *notice
                              << ")");
 
@@ -115,7 +119,9 @@ Status rebuild_world(Membership& m, bool fresh) {
       STRATA_ASSIGN_OR_RETURN(recs[r], parse_world_record(*v));
       if (recs[r].host != m.host_of(r))
         return unavailable("rank " + std::to_string(r) + " rejoined on host '" + recs[r].host + "' but ran on '" +
-                           m.host_of(r) + "'; a replacement must run on its predecessor's host");
+                           m.host_of(r) +
+                           "'; a replacement runs on its predecessor's host, or the whole host's "
+                           "ranks move to a spare host together");
       // Across hosts the transport reaches every member, this host's too (point-to-point
       // traffic): its endpoint is made afresh to the process the record names. The
       // endpoints between survivors stay.

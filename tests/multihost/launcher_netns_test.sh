@@ -8,6 +8,7 @@
 #         matrix COUNTS PROGRAM [ARGS...]            (PROGRAM's ranks must all exit 0)
 #         collective_link_down LINKDOWN_RANK         (mh_linkdown_rank.cpp)
 #         ft TRAIN_DP                                 (--ft across hosts, examples/train_dp)
+#         ft_spare_host TRAIN_DP                      (--ft --spare: a lost host's ranks move)
 # The last two need collectives across hosts, i.e. the UCX transport.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -222,9 +223,69 @@ case $case in
     took=$(ms_between "$(mh_end "$log/host_lost" 1)" "$(mh_end "$log/host_lost" 0)")
     check "host_lost: h0 is done within 5 s of the loss (took $took ms)" test "$took" -lt 5000
     for r in 0 1; do
-      check "host_lost: rank $r gets an error naming h1 and its ranks" grep -q "^\[h0:$r\] rank $r: training failed: .*the job cannot recover: the agent of node 1 (h1) sent no heartbeat .*lost with it: ranks 2-3" "$log/host_lost/h0.out" "$log/host_lost/h0.err"
+      check "host_lost: rank $r gets an error naming h1 and its ranks" grep -q "^\[h0:$r\] rank $r: training failed: .*the job cannot recover: .*the agent of node 1 (h1) sent no heartbeat .*lost with it: ranks 2-3; no spare host is left" "$log/host_lost/h0.out" "$log/host_lost/h0.err"
     done
     finish 2
+    ;;
+  ft_spare_host)
+    # A lost host's ranks start again on a spare host (`strata run --ft --spare`): h0 and h1
+    # run the job (2 ranks each), h2 waits as a spare host. The final parameters must equal
+    # the job's without a failure, and the recovery (detection included) take at most 2 s.
+    train_dp=$1
+    mh_setup 3 || exit 1
+    trap 'mh_cleanup; [[ -n ${MH_KEEP:-} ]] && echo "logs kept in $log" || rm -rf "$log"' EXIT
+    export STRATA_UCX_NET_DEVICES=${STRATA_UCX_NET_DEVICES:-eth0} STRATA_TIMEOUT=${STRATA_TIMEOUT:-15s}
+    MH_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+    export MH_TOKEN
+    hash_of() { sed -n 's/.*final params hash \([0-9a-f]*\) after.*/\1/p' "$log/$1/h0.out" | head -1; }
+    mh_show() {
+      local d i
+      for d in "$1"/*/; do
+        echo "==== job $(basename "$d")"
+        for i in 0 1 2; do
+          echo "---- h$i: exit $(mh_rc "$d" "$i")"
+          sed 's/^/  out| /' "$d/h$i.out" 2>/dev/null
+          sed 's/^/  err| /' "$d/h$i.err" 2>/dev/null
+        done
+      done
+    }
+    mkdir -p "$log/clean"
+    STRATA_AGENT_TIMEOUT=5s mh_start_agents "$strata" 2,2 "$log/clean" --ft --timeout 60s -- "$train_dp" --steps 16
+    check "clean: both agents finish" mh_wait_agents "$log/clean" 2 70
+    # spare_job NAME [TRAIN_DP OPTIONS]: the job on h0, h1 and the spare host h2.
+    spare_job() {
+      local name=$1
+      shift
+      mkdir -p "$log/$name"
+      mh_start_agents "$strata" 2,2 "$log/$name" --ft --timeout 60s -- "$train_dp" --steps 16 "$@"
+      mh_start_spare "$strata" 2 "$log/$name" -n 2 --timeout 60s -- "$train_dp" --steps 16 "$@"
+    }
+    spare_done() {
+      local name=$1 want got
+      check "$name: h0 and the spare host finish within 70 s" mh_wait_agents "$log/$name" 3 70
+      for i in 0 2; do
+        check "$name: agent h$i exits with 0 (got $(mh_rc "$log/$name" $i))" test "$(mh_rc "$log/$name" $i)" = 0
+      done
+      want=$(hash_of clean) got=$(hash_of "$name")
+      check "$name: final parameters equal the run without failure ($got vs $want)" test -n "$want" -a "$got" = "$want"
+      check "$name: h0 hands node 1's ranks to the spare host" grep_in "$log/$name/h0.err" "node 1 lost: the agent of node 1 (h1) sent no heartbeat .*lost with it: ranks 2-3; its ranks start again on spare host h2 (epoch 1"
+      check "$name: the spare host takes them" grep_in "$log/$name/h2.err" "spare host h2 takes node 1's ranks 2-3 in epoch 1"
+      check "$name: rank 0 reports the recovery" grep_in "$log/$name/h0.out" "recovered epoch 1 (replaced rank 2,3)"
+      [[ ${2:-} == timed ]] || return 0
+      # The RTO counts from the injected failure, which a link cut has not.
+      rto=$(sed -n 's/.*recovered epoch 1 (replaced rank 2,3): detection [0-9.]* ms, RTO \([0-9]*\).*/\1/p' "$log/$name/h0.out")
+      check "$name: RTO at most 2 s (got ${rto:-none} ms)" test -n "$rto" -a "${rto:-9999}" -le 2000
+    }
+    # The whole host h1 SIGKILLed at step 6 (its agent and both ranks).
+    spare_job host_killed --fail 3:6:host --pace 40
+    spare_done host_killed timed
+    # h1's link taken down while the job runs (16 steps of 200 ms): h1's agent loses the store
+    # and stops its ranks, h0 misses h1's beats and gives its ranks to the spare host.
+    spare_job link_down --pace 200
+    sleep 1.5
+    mh_link_down 1
+    spare_done link_down
+    finish 3
     ;;
   *)
     echo "unknown case '$case'" >&2

@@ -83,6 +83,7 @@ mh_cleanup() {
     sleep 0.1
   done
   for ns in "${MH_HOSTS[@]}" $MH_SWITCH; do ip netns del "$ns" 2>/dev/null || true; done
+  rm -rf "/tmp/strata-$MH_TAG-h"* 2>/dev/null
   MH_HOSTS=()
   MH_SWITCH=""
 }
@@ -158,19 +159,43 @@ mh_start_agents() {
   [[ ${1:-} == -- ]] && shift
   local -a n
   IFS=, read -r -a n <<<"$counts"
-  local token
-  token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+  local token=${MH_TOKEN:-}
+  [[ -n $token ]] || token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
   local i
   for ((i = 0; i < ${#n[@]}; i++)); do
     rm -f "$log/h$i.rc"
     (
       rc=0
-      STRATA_HOST_ID="mh-h$i" STRATA_JOB_TOKEN="$token" mh_exec "$i" "$strata" run \
+      STRATA_HOST_ID="mh-h$i" STRATA_JOB_TOKEN="$token" STRATA_SOCKET_DIR="$(mh_socket_dir "$i")" mh_exec "$i" "$strata" run \
         --nnodes "${#n[@]}" --node-rank "$i" --store "$(mh_addr 0):$MH_STORE_PORT" -n "${n[$i]}" \
         "${run_opts[@]}" -- "$@" >"$log/h$i.out" 2>"$log/h$i.err" </dev/null || rc=$?
       echo "$rc $(date +%s.%N)" >"$log/h$i.rc"
     ) &
   done
+}
+
+# mh_socket_dir I: host I's heap socket directory. The namespaces share the machine's /tmp,
+# real hosts do not: a rank cut off on one "host" must not hold the name its replacement on
+# another binds.
+mh_socket_dir() { echo "/tmp/strata-$MH_TAG-h$1"; }
+
+# mh_start_spare STRATA I LOGDIR [RUN OPTIONS] -- PROGRAM [ARGS...]: in the background, a
+# spare host agent (`strata run --ft --spare`) on host I for the job whose store node 0 serves,
+# output in LOGDIR/hI.{out,err}, exit status in LOGDIR/hI.rc. The job's agents must share its
+# token: set MH_TOKEN for both calls.
+mh_start_spare() {
+  local strata=$1 i=$2 log=$3
+  shift 3
+  local -a run_opts=()
+  while [[ $# -gt 0 && $1 != -- ]]; do run_opts+=("$1"); shift; done
+  [[ ${1:-} == -- ]] && shift
+  rm -f "$log/h$i.rc"
+  (
+    rc=0
+    STRATA_HOST_ID="mh-h$i" STRATA_JOB_TOKEN="$MH_TOKEN" STRATA_SOCKET_DIR="$(mh_socket_dir "$i")" mh_exec "$i" "$strata" run --ft --spare \
+      --store "$(mh_addr 0):$MH_STORE_PORT" "${run_opts[@]}" -- "$@" >"$log/h$i.out" 2>"$log/h$i.err" </dev/null || rc=$?
+    echo "$rc $(date +%s.%N)" >"$log/h$i.rc"
+  ) &
 }
 
 # mh_wait_agents LOGDIR K TIMEOUT_S: waits for the K agents' .rc files; 1 after the timeout.

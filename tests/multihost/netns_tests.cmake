@@ -39,6 +39,10 @@ if(STRATA_WITH_UCX)
       COMMAND bash ${_mh}/launcher_netns_test.sh $<TARGET_FILE:strata_cli> $<TARGET_FILE:mh_smoke_rank>
               ft $<TARGET_FILE:train_dp>)
     set_tests_properties(multihost_ft PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 300)
+    add_test(NAME multihost_ft_spare_host
+      COMMAND bash ${_mh}/launcher_netns_test.sh $<TARGET_FILE:strata_cli> $<TARGET_FILE:mh_smoke_rank>
+              ft_spare_host $<TARGET_FILE:train_dp>)
+    set_tests_properties(multihost_ft_spare_host PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 300)
   endif()
 
   if(TARGET mh_rank)
