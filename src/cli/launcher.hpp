@@ -72,8 +72,9 @@ struct RunOptions {
   uint16_t port = 0;
   bool ft = false;
   FtOptions ft_opts;
-  int spares = 0;           // --spares K: hot spares waiting in strata::init() (--ft)
-  bool spare_host = false;  // --spare: a spare host for a lost node's ranks (--ft)
+  int spares = 0;               // --spares K: hot spares waiting in strata::init() (--ft)
+  bool spare_host = false;      // --spare: a spare host for a lost node's ranks (--ft)
+  bool external_store = false;  // --external-store: `strata store` serves --store, not node 0
   std::vector<std::string> argv;
   // Multi-node.
   std::optional<int> nnodes, node_rank;

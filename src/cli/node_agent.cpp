@@ -47,7 +47,7 @@ Status Launcher::join_nodes() {
   if (!addr.is_ok()) return addr.status();
   token_ = *opts_.token;
   node_name_ = short_host_name(*opts_.node_rank);
-  if (*opts_.node_rank == 0) {
+  if (*opts_.node_rank == 0 && !opts_.external_store) {
     auto server = bootstrap::StoreServer::start(addr->host, addr->port, token_);
     if (!server.is_ok())
       return server.status().with_context("node 0 serves the store on --store " + opts_.store +
@@ -67,6 +67,7 @@ Status Launcher::join_nodes() {
   // STRATA_AGENT_TIMEOUT, when set, decides.
   spec.agent_timeout = env.agent_timeout_set || !opts_.ft ? env.agent_timeout : kFtAgentTimeout;
   spec.ft = opts_.ft;
+  spec.external_store = opts_.external_store;
   STRATA_ASSIGN_OR_RETURN(link_, NodeLink::connect(spec, signal_check()));
   STRATA_ASSIGN_OR_RETURN(world_, link_->rendezvous(free_port(addr->host), job_id_, signal_check()));
   job_id_ = world_.job_id;
@@ -119,6 +120,8 @@ void Launcher::end_unrecoverable(const std::string& why) {
 
 void Launcher::on_node_lost(int node, const std::string& report) {
   if (!ft_ || stopping_) return;
+  // With a store outside the job every agent saw it: one handles it.
+  if (auto mine = link_->claim_loss(node); mine.is_ok() && !*mine) return;
   const auto [base, n] = link_->ranks_of_node(node);
   const std::string what = "node " + std::to_string(node) + " lost: " + report;
   auto spare = link_->claim_spare(node);
@@ -170,6 +173,7 @@ Status Launcher::join_as_spare() {
   spec.rdzv_timeout = opts_.rdzv_timeout.value_or(env.store_connect_timeout);
   spec.agent_timeout = env.agent_timeout_set ? env.agent_timeout : kFtAgentTimeout;
   spec.ft = true;
+  spec.external_store = opts_.external_store;
   STRATA_ASSIGN_OR_RETURN(link_, NodeLink::connect(spec, signal_check()));
   say("spare host " + node_name_ + " waits at the store " + opts_.store + " for the ranks of a lost host");
   STRATA_ASSIGN_OR_RETURN(auto takeover, link_->wait_as_spare(signal_check()));

@@ -23,6 +23,10 @@ std::string left_key(int i) { return kPrefix + "left/" + std::to_string(i); }
 std::string spare_key(int64_t s) { return kPrefix + "spare/" + std::to_string(s); }
 std::string taken_key(int64_t s) { return kPrefix + "taken/" + std::to_string(s); }
 std::string assign_key(int64_t s) { return kPrefix + "assign/" + std::to_string(s); }
+std::string lost_key(int node, const std::string& reg) {
+  // Per registration: the node's spare host, once it took over, can be lost in its turn.
+  return kPrefix + "lost/" + std::to_string(node) + "/" + std::to_string(std::hash<std::string>{}(reg));
+}
 const std::string kSparesKey = kPrefix + "spares";
 const std::string kStateKey = kPrefix + "state";
 const std::string kJobKey = kPrefix + "job";
@@ -228,12 +232,7 @@ Result<std::optional<NodeLink::Takeover>> NodeLink::wait_as_spare(const Interrup
 }
 
 Result<std::optional<NodeLink::SpareHost>> NodeLink::claim_spare(int node) {
-  // The monitor thread owns client_: the agent's own requests take a connection of their own.
-  if (!main_client_) {
-    STRATA_ASSIGN_OR_RETURN(
-        main_client_, bootstrap::StoreClient::connect(spec_.store, spec_.token, Deadline::after(spec_.agent_timeout)));
-    main_client_->set_reconnect_timeout(spec_.agent_timeout);
-  }
+  STRATA_RETURN_IF_ERROR(ensure_main_client());
   auto& store = *main_client_;
   STRATA_ASSIGN_OR_RETURN(auto keys, store.list(kPrefix + "spare/"));
   for (const std::string& k : keys) {
@@ -253,6 +252,28 @@ Result<std::optional<NodeLink::SpareHost>> NodeLink::claim_spare(int node) {
     return std::optional<SpareHost>(sp);
   }
   return std::optional<SpareHost>();
+}
+
+Status NodeLink::ensure_main_client() {
+  // The monitor thread owns client_: the agent's own requests take a connection of their own.
+  if (main_client_) return Status::ok();
+  STRATA_ASSIGN_OR_RETURN(
+      main_client_, bootstrap::StoreClient::connect(spec_.store, spec_.token, Deadline::after(spec_.agent_timeout)));
+  main_client_->set_reconnect_timeout(spec_.agent_timeout);
+  return Status::ok();
+}
+
+Result<bool> NodeLink::claim_loss(int node) {
+  STRATA_RETURN_IF_ERROR(ensure_main_client());
+  auto& store = *main_client_;
+  STRATA_ASSIGN_OR_RETURN(auto reg, store.try_get(node_key(node)));
+  const std::string me = std::to_string(spec_.node_rank);
+  STRATA_ASSIGN_OR_RETURN(std::string got, store.compare_set(lost_key(node, reg.value_or("")), "", me));
+  if (got == me) return true;
+  // Another agent handles it: watch the node again, for its spare host's beats.
+  std::lock_guard lk(mu_);
+  revived_.push_back(node);
+  return false;
 }
 
 Status NodeLink::assign_spare(const SpareHost& spare, int node, uint64_t epoch) {
@@ -325,7 +346,7 @@ void NodeLink::finish() {
     std::unique_lock lk(mu_);
     cv_.wait_for(lk, spec_.agent_timeout, [&] { return published_ || final_seen_ || !thread_.joinable(); });
   }
-  if (spec_.node_rank == 0 && thread_.joinable()) {
+  if (spec_.node_rank == 0 && !spec_.external_store && thread_.joinable()) {
     // The others poll the state once per interval; give them a few to read it before the
     // store goes away. A node that died never leaves, hence the bound.
     std::vector<std::string> keys;
@@ -350,14 +371,15 @@ Status NodeLink::tick(std::vector<int64_t>& last_hb, std::vector<Clock::time_poi
   auto& store = *client_;
   STRATA_RETURN_IF_ERROR(store.add(hb_key(spec_.node_rank), 1).status());
   STRATA_ASSIGN_OR_RETURN(auto state, store.try_get(kStateKey));
-  if (!state && spec_.node_rank == 0) {
-    // Node 0 watches the others: an agent whose heartbeat stalls took its host's ranks
-    // with it (killed, host down, or cut off from the network).
+  if (!state && (spec_.node_rank == 0 || spec_.external_store)) {
+    // Node 0 watches the others (with a store outside the job, every agent does): an agent
+    // whose heartbeat stalls took its host's ranks with it (killed, host down, or cut off
+    // from the network).
     {
       // A spare host took these nodes over: its beats are watched from now on.
       std::lock_guard lk(mu_);
       for (int i : revived_) {
-        if (i <= 0 || i >= spec_.nnodes) continue;
+        if (i < 0 || i >= spec_.nnodes || i == spec_.node_rank) continue;
         last_hb[i] = -1;
         last_change[i] = Clock::now();
         std::erase(silent_nodes_, i);
@@ -370,7 +392,8 @@ Status NodeLink::tick(std::vector<int64_t>& last_hb, std::vector<Clock::time_poi
       state = v;
     } else {
       auto now = Clock::now();
-      for (int i = 1; i < spec_.nnodes && !state; ++i) {
+      for (int i = 0; i < spec_.nnodes && !state; ++i) {
+        if (i == spec_.node_rank) continue;
         if (std::find(done.begin(), done.end(), done_key(i)) != done.end()) continue;
         STRATA_ASSIGN_OR_RETURN(auto hb, store.try_get(hb_key(i)));
         int64_t beats = hb ? std::strtoll(hb->c_str(), nullptr, 10) : 0;

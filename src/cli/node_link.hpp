@@ -47,6 +47,9 @@ struct NodeSpec {
   std::chrono::milliseconds rdzv_timeout{60000};
   std::chrono::milliseconds agent_timeout{10000};
   bool ft = false;  // --ft: a silent node is reported to the agent (NodeLost), not the job's end
+  // --external-store: `strata store` serves the store outside the job, so no node is special:
+  // every agent watches every other one, and node 0's loss is a node's loss like any other.
+  bool external_store = false;
 };
 
 struct NodeInfo {
@@ -105,6 +108,9 @@ class NodeLink {
   /// Hands lost node `node` to the claimed spare host in recovery epoch `epoch`, and watches
   /// the node's heartbeat afresh.
   Status assign_spare(const SpareHost& spare, int node, uint64_t epoch);
+  /// Whether this agent handles the loss of `node` (compare-and-set: with an external store
+  /// every agent sees it, and one acts). One that does not watches the node afresh.
+  Result<bool> claim_loss(int node);
   /// The global ranks of `node`: first and count.
   std::pair<int, int> ranks_of_node(int node) const;
 
@@ -134,6 +140,8 @@ class NodeLink {
 
   /// "; lost with it: ranks 2-3", the global ranks of `node` (empty before rendezvous).
   std::string ranks_of(int node) const;
+  /// Connects main_client_, the agent thread's own store connection, once.
+  Status ensure_main_client();
   /// The job's id and every node's registration (spec_.node_rank's rank base).
   Result<World> read_world();
 

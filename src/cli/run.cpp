@@ -49,7 +49,8 @@ const char kUsage[] =
     "\n"
     "across hosts (run one agent per host, as with torchrun):\n"
     "  --nnodes H       number of nodes (agents) in the job\n"
-    "  --node-rank I    this node, 0 to H-1; node 0 serves the store on ADDR:PORT\n"
+    "  --node-rank I    this node, 0 to H-1; node 0 serves the store on ADDR:PORT (unless\n"
+    "                   --external-store)\n"
     "                   (also spelled --node_rank, as torchrun does)\n"
     "  --store A:P      the store's address, the same on every node (node 0 listens on that\n"
     "                   address only: give the address of the interface the nodes share)\n"
@@ -58,6 +59,10 @@ const char kUsage[] =
     "                   prefer --token-file or STRATA_JOB_TOKEN, the default). Ranks get it\n"
     "                   in STRATA_JOB_TOKEN, never on their command line; it never crosses\n"
     "                   the network (challenge-response)\n"
+    "  --external-store the store at --store is served by `strata store` (on any host), not by\n"
+    "                   node 0: every agent watches every other one, so with --ft and a spare\n"
+    "                   host the loss of any host is recovered, node 0's included. Give it\n"
+    "                   to every agent and spare host of the job\n"
     "  --spare          with --ft and --store (no --nnodes): join the running job at ADDR:PORT as\n"
     "                   a spare host; when a host is lost (its agent silent for\n"
     "                   STRATA_AGENT_TIMEOUT, 1s under --ft) its ranks start again here, with\n"
@@ -122,6 +127,9 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
     } else if (arg == "--ft") {
       o.ft = true;
       ++i;
+    } else if (arg == "--external-store") {
+      o.external_store = true;
+      ++i;
     } else if (arg == "--spare") {
       o.spare_host = true;
       ++i;
@@ -182,6 +190,8 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
   if (spares_given && !o.ft) return usage_error("--spares needs --ft (spares stand in for failed ranks)");
   if (o.spares > 0 && o.ft_opts.restart_all)
     return usage_error("--spares cannot be combined with --restart-all, which starts every rank again");
+  if (o.external_store && !o.nnodes && !o.spare_host)
+    return usage_error("--external-store is for multi-node jobs (--nnodes H) and spare hosts (--spare)");
   if (o.spare_host) {
     if (!o.ft) return usage_error("--spare needs --ft (a spare host takes a lost host's ranks in a recovery)");
     if (o.nnodes || o.node_rank)

@@ -232,7 +232,7 @@ case $case in
     # run the job (2 ranks each), h2 waits as a spare host. The final parameters must equal
     # the job's without a failure, and the recovery (detection included) take at most 2 s.
     train_dp=$1
-    mh_setup 3 || exit 1
+    mh_setup 4 || exit 1  # h3 serves the store of the last job (--external-store)
     trap 'mh_cleanup; [[ -n ${MH_KEEP:-} ]] && echo "logs kept in $log" || rm -rf "$log"' EXIT
     export STRATA_UCX_NET_DEVICES=${STRATA_UCX_NET_DEVICES:-eth0} STRATA_TIMEOUT=${STRATA_TIMEOUT:-15s}
     MH_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
@@ -285,6 +285,22 @@ case $case in
     sleep 1.5
     mh_link_down 1
     spare_done link_down
+    mh_link_up 1
+    # The store outside the job (`strata store` on h3, --external-store everywhere): node 0
+    # itself is lost, and its ranks start again on the spare host; h1's agent handles it.
+    MH_STORE_ADDR=$(mh_start_store "$strata" 3)
+    export MH_STORE_ADDR
+    sleep 0.3
+    mkdir -p "$log/node0_lost"
+    mh_start_agents "$strata" 2,2 "$log/node0_lost" --ft --external-store --timeout 60s -- "$train_dp" --steps 16 --pace 40 --fail 0:6:host
+    mh_start_spare "$strata" 2 "$log/node0_lost" --external-store -n 2 --timeout 60s -- "$train_dp" --steps 16 --pace 40 --fail 0:6:host
+    check "node0_lost: h1 and the spare host finish within 70 s" mh_wait_agents "$log/node0_lost" 3 70
+    for i in 1 2; do
+      check "node0_lost: agent h$i exits with 0 (got $(mh_rc "$log/node0_lost" $i))" test "$(mh_rc "$log/node0_lost" $i)" = 0
+    done
+    got=$(sed -n 's/.*final params hash \([0-9a-f]*\) after.*/\1/p' "$log/node0_lost/h2.out" | head -1)
+    check "node0_lost: final parameters (from the new rank 0 on h2) equal the run without failure ($got vs $(hash_of clean))" test -n "$got" -a "$got" = "$(hash_of clean)"
+    check "node0_lost: h1 hands node 0's ranks to the spare host" grep_in "$log/node0_lost/h1.err" "node 0 lost: the agent of node 0 (h0) sent no heartbeat .*lost with it: ranks 0-1; its ranks start again on spare host h2 (epoch 1"
     finish 3
     ;;
   *)

@@ -167,11 +167,23 @@ mh_start_agents() {
     (
       rc=0
       STRATA_HOST_ID="mh-h$i" STRATA_JOB_TOKEN="$token" STRATA_SOCKET_DIR="$(mh_socket_dir "$i")" mh_exec "$i" "$strata" run \
-        --nnodes "${#n[@]}" --node-rank "$i" --store "$(mh_addr 0):$MH_STORE_PORT" -n "${n[$i]}" \
+        --nnodes "${#n[@]}" --node-rank "$i" --store "${MH_STORE_ADDR:-$(mh_addr 0):$MH_STORE_PORT}" -n "${n[$i]}" \
         "${run_opts[@]}" -- "$@" >"$log/h$i.out" 2>"$log/h$i.err" </dev/null || rc=$?
       echo "$rc $(date +%s.%N)" >"$log/h$i.rc"
     ) &
   done
+}
+
+# MH_STORE_ADDR (ADDR:PORT), when set, is where the agents find the job's store instead of
+# node 0 (with --external-store: `strata store` runs there, see mh_start_store).
+#
+# mh_start_store STRATA I: in the background, `strata store` on host I at its address and
+# MH_STORE_PORT, with token MH_TOKEN; prints the ADDR:PORT to put in MH_STORE_ADDR.
+mh_start_store() {
+  local strata=$1 i=$2
+  STRATA_JOB_TOKEN="$MH_TOKEN" mh_exec "$i" "$strata" store --host "$(mh_addr "$i")" --port "$MH_STORE_PORT" \
+    >/dev/null 2>&1 </dev/null &
+  echo "$(mh_addr "$i"):$MH_STORE_PORT"
 }
 
 # mh_socket_dir I: host I's heap socket directory. The namespaces share the machine's /tmp,
@@ -193,7 +205,7 @@ mh_start_spare() {
   (
     rc=0
     STRATA_HOST_ID="mh-h$i" STRATA_JOB_TOKEN="$MH_TOKEN" STRATA_SOCKET_DIR="$(mh_socket_dir "$i")" mh_exec "$i" "$strata" run --ft --spare \
-      --store "$(mh_addr 0):$MH_STORE_PORT" "${run_opts[@]}" -- "$@" >"$log/h$i.out" 2>"$log/h$i.err" </dev/null || rc=$?
+      --store "${MH_STORE_ADDR:-$(mh_addr 0):$MH_STORE_PORT}" "${run_opts[@]}" -- "$@" >"$log/h$i.out" 2>"$log/h$i.err" </dev/null || rc=$?
     echo "$rc $(date +%s.%N)" >"$log/h$i.rc"
   ) &
 }
