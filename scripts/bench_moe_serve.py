@@ -129,6 +129,8 @@ def run_all(o, out):
             over = 2 * per > (os.cpu_count() or 1) and "STRATA_OVERSUBSCRIBED" not in os.environ
             cases.append((TWO_HOSTS, 2 * per, (per, dict(mh_env, STRATA_OVERSUBSCRIBED="1") if over else mh_env)))
     for where, n, mh in cases:
+        with open(os.path.join(out, "loads"), "a") as f:
+            f.write("%s, %d ranks: %s\n" % (where, n, loadavg().split()[0]))
         for r in range(o.rounds):
             tag = "n%d_r%d" % (n, r) if mh is None else "mh%dx%d_r%d" % (2, mh[0], r)
             if mh is None:
@@ -209,7 +211,7 @@ def fms(x):
     return "%.2f" % x if x >= 10 else "%.3f" % x
 
 
-def section_lines(rows, command, load_start, load_end, host, spin="", multihost=""):
+def section_lines(rows, command, load_start, load_end, host, spin="", multihost="", loads=""):
     med = summarise(rows)
     rounds = len({r.get("round", 0) for r in rows})
     any_row = rows[0]
@@ -238,7 +240,8 @@ def section_lines(rows, command, load_start, load_end, host, spin="", multihost=
          "- Date: %s; machine: %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), host),
          "- Load average at start / end: %s / %s — the machine is shared with other jobs and has 2 cores, so 4 "
          "ranks are oversubscribed; compare paths within one rank count, not absolute figures." % (
-             load_start, load_end),
+             load_start, load_end) + (" Load average (1 min) as each case started: %s." % "; ".join(
+                 loads.splitlines()) if loads else ""),
          "- Model (`examples/moe_serve_model.hpp`): %s. Each layer: rmsnorm, router (hidden → experts matmul, "
          "softmax, top-k), dispatch, experts relu(x·W1)·W2 in place on the received rows, combine, residual add." % cfg,
          "- Paths: `strata` = `strata::moe::Buffer` with the Prefill schedule for the prefill and the Decode "
@@ -253,9 +256,10 @@ def section_lines(rows, command, load_start, load_end, host, spin="", multihost=
          "Waiting: strata %s; Open MPI polls (yielding the core when ranks outnumber cores)." % (
              "with `STRATA_SPIN_US=%s`" % spin if spin else
              "as it is for a user (`STRATA_SPIN_US` unset: spin 500 µs, yield, then sleep)"),
-         "- Correctness: every path's outputs are bit-identical (combine sums in fp32 in the order k = 0..K-1 "
-         "on every path, and each expert row depends only on its input row), checked by a checksum per path and "
-         "rank count; `Examples.moe_serve` also checks them against a single-process reference.",
+         "- Correctness: on one host every path's outputs are bit-identical (combine sums in fp32 in the order "
+         "k = 0..K-1 on every path, and each expert row depends only on its input row), checked by a checksum per "
+         "path and rank count; `Examples.moe_serve` also checks them against a single-process reference. Across "
+         "hosts, see below the table.",
          "- Reading: at these sizes a step is mostly the experts' and router's matmuls, the same code on "
          "every path, and the dispatch/combine rows are a few KiB per layer; so on a loaded machine the "
          "differences are mostly how each path waits for its peers, not how it moves the rows: Open MPI "
@@ -275,7 +279,8 @@ def section_lines(rows, command, load_start, load_end, host, spin="", multihost=
               "(each other host's terms come back as one partial sum rounded to bfloat16, "
               "`moe::Buffer::combine`), so its outputs differ in the last bits by design, and every strata job "
               "across hosts runs with `--check`: each output equals the example's reference summed in that "
-              "order, bit for bit. The TCP link between namespaces is a kernel copy, not a NIC: the "
+              "order, bit for bit (the reference runs outside the timed steps: after a step's time is taken, before the "
+              "next barrier). The TCP link between namespaces is a kernel copy, not a NIC: the "
               "cross-host rows show the cost of the paths' protocols and waits, not of a real network."
               % (multihost or "1 and 2")]
     else:
@@ -298,7 +303,8 @@ def write_doc(results, docs, command):
                           read_text(os.path.join(results, "load_end"), "?"),
                           read_text(os.path.join(results, "machine"), machine()),
                           read_text(os.path.join(results, "spin")),
-                          read_text(os.path.join(results, "multihost")).replace(",", " and "))
+                          read_text(os.path.join(results, "multihost")).replace(",", " and "),
+                          read_text(os.path.join(results, "loads")))
     if not replace_section(path, lines, BEGIN, END):
         with open(path, "w") as f:
             f.write("# Strata performance: MoE dispatch and combine\n\n" + "\n".join(lines) + "\n")
