@@ -21,6 +21,8 @@ CTEST_JOBS ?= 2
 CTEST_ARGS ?=
 SANITIZER_CTEST_ARGS ?= -LE slow|multihost
 CMAKE_ARGS ?=
+# bench-moe-serve: 1 also runs the cross-host rows (network namespaces, root)
+MULTIHOST ?= 1
 CLANG_FORMAT ?= clang-format
 CLANG_TIDY ?= clang-tidy
 
@@ -122,7 +124,9 @@ bench-moe: deps
 	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) QUICK=$(QUICK) scripts/bench_moe.sh
 
 # MoE serving: TTFT/TPOT p50/p99 of examples/moe_serve (strata Prefill+Decode, Relay) and its Open
-# MPI peer at 2 and 4 ranks; rewrites the serving section of docs/PERFORMANCE_MOE.md (~2 min)
+# MPI peer at 2 and 4 ranks on this host and on 2 network-namespace hosts x 1 and x 2 ranks (needs
+# root; MULTIHOST=0 for this host only); rewrites the serving section of docs/PERFORMANCE_MOE.md
+# (~5 min)
 bench-moe-serve: deps
 	@scripts/install_bench_deps.sh
 	cmake -S . -B $(BUILD_DIR) -G Ninja $(CMAKE_ARGS) >/dev/null
@@ -130,7 +134,7 @@ bench-moe-serve: deps
 	@if grep -q 'build bench/peers/mpi_moe_serve:' $(BUILD_DIR)/build.ninja; then \
 	  cmake --build $(BUILD_DIR) --target mpi_moe_serve $(NINJA_JOBS); \
 	fi
-	/usr/bin/python3 scripts/bench_moe_serve.py --build $(BUILD_DIR)
+	/usr/bin/python3 scripts/bench_moe_serve.py --build $(BUILD_DIR) $(if $(filter 1,$(MULTIHOST)),--multihost)
 
 install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)

@@ -15,8 +15,11 @@
 //
 //   strata run -n 2 ./build/examples/moe_serve [--path strata|relay|all] [--layers 4] ...
 //
-// Nothing here assumes one host: ranks come from the communicator, so `strata run --nnodes`
-// runs it as it is.
+// Ranks come from the communicator, so `strata run --nnodes` runs it as it is. Across hosts the
+// strata path sums in another fixed order (each other host's terms arrive as one partial sum,
+// rounded to bfloat16: moe::Buffer::combine), so its bits differ from relay's (k ascending, as
+// Open MPI's): there relay must still match the others' k order, and strata is checked against
+// the reference summed in its own order (--check).
 
 #include <strata/moe.hpp>
 #include <strata/strata.hpp>
@@ -90,6 +93,31 @@ int main(int argc, char** argv) {
     }
     const int L = o.experts / R;
     Model m(o, rank * L, L);
+    // Across hosts the reference needs each rank's host, numbered by first rank as the Buffer
+    // numbers them; `strata run --nnodes` numbers ranks host by host, which this relies on.
+    const bool spans = comm.local_size() != R;
+    if (spans) {
+      std::vector<int32_t> lr(R);
+      const int32_t mine = comm.local_rank();
+      comm.all_gather(&mine, lr.data(), 1, strata::DataType::Int32);
+      std::vector<int> host_of(R);
+      bool contiguous = lr[0] == 0;
+      for (int r = 0, h = -1; r < R; ++r) {
+        if (lr[r] == 0) ++h;
+        else contiguous = contiguous && lr[r] == lr[r - 1] + 1;
+        host_of[r] = h;
+      }
+      if (!contiguous && o.check) {
+        if (rank == 0)
+          std::fprintf(stderr,
+                       "moe_serve: --check across hosts needs the ranks of each host numbered in a row "
+                       "(as strata run --nnodes numbers them)\n");
+        comm.barrier();
+        return 2;
+      }
+      const int my_host = host_of[rank];
+      m.set_hosts(std::move(host_of), my_host);
+    }
     // Two buffers, as a serving stack keeps them: the prefill one sized for a prompt, the
     // decode one for a step (the Decode schedule's slots are [L][R][M][H], so M matters).
     strata::moe::Config pc{.num_experts = o.experts, .hidden = o.hidden, .max_tokens = o.prompt, .topk = o.topk};
@@ -100,11 +128,13 @@ int main(int argc, char** argv) {
     struct Path {
       std::string name;
       Schedule prefill, decode;
+      bool by_host;  // sums per host (Prefill/Decode across hosts) rather than k ascending
       Samples s;
     };
     std::vector<Path> paths;
-    if (o.path == "strata" || o.path == "all") paths.push_back({"strata", Schedule::Prefill, Schedule::Decode, {}});
-    if (o.path == "relay" || o.path == "all") paths.push_back({"relay", Schedule::Relay, Schedule::Relay, {}});
+    if (o.path == "strata" || o.path == "all")
+      paths.push_back({"strata", Schedule::Prefill, Schedule::Decode, spans, {}});
+    if (o.path == "relay" || o.path == "all") paths.push_back({"relay", Schedule::Relay, Schedule::Relay, false, {}});
     if (rank == 0)
       std::printf(
           "moe_serve: %d ranks, %d layers, %d experts (%d per rank), top-%d, hidden %zu, ffn %zu; %d requests "
@@ -116,7 +146,7 @@ int main(int argc, char** argv) {
       for (Path& p : paths)
         serve_request(
             m, rank, r, r >= o.warmup, p.s, [&] { comm.barrier(); }, StrataMoe{pbuf, m, p.prefill, rank},
-            StrataMoe{dbuf, m, p.decode, rank});
+            StrataMoe{dbuf, m, p.decode, rank}, p.by_host);
 
     int bad = 0;
     std::vector<uint64_t> job_hash;
@@ -138,22 +168,28 @@ int main(int argc, char** argv) {
       std::printf("%s", header().c_str());
       for (size_t i = 0; i < paths.size(); ++i) {
         std::string row, json;
-        report(o, paths[i].name, R, paths[i].s, job_hash[i], row, json);
+        report(o, paths[i].name, R, paths[i].s, job_hash[i], row, json, paths[i].by_host ? "host" : "k");
         std::printf("%s", row.c_str());
         if (!o.json.empty()) std::ofstream(o.json, std::ios::app) << json;
-        if (job_hash[i] != job_hash[0]) {
+        // Only paths that sum in the same order must give the same bits.
+        size_t j = 0;
+        while (paths[j].by_host != paths[i].by_host) ++j;
+        if (job_hash[i] != job_hash[j]) {
           std::fprintf(stderr, "moe_serve: MISMATCH: %s checksum %s, %s checksum %s\n", paths[i].name.c_str(),
-                       hex(job_hash[i]).c_str(), paths[0].name.c_str(), hex(job_hash[0]).c_str());
+                       hex(job_hash[i]).c_str(), paths[j].name.c_str(), hex(job_hash[j]).c_str());
           bad = 1;
         }
-        if (!o.expect.empty() && hex(job_hash[i]) != o.expect) {
+        if (!o.expect.empty() && !paths[i].by_host && hex(job_hash[i]) != o.expect) {
           std::fprintf(stderr, "moe_serve: MISMATCH: %s checksum %s, expected %s\n", paths[i].name.c_str(),
                        hex(job_hash[i]).c_str(), o.expect.c_str());
           bad = 1;
         }
       }
       std::printf("moe_serve: %s%s\n",
-                  bad ? "MISMATCH" : (paths.size() > 1 ? "every path gives the same outputs" : "done"),
+                  bad                ? "MISMATCH"
+                  : paths.size() < 2 ? "done"
+                  : spans ? "across hosts: strata sums per host, relay k ascending (checksums differ by design)"
+                          : "every path gives the same outputs",
                   o.check && !bad ? " (and matches the single-process reference)" : "");
       std::fflush(stdout);
     }

@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moe_serve {
@@ -72,7 +73,7 @@ struct Options {
   std::string path = "all";  ///< moe_serve: strata | relay | all
   std::string json;          ///< append one JSON object per path to this file
   bool check = false;        ///< also compare with a single-process reference
-  std::string expect;        ///< fail unless every path's checksum is this one
+  std::string expect;        ///< fail unless every path's checksum is this one (across hosts: k-order paths)
 };
 
 inline const char* kOptionsHelp =
@@ -88,7 +89,8 @@ inline const char* kOptionsHelp =
     "  --warmup N          untimed requests first (1)\n"
     "  --json FILE         append one JSON object per path to FILE\n"
     "  --check             also check every output against a single-process reference\n"
-    "  --expect HEX        exit non-zero unless every path's checksum is HEX\n";
+    "  --expect HEX        exit non-zero unless every path's checksum is HEX (across hosts: relay's;\n"
+    "                      strata's sums per host there, checked by --check)\n";
 
 /// Parses the options shared by both programs (and --path where `with_path`); on an error
 /// returns false with `err` naming the option.
@@ -304,24 +306,51 @@ class Model {
     }
   }
 
+  /// Which host each rank is on (hosts numbered by their first rank, as moe::Buffer orders
+  /// them) and this rank's host: what the reference needs to sum in a Buffer's order across hosts.
+  void set_hosts(std::vector<int> host_of, int mine) {
+    host_of_ = std::move(host_of);
+    my_host_ = mine;
+  }
+
   /// The MoE of layer l computed in this process with every expert (built on demand): the
-  /// reference the distributed paths must match bit for bit.
+  /// reference the distributed paths must match bit for bit. by_host: the order of
+  /// moe::Buffer's Prefill/Decode combine across hosts (this host's terms k ascending, then each
+  /// other host's partial sum, k ascending and rounded to bfloat16, host ascending); otherwise
+  /// k ascending (one host, Relay, Open MPI).
   void reference_moe(int l, const std::vector<uint16_t>& x, size_t T, const std::vector<int64_t>& idx,
-                     const std::vector<float>& w, std::vector<uint16_t>& out) {
+                     const std::vector<float>& w, std::vector<uint16_t>& out, bool by_host = false) {
     const size_t H = o_.hidden, K = static_cast<size_t>(o_.topk);
     if (ref_experts_.size() != static_cast<size_t>(o_.layers)) ref_experts_.assign(o_.layers, {});
     auto& ex = ref_experts_[l];
     if (ex.empty())
       for (int e = 0; e < o_.experts; ++e) ex.push_back(make_expert(l, e));
-    std::vector<uint16_t> y(H);
-    std::vector<float> acc(H);
-    for (size_t t = 0; t < T; ++t) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
+    by_host = by_host && !host_of_.empty();
+    const int hosts = by_host ? *std::max_element(host_of_.begin(), host_of_.end()) + 1 : 1;
+    auto host_of_expert = [&](int64_t e) { return by_host ? host_of_[e / count_] : my_host_; };
+    std::vector<uint16_t> y(H), part_bf(H);
+    std::vector<float> acc(H), part(H);
+    // acc (or part) += the terms of token t whose expert is on host hh, k ascending; false if none.
+    auto terms = [&](size_t t, int hh, float* sum) {
+      bool any = false;
       for (size_t k = 0; k < K; ++k) {
         const int64_t e = idx[t * K + k];
-        if (e < 0) continue;
+        if (e < 0 || host_of_expert(e) != hh) continue;
         run_expert(ex[e], &x[t * H], y.data(), 1);
-        accumulate(acc.data(), y.data(), w[t * K + k], H);
+        accumulate(sum, y.data(), w[t * K + k], H);
+        any = true;
+      }
+      return any;
+    };
+    for (size_t t = 0; t < T; ++t) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      terms(t, my_host_, acc.data());
+      for (int hh = 0; by_host && hh < hosts; ++hh) {
+        if (hh == my_host_) continue;
+        std::fill(part.begin(), part.end(), 0.0f);
+        if (!terms(t, hh, part.data())) continue;
+        for (size_t i = 0; i < H; ++i) part_bf[i] = f2bf(part[i]);
+        accumulate(acc.data(), part_bf.data(), 1.0f, H);
       }
       for (size_t i = 0; i < H; ++i) out[t * H + i] = f2bf(acc[i]);
     }
@@ -338,6 +367,8 @@ class Model {
   std::vector<std::vector<float>> router_;
   std::vector<std::vector<Expert>> experts_;
   std::vector<std::vector<Expert>> ref_experts_;
+  std::vector<int> host_of_;  // empty: one host
+  int my_host_ = 0;
   std::vector<float> a_, h_, y_, logits_;
   std::vector<int> order_;
   std::vector<uint16_t> x_, out_;
@@ -407,8 +438,10 @@ inline std::string header() {
 }
 
 /// One table row and one JSON line for a path.
+/// combine: the order of the path's sums ("k": k ascending; "host": per host, moe::Buffer across
+/// hosts), which decides which paths' checksums must agree.
 inline void report(const Options& o, const std::string& path, int ranks, const Samples& s, uint64_t job_hash,
-                   std::string& row, std::string& json) {
+                   std::string& row, std::string& json, const char* combine = "k") {
   char b[512];
   const double t50 = percentile(s.ttft, 50), t99 = percentile(s.ttft, 99);
   const double p50 = percentile(s.tpot, 50), p99 = percentile(s.tpot, 99);
@@ -419,19 +452,20 @@ inline void report(const Options& o, const std::string& path, int ranks, const S
                 "{\"path\": \"%s\", \"ranks\": %d, \"layers\": %d, \"hidden\": %zu, \"ffn\": %zu, \"experts\": %d, "
                 "\"topk\": %d, \"prompt\": %zu, \"decode_steps\": %d, \"decode_tokens\": %zu, \"requests\": %d, "
                 "\"ttft_ms_p50\": %.6f, \"ttft_ms_p99\": %.6f, \"tpot_ms_p50\": %.6f, \"tpot_ms_p99\": %.6f, "
-                "\"checksum\": \"%s\"}\n",
+                "\"checksum\": \"%s\", \"combine\": \"%s\", \"checked\": %s}\n",
                 path.c_str(), ranks, o.layers, o.hidden, o.ffn, o.experts, o.topk, o.prompt, o.decode_steps,
-                o.decode_tokens, o.requests, t50, t99, p50, p99, hex(job_hash).c_str());
+                o.decode_tokens, o.requests, t50, t99, p50, p99, hex(job_hash).c_str(), combine,
+                o.check && s.ref_ok ? "true" : "false");
   json = b;
 }
 
 /// Serves one request on one path: prefill (timed as TTFT), then the decode steps (each timed
 /// as a TPOT sample). `barrier()` lines the ranks up before each timed step; `moe_prefill`
 /// and `moe_decode` are the path's MoE for the two phases. With `check`, every step's output
-/// is compared with the reference computed here.
+/// is compared with the reference computed here (summed per host when by_host).
 template <class Barrier, class MoeP, class MoeD>
 void serve_request(Model& m, int rank, int request, bool timed, Samples& s, Barrier&& barrier, MoeP&& moe_prefill,
-                   MoeD&& moe_decode) {
+                   MoeD&& moe_decode, bool by_host = false) {
   const Options& o = m.options();
   const size_t H = o.hidden;
   std::vector<float> h, ref, next;
@@ -441,7 +475,8 @@ void serve_request(Model& m, int rank, int request, bool timed, Samples& s, Barr
     ref = in;
     m.forward(ref, T,
               [&](int l, const std::vector<uint16_t>& x, size_t n, const std::vector<int64_t>& idx,
-                  const std::vector<float>& w, std::vector<uint16_t>& out) { m.reference_moe(l, x, n, idx, w, out); });
+                  const std::vector<float>& w,
+                  std::vector<uint16_t>& out) { m.reference_moe(l, x, n, idx, w, out, by_host); });
     if (std::memcmp(ref.data(), got.data(), T * H * sizeof(float)) != 0) s.ref_ok = false;
   };
   std::vector<float> in = o.check ? h : std::vector<float>{};

@@ -51,14 +51,7 @@ for ((i = 0; i < HOSTS; i++)); do [[ $(mh_rc "$BENCH_OUT/agents" $i) == 0 ]] || 
 grep -h '^\[h0:0\]' "$BENCH_OUT/agents/h0.out" | sed 's/^\[h0:0\] //' | tee "$BENCH_OUT/strata.txt"
 if [[ ${SKIP_MPI:-0} != 1 && -x $MPI_MOE ]] && command -v mpirun >/dev/null; then
   say "Open MPI"
-  hostfile=$BENCH_OUT/hostfile
-  for ((i = 0; i < HOSTS; i++)); do echo "$(mh_addr $i) slots=$PER_HOST"; done >"$hostfile"
-  export MH_NETNS_MAP=""
-  for ((i = 0; i < HOSTS; i++)); do MH_NETNS_MAP+="$(mh_addr $i)=$(mh_host_ns $i)=h$i "; done
-  subnet="${MH_SUBNET}.0/24"
-  mh_exec 0 timeout 900 mpirun --allow-run-as-root --oversubscribe -np $((HOSTS * PER_HOST)) --hostfile "$hostfile" \
-    --map-by slot --mca plm_rsh_agent "$ROOT/tests/multihost/mpi_rsh_agent.sh" --mca mpi_yield_when_idle 1 \
-    --mca btl tcp,vader,self --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet" \
+  mh_mpirun "$HOSTS" "$PER_HOST" "$BENCH_OUT" 900 -- \
     "$MPI_MOE" "${args[@]}" 2>&1 | tee "$BENCH_OUT/openmpi.txt" || rc=1
 fi
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$BENCH_OUT/machine.txt"

@@ -9,7 +9,8 @@
 #         collective_link_down LINKDOWN_RANK         (mh_linkdown_rank.cpp)
 #         ft TRAIN_DP                                 (--ft across hosts, examples/train_dp)
 #         ft_spare_host TRAIN_DP                      (--ft --spare: a lost host's ranks move)
-# The last two need collectives across hosts, i.e. the UCX transport.
+#         moe_serve MOE_SERVE                         (examples/moe_serve across 2 x 2, --check)
+# All but the first three need collectives across hosts, i.e. the UCX transport.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=netns_lib.sh
@@ -302,6 +303,32 @@ case $case in
     check "node0_lost: final parameters (from the new rank 0 on h2) equal the run without failure ($got vs $(hash_of clean))" test -n "$got" -a "$got" = "$(hash_of clean)"
     check "node0_lost: h1 hands node 0's ranks to the spare host" grep_in "$log/node0_lost/h1.err" "node 0 lost: the agent of node 0 (h0) sent no heartbeat .*lost with it: ranks 0-1; its ranks start again on spare host h2 (epoch 1"
     finish 3
+    ;;
+  moe_serve)
+    # examples/moe_serve, tiny, on 2 hosts x 2 ranks, every path: relay (k ascending) must
+    # give the bits of the same 4 ranks on one host; strata (the Buffer's per-host sums) must
+    # match the example's reference summed in that order (--check), and differ from relay's
+    # bits, which shows that its rows took the cross-host combine.
+    moe_serve=$1
+    tiny=(--layers 2 --hidden 64 --ffn 32 --experts 4 --topk 2 --prompt 16 --decode-steps 3 --decode-tokens 2
+      --requests 2 --warmup 1)
+    sum_of() { awk -v p="$1" '{ sub(/^\[[^]]*\] /, "") } $1 == p && $2 == 4 && NF == 7 { print $7 }' "$2" | head -1; }
+    "$strata" run -n 4 --timeout 120s -- "$moe_serve" --path relay "${tiny[@]}" >"$log/one_host.out" 2>&1
+    one=$(sum_of relay "$log/one_host.out")
+    check "one host: relay at 4 ranks gives a checksum ($(tail -1 "$log/one_host.out"))" test -n "$one"
+    mh_setup 2 || exit 1
+    trap 'mh_cleanup; rm -rf "$log"' EXIT
+    export STRATA_UCX_NET_DEVICES=${STRATA_UCX_NET_DEVICES:-eth0} STRATA_TIMEOUT=${STRATA_TIMEOUT:-30s}
+    mh_start_agents "$strata" 2,2 "$log" --timeout 150s -- "$moe_serve" --path all "${tiny[@]}" --check --expect "$one"
+    check "both agents finish within 160 s" mh_wait_agents "$log" 2 160
+    for i in 0 1; do check "agent h$i exits with 0 (got $(mh_rc "$log" $i))" test "$(mh_rc "$log" $i)" = 0; done
+    relay=$(sum_of relay "$log/h0.out") strata_sum=$(sum_of strata "$log/h0.out")
+    check "across hosts: relay's checksum equals one host's ($relay vs $one)" test -n "$one" -a "$relay" = "$one"
+    check "across hosts: strata's per-host sums differ from k order ($strata_sum vs $relay)" \
+      test -n "$strata_sum" -a "$strata_sum" != "$relay"
+    check "every path matches the reference" grep_in "$log/h0.out" \
+      "^\[h0:0\] moe_serve: across hosts: strata sums per host.*(and matches the single-process reference)"
+    finish 2
     ;;
   *)
     echo "unknown case '$case'" >&2

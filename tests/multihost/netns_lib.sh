@@ -12,6 +12,9 @@
 #                               launcher's output prefixes tell hosts apart by hostname)
 #   mh_link_down I / mh_link_up I
 #                               takes host I's link down (its eth0) or up again
+#   mh_mpirun K PER_HOST DIR TIMEOUT_S [mpirun options] -- PROGRAM [ARGS...]
+#                               Open MPI's mpirun from h0 over hosts h0..h(K-1), PER_HOST
+#                               ranks each (daemons started by mpi_rsh_agent.sh)
 #   mh_cleanup                  kills what still runs in the namespaces and deletes them,
 #                               which deletes the veths and the bridge with them
 #
@@ -22,6 +25,7 @@
 # run has its own bridge, so both can use the same test subnet.
 
 MH_SUBNET=${MH_SUBNET:-10.77.0}
+MH_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 MH_PREFIX=strmh
 MH_TAG="${MH_PREFIX}$$"
 MH_HOSTS=()
@@ -226,6 +230,25 @@ mh_wait_agents() {
 # mh_rc LOGDIR I / mh_end LOGDIR I: an agent's exit status / end time (epoch seconds).
 mh_rc() { awk '{print $1}' "$1/h$2.rc" 2>/dev/null || echo none; }
 mh_end() { awk '{print $2}' "$1/h$2.rc" 2>/dev/null || echo 0; }
+
+# mh_mpirun K PER_HOST DIR TIMEOUT_S [mpirun options] -- PROGRAM [ARGS...]
+#   mpirun from h0, K*PER_HOST ranks placed host by host (--map-by slot over a hostfile in
+#   DIR); its daemons start in the namespaces through mpi_rsh_agent.sh. TCP between hosts on
+#   the test subnet only, vader within a host; ranks yield when idle (they outnumber the cores).
+mh_mpirun() {
+  local k=$1 per=$2 dir=$3 limit=$4 i map=""
+  shift 4
+  local -a opts=()
+  while [[ $# -gt 0 && $1 != -- ]]; do opts+=("$1"); shift; done
+  [[ ${1:-} == -- ]] && shift
+  for ((i = 0; i < k; i++)); do echo "$(mh_addr $i) slots=$per"; done >"$dir/hostfile"
+  for ((i = 0; i < k; i++)); do map+="$(mh_addr $i)=$(mh_host_ns $i)=h$i "; done
+  local subnet="${MH_SUBNET}.0/24"
+  MH_NETNS_MAP=$map mh_exec 0 timeout "$limit" mpirun --allow-run-as-root --oversubscribe -np $((k * per)) \
+    --hostfile "$dir/hostfile" --map-by slot --mca plm_rsh_agent "$MH_LIB_DIR/mpi_rsh_agent.sh" \
+    --mca mpi_yield_when_idle 1 --mca btl tcp,vader,self --mca btl_tcp_if_include "$subnet" \
+    --mca oob_tcp_if_include "$subnet" "${opts[@]}" "$@"
+}
 
 # mh_show LOGDIR K: every agent's output, for a failing test's log.
 mh_show() {

@@ -54,6 +54,13 @@ if(STRATA_WITH_UCX)
       set_tests_properties(multihost_matrix_${_name} PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 200)
     endforeach()
   endif()
+  # examples/moe_serve across two namespace hosts of two ranks each, every path, --check.
+  if(TARGET moe_serve)
+    add_test(NAME multihost_moe_serve_2_2
+      COMMAND bash ${_mh}/launcher_netns_test.sh $<TARGET_FILE:strata_cli> $<TARGET_FILE:mh_smoke_rank>
+              moe_serve $<TARGET_FILE:moe_serve>)
+    set_tests_properties(multihost_moe_serve_2_2 PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 300)
+  endif()
   # moe::Buffer across two namespace hosts of two ranks each (mh_moe_rank.cpp checks itself).
   if(TARGET mh_moe_rank)
     add_test(NAME multihost_moe_2_2

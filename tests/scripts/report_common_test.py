@@ -370,8 +370,10 @@ def test_reports(tmp, have_mpl):
         has(perf, "(plot perf_all_reduce_n2.png not made: matplotlib is missing)", "PERFORMANCE.md")
 
 
-def serve_results(out, disagree=False):
-    """What scripts/bench_moe_serve.py leaves: 2 rounds at 2 ranks, strata / relay / openmpi."""
+def serve_results(out, disagree=False, multihost=False, unchecked=False):
+    """What scripts/bench_moe_serve.py leaves: 2 rounds at 2 ranks, strata / relay / openmpi (rows
+    of before the cross-host ones: no where/combine/checked); multihost adds 2 namespace hosts x 1
+    rank, where strata sums per host (another checksum, checked against the reference)."""
     os.makedirs(out)
     cfg = {"ranks": 2, "layers": 4, "hidden": 256, "ffn": 256, "experts": 8, "topk": 2, "prompt": 64,
            "decode_steps": 16, "decode_tokens": 4, "requests": 30}
@@ -383,6 +385,11 @@ def serve_results(out, disagree=False):
                 if disagree and path == "relay":
                     d["checksum"] = "00000000000000cd"
                 f.write(json.dumps(d) + "\n")
+                if multihost:
+                    d = dict(d, where="2 namespace hosts", ttft_ms_p50=3 * t, combine="k", checked=False)
+                    if path == "strata":
+                        d.update(checksum="00000000000000ef", combine="host", checked=not unchecked)
+                    f.write(json.dumps(d) + "\n")
     for name, text in (("load_start", "1.00 2.00 3.00"), ("load_end", "4.00 5.00 6.00"), ("machine", "test box")):
         with open(os.path.join(out, name), "w") as f:
             f.write(text)
@@ -397,16 +404,37 @@ def test_serve(tmp, docs):
     where = "PERFORMANCE_MOE.md (serving)"
     moe_md = read(os.path.join(docs, "PERFORMANCE_MOE.md"))
     # Medians over the 2 rounds: TTFT p50 10.5 / 20.5 / 40.5 ms; in brackets Open MPI's ÷ the path's.
-    has(moe_md, "| ranks | path | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms |\n"
-        "|---|---|---:|---:|---:|---:|\n| 2 | strata | 10.50 (3.86×) | 20.00 (4.00×) | 1.000 (4.00×) | "
-        "2.000 (4.00×) |\n| 2 | relay | 20.50 (1.98×) |", where)
-    has(moe_md, "| 2 | openmpi | 40.50 | 80.00 | 4.000 | 8.000 |", where)
+    has(moe_md, "| where | ranks | path | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms |\n"
+        "|---|---|---|---:|---:|---:|---:|\n| one host | 2 | strata | 10.50 (3.86×) | 20.00 (4.00×) | 1.000 (4.00×) | "
+        "2.000 (4.00×) |\n| one host | 2 | relay | 20.50 (1.98×) |", where)
+    has(moe_md, "| one host | 2 | openmpi | 40.50 | 80.00 | 4.000 | 8.000 |", where)
+    has(moe_md, "Between hosts: not measured in this run", where)
     has(moe_md, "- Load average at start / end: 1.00 2.00 3.00 / 4.00 5.00 6.00", where)
     has(moe_md, "8 of 8 targets met.", where)  # the rest of the file is still there
     run_main("moe_report", "--results", os.path.join(tmp, "moe"), "--docs", docs, plots=False)
     again = read(os.path.join(docs, "PERFORMANCE_MOE.md"))
-    check(again.count("<!-- serve-begin -->") == 1 and "| 2 | openmpi | 40.50 | 80.00 | 4.000 | 8.000 |" in again,
-          "moe_report.py dropped the serving section")
+    check(again.count("<!-- serve-begin -->") == 1 and "| one host | 2 | openmpi | 40.50 | 80.00 | 4.000 | 8.000 |"
+          in again, "moe_report.py dropped the serving section")
+    # Cross-host rows follow the one-host rows; strata's own checksum there is fine when checked.
+    serve_results(os.path.join(tmp, "serve-mh"), multihost=True)
+    with open(os.path.join(tmp, "serve-mh", "multihost"), "w") as f:
+        f.write("1")
+    out = run_script("bench_moe_serve.py", "--results", os.path.join(tmp, "serve-mh"), "--docs", docs)
+    mh_md = read(os.path.join(docs, "PERFORMANCE_MOE.md"))
+    has(mh_md, "| one host | 2 | openmpi | 40.50 | 80.00 | 4.000 | 8.000 |\n| 2 namespace hosts | 2 | strata | "
+        "30.00 (4.00×) |", where)
+    has(mh_md, "| 2 namespace hosts | 2 | openmpi | 120.00 | 80.00 | 4.000 | 8.000 |", where)
+    has(mh_md, "2 hosts × 1 rank(s) each", where)
+    # Unchecked per-host sums, or a cross-host relay that differs from one host's: nothing written.
+    serve_results(os.path.join(tmp, "serve-mh-unchecked"), multihost=True, unchecked=True)
+    p = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bench_moe_serve.py"), "--results",
+                        os.path.join(tmp, "serve-mh-unchecked"), "--docs", docs], capture_output=True, text=True,
+                       timeout=60)
+    check(p.returncode != 0 and "not checked against the reference" in p.stderr,
+          "bench_moe_serve accepted unchecked per-host sums")
+    check(read(os.path.join(docs, "PERFORMANCE_MOE.md")) == mh_md, "bench_moe_serve wrote unchecked sums")
+    run_main("moe_report", "--results", os.path.join(tmp, "moe"), "--docs", docs, plots=False)
+    again = read(os.path.join(docs, "PERFORMANCE_MOE.md"))
     serve_results(os.path.join(tmp, "serve-bad"), disagree=True)
     p = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bench_moe_serve.py"), "--results",
                         os.path.join(tmp, "serve-bad"), "--docs", docs], capture_output=True, text=True, timeout=60)
