@@ -459,7 +459,7 @@ def main():
           "- Buffers are allocated once at the largest size and touched before timing (first touch of a page "
           "costs ~10 µs on these VMs); every size's result is checked once against the expected values.",
           "- Systems: **strata heap** (`comm.alloc`, zero-copy), **strata external** (malloc'd, unregistered: "
-          "staged through the heap), **strata registered** (malloc'd + `register_buffer`: single-copy CMA), "
+          "staged through the heap), **strata registered** (malloc'd + `register_buffer`: single-copy CMA from `STRATA_CMA_REGISTERED_MIN_BYTES`, 256 KiB; staged below, where a CMA system call costs more than the copy), "
           "**Open MPI** 4.1 default (vader shared-memory BTL), **Open MPI malloc-tuned** "
           "(`MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296`, so its temporary buffers "
           "are not mapped and unmapped per call), **gloo** (torch.distributed, one torch thread per rank; fewer "
