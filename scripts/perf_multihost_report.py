@@ -23,6 +23,7 @@ SECTION_BEGIN = "<!-- multihost:begin -->"
 SECTION_END = "<!-- multihost:end -->"
 TARGET = 1.3        # issue 4: strata busbw >= 1.3x Open MPI at >= 1 MiB
 TARGET_FROM = 1 << 20
+ROW_TARGET = 1.2    # issue 19: every size, strata busbw >= 1.2x Open MPI's in the same run
 SYSTEMS = ("strata", "openmpi")
 
 
@@ -155,6 +156,7 @@ def main():
         L += ["Not measured (iperf3 missing or failed; see the logs).", ""]
 
     summary = []
+    row_met, row_all = {}, {}  # per collective: sizes at >= ROW_TARGET, sizes with both systems
     for coll in colls:
         L += ["## %s, %d hosts × %d ranks" % (coll, hosts, per_host), ""]
         sizes = sorted({s for sys_ in SYSTEMS for s in best.get((sys_, coll), {})})
@@ -165,7 +167,7 @@ def main():
             continue
         bound = link_bound_busbw(coll, link_gbs, hosts, per_host) if link_gbs else None
         head = ["size"] + ["%s %s" % (s, what) for s in SYSTEMS for what in ("time (µs)", "busbw (GB/s)")] + \
-            ["strata ÷ Open MPI busbw"] + (["best busbw ÷ link bound"] if bound else [])
+            ["strata ÷ Open MPI busbw", "≥ %g×" % ROW_TARGET] + (["best busbw ÷ link bound"] if bound else [])
         L += [md_row(head), md_rule("l" * len(head))]
         met, missed = [], []
         for size in sizes:
@@ -179,6 +181,10 @@ def main():
                     cells += ["–", "–"]
             ratio = bw["strata"] / bw["openmpi"] if bw.get("strata") and bw.get("openmpi") else None
             cells.append(times(ratio) if ratio else "–")
+            cells.append(("✓" if ratio >= ROW_TARGET else "**✗**") if ratio else "–")
+            if ratio:
+                row_met[coll] = row_met.get(coll, 0) + (ratio >= ROW_TARGET)
+                row_all[coll] = row_all.get(coll, 0) + 1
             if bound:
                 top = max(bw.values()) if bw else 0
                 cells.append("%.0f%%" % (100 * top / bound) if top else "–")
@@ -186,6 +192,9 @@ def main():
             if size >= TARGET_FROM and ratio is not None:
                 (met if ratio >= TARGET else missed).append((size, ratio))
         L.append("")
+        if row_all.get(coll):
+            L += ["%s: %d of %d sizes meet strata ≥ %g× Open MPI busbw (issue 19, every size)."
+                  % (coll, row_met[coll], row_all[coll], ROW_TARGET), ""]
         if met or missed:
             line = "%s: strata ≥ %.1f× Open MPI busbw at ≥ 1 MiB in %d of %d sizes" % (
                 coll, TARGET, len(met), len(met) + len(missed))
@@ -210,6 +219,10 @@ def main():
     plot = plot_png(best, colls, link_gbs, hosts, per_host, o.docs)
     if plot:
         L += ["![busbw vs size](%s)" % os.path.basename(plot), ""]
+    if row_all:
+        summary.append("Every size against issue 19's target (strata ≥ %g× Open MPI busbw): %d of %d rows meet it (%s)." % (
+            ROW_TARGET, sum(row_met.values()), sum(row_all.values()),
+            ", ".join("%s %d of %d" % (c, row_met[c], row_all[c]) for c in colls if c in row_all)))
     if link_gbs:
         summary.insert(0, "Link (TCP over the veth, iperf3, %s): %.2f GB/s." % (link_what, link_gbs))
     L += ["## Summary", "", SUMMARY_BEGIN] + ["- " + s for s in summary] + [SUMMARY_END, ""]

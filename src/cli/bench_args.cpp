@@ -61,7 +61,8 @@ std::string usage_text(Tool tool) {
        "  --inplace           in-place layout (MPI's; see docs/SEMANTICS.md)\n";
   if (tool == Tool::Strata)
     u += "  --buffers B         heap (registered on allocation), external (malloc'd, staged) or\n"
-         "                      registered (malloc'd + register_buffer, single-copy CMA); default heap\n"
+         "                      registered (malloc'd + register_buffer: single-copy CMA from\n"
+         "                      STRATA_CMA_REGISTERED_MIN_BYTES, staged below); default heap\n"
          "  --algorithm A       auto, one_shot, two_shot (all_reduce; default auto)\n";
   u += "  --iters K           timed calls per repeat (default: as many as fit in --target-ms,\n"
        "                      1..--max-iters)\n"

@@ -171,6 +171,7 @@ Env parse(Lookup lookup, void* ctx) {
   }
   if (auto v = to_size(get("STRATA_ONESHOT_MAX_BYTES"))) e.oneshot_max_bytes = *v;
   if (auto v = to_size(get("STRATA_CMA_MIN_BYTES"))) e.cma_min_bytes = *v;
+  if (auto v = to_size(get("STRATA_CMA_REGISTERED_MIN_BYTES"))) e.cma_registered_min_bytes = *v;
   if (auto v = to_int(get("STRATA_FLIGHT_RECORDER"), 0, 1 << 20)) e.flight_recorder = static_cast<size_t>(*v);
   if (auto s = get("STRATA_LOG"); s && !s->empty()) {
     if (*s == "error" || *s == "warn" || *s == "info" || *s == "debug") e.log_level = *s;

@@ -65,6 +65,10 @@ struct Env {
   std::string socket_dir;  // STRATA_SOCKET_DIR: private directory of the heap sockets (empty: /tmp/strata-<uid>)
   bool cma = true;         // STRATA_CMA=0 disables process_vm_readv/writev
   size_t cma_min_bytes = size_t{1} << 20;  // STRATA_CMA_MIN_BYTES: unregistered buffers this big use CMA too
+  // STRATA_CMA_REGISTERED_MIN_BYTES: registered buffers this big use CMA; smaller ones are
+  // staged, as one process_vm_readv/writev costs several µs (system call, peer lookup, page
+  // pinning) where copying a small buffer through the heap costs well under one.
+  size_t cma_registered_min_bytes = size_t{256} << 10;
 
   // Failure recovery (set by `strata run --ft`; see docs/RECOVERY.md).
   bool ft = false;     // STRATA_FT: the job runs under a recovery controller

@@ -70,6 +70,28 @@ TEST(Forked, RegisteredExternalBuffersMoveByCmaWithoutStaging) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
 }
 
+TEST(Forked, SmallRegisteredBuffersAreStagedNotCma) {
+  // Below STRATA_CMA_REGISTERED_MIN_BYTES (256 KiB) one CMA system call costs more than the
+  // staging copy (issue 19: registered 4 KiB all_reduce 5.9 us against 1.2 us staged).
+  auto results = run_forked(2, 10000ms, [](Communicator& c, std::string& report) {
+    const size_t n = 4096 / sizeof(float);
+    std::vector<float> in(n, static_cast<float>(c.rank() + 1)), out(n * c.size());
+    Registration r1 = c.register_buffer(in.data(), in.size() * sizeof(float));
+    Registration r2 = c.register_buffer(out.data(), out.size() * sizeof(float));
+    c.all_gather(in, out);            // peers read `in`: staged
+    c.all_reduce(in, ReduceOp::Sum);  // in place, one-shot: staged
+    Stats s = c.stats();
+    if (in[n - 1] != 3.0f || out[n + 7] != 2.0f) {
+      report = "wrong values";
+      return 1;
+    }
+    report = "staged=" + std::to_string(s.staged_bytes) + " cma=" + std::to_string(s.cma_bytes);
+    return s.staged_bytes > 0 && s.cma_bytes == 0 ? 0 : 2;
+  });
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
+}
+
 TEST(Forked, LargeExternalBuffersMoveByCmaWithoutRegistration) {
   auto results = run_forked(2, 10000ms, [](Communicator& c, std::string& report) {
     const size_t n = (size_t{1} << 20) / sizeof(float);  // STRATA_CMA_MIN_BYTES by default

@@ -34,6 +34,7 @@ TEST(EnvParse, DefaultsWithEmptyEnvironment) {
   EXPECT_EQ(e.spin_us, 500u);
   EXPECT_EQ(e.oneshot_max_bytes, size_t{256} << 10);
   EXPECT_EQ(e.cma_min_bytes, size_t{1} << 20);
+  EXPECT_EQ(e.cma_registered_min_bytes, size_t{256} << 10);
   EXPECT_EQ(e.oversubscribed, -1);
   EXPECT_EQ(e.log_level, "warn");
   EXPECT_EQ(e.kernels, "");
@@ -156,6 +157,7 @@ TEST(EnvParse, BehaviourAndHeapSettings) {
                         {"STRATA_SPIN_US", "0"},
                         {"STRATA_ONESHOT_MAX_BYTES", "128K"},
                         {"STRATA_CMA_MIN_BYTES", "64K"},
+                        {"STRATA_CMA_REGISTERED_MIN_BYTES", "0"},
                         {"STRATA_OVERSUBSCRIBED", "1"},
                         {"STRATA_LOG", "debug"},
                         {"STRATA_KERNELS", "avx2"},
@@ -170,6 +172,7 @@ TEST(EnvParse, BehaviourAndHeapSettings) {
   EXPECT_EQ(e.spin_us, 0u);
   EXPECT_EQ(e.oneshot_max_bytes, size_t{128} << 10);
   EXPECT_EQ(e.cma_min_bytes, size_t{64} << 10);
+  EXPECT_EQ(e.cma_registered_min_bytes, size_t{0});
   EXPECT_EQ(e.oversubscribed, 1);
   EXPECT_EQ(env_of({{"STRATA_OVERSUBSCRIBED", "0"}}).oversubscribed, 0);
   EXPECT_EQ(env_of({{"STRATA_OVERSUBSCRIBED", "auto"}}).oversubscribed, -1);

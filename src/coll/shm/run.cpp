@@ -81,13 +81,19 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   const bool in_local = in_ext && !peers_read_in(op.kind);
   if (out_local) out_ext = false;
   if (in_local) in_ext = false;
-  // External buffers that are registered, or large (a copy through the heap would cost more
-  // than the system calls), are read and written in place by peers with CMA (single copy)
-  // when every member can; otherwise they are staged. Each rank decides for its own buffers
-  // and says so in its descriptor.
+  // External buffers large enough that a copy through the heap costs more than CMA's fixed
+  // cost per call (system call, peer lookup, page pinning: several µs) are read and written
+  // in place by peers with CMA (single copy) when every member can; otherwise they are
+  // staged. Registration lowers that size (STRATA_CMA_REGISTERED_MIN_BYTES) but does not
+  // make a small buffer pay the fixed cost. Each rank decides for its own buffers and says
+  // so in its descriptor.
   const size_t cma_min = c.ctx->env.cma_min_bytes;
-  bool in_cma = in_ext && c.cma_all && (ext.in >= cma_min || c.ctx->is_registered(in, ext.in));
-  bool out_cma = out_ext && c.cma_all && (ext.out >= cma_min || c.ctx->is_registered(out, ext.out));
+  const size_t cma_reg_min = std::min(cma_min, c.ctx->env.cma_registered_min_bytes);
+  auto use_cma = [&](const char* p, size_t bytes) {
+    return c.cma_all && (bytes >= cma_min || (bytes >= cma_reg_min && c.ctx->is_registered(p, bytes)));
+  };
+  bool in_cma = in_ext && use_cma(in, ext.in);
+  bool out_cma = out_ext && use_cma(out, ext.out);
   const bool both_staged_together = coll::overlap(in, ext.in, out, ext.out) && (in_ext || out_ext) && !out_local;
   if (both_staged_together && !(in_cma && out_cma)) in_cma = out_cma = false;
   if (in_cma) in_ext = false;
