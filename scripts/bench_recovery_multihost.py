@@ -9,7 +9,9 @@ runs:
   - hot spare: the same with `--spares 1` on every host;
   - host loss: the last host's agent and all its ranks SIGKILLed (train_dp --fail R:S:host)
     with no spare host; the time from the loss until every survivor's agent has exited with
-    the error naming the lost host (--ft's agent timeout is 1 s).
+    the error naming the lost host (--ft's agent timeout is 1 s);
+  - host loss with a spare host (`strata run --ft --spare`), and node 0 lost with the store
+    outside the job (`strata store`, --external-store): RTO and breakdown as for a rank.
 It rewrites only the section of --out (docs/RECOVERY.md) between <!-- mh-begin --> and
 <!-- mh-end -->, which scripts/bench_recovery.py keeps. Needs root (network namespaces).
 
@@ -29,22 +31,31 @@ LIB = os.path.join(ROOT, "tests", "multihost", "netns_lib.sh")
 BEGIN, END = "<!-- mh-begin -->", "<!-- mh-end -->"
 
 
-def job(build, hosts, run_opts, train_opts, env):
-    """One job on `hosts` namespace hosts of 2 ranks; returns (logdir, rc per host, end per host)."""
+def job(build, hosts, run_opts, train_opts, env, spare=False, external=False):
+    """One job on `hosts` namespace hosts of 2 ranks (plus a spare host, plus a host serving the
+    store outside the job); returns (logdir, rc per host, end per host)."""
     log = tempfile.mkdtemp(prefix="strata-mhrec.")
     counts = ",".join(["2"] * hosts)
+    spare_host, store_host = hosts, hosts + (1 if spare else 0)
+    ext = "--external-store" if external else ""
     script = f"""
 source {LIB}
 mh_require
-mh_setup {hosts} || exit 1
+mh_setup {store_host + (1 if external else 0)} || exit 1
 trap mh_cleanup EXIT
-mh_start_agents {build}/strata {counts} {log} --ft --timeout 60s {run_opts} -- {build}/examples/train_dp {train_opts}
-mh_wait_agents {log} {hosts} 70
+MH_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')
+export MH_TOKEN
+if [[ -n "{ext}" ]]; then MH_STORE_ADDR=$(mh_start_store {build}/strata {store_host}); export MH_STORE_ADDR; sleep 0.3; fi
+mh_start_agents {build}/strata {counts} {log} --ft {ext} --timeout 60s {run_opts} -- {build}/examples/train_dp {train_opts}
+if [[ "{spare}" == True ]]; then
+  mh_start_spare {build}/strata {spare_host} {log} {ext} -n 2 --timeout 60s -- {build}/examples/train_dp {train_opts}
+fi
+mh_wait_agents {log} {hosts + (1 if spare else 0)} 70
 """
     subprocess.run(["bash", "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=120, check=False)
     rcs, ends = [], []
-    for i in range(hosts):
+    for i in range(hosts + (1 if spare else 0)):
         try:
             with open(os.path.join(log, f"h{i}.rc")) as f:
                 rc, end = f.read().split()
@@ -116,6 +127,24 @@ def main():
         if lost:
             rows.append((hosts, "host loss, no spare host", [statistics.median(lost) * 1000], True, len(lost)))
             print(hosts, "host loss", lost, file=sys.stderr)
+        # A whole host lost with a spare host waiting: its ranks start again there. The last
+        # host, then node 0 itself with the store outside the job (`strata store`).
+        for case, fail, external in (("host loss, spare host", f"{last}:{a.fail_step}:host", False),
+                                     ("node 0 lost, spare host, external store", f"0:{a.fail_step}:host", True)):
+            got, same = [], True
+            for _ in range(a.repeats):
+                log, rcs, _ = job(build, hosts, "", f"{train} --pace 40 --fail {fail}",
+                                  dict(env, STRATA_AGENT_TIMEOUT="1s"), spare=True, external=external)
+                out = "".join(read(log, f"h{i}.out") for i in range(hosts + 1))
+                m = RECOVERED.search(out)
+                h = HASH.search(out)
+                same = same and h is not None and h.group(1) == want
+                if m:
+                    got.append([float(x) for x in m.groups()])
+            if got:
+                med = [statistics.median(col) for col in zip(*got)]
+                rows.append((hosts, case, med, same, len(got)))
+                print(hosts, case, med, same, file=sys.stderr)
     write_doc(a, rows)
 
 
@@ -126,7 +155,12 @@ def write_doc(a, rows):
          "between the namespaces, all on this 2-core machine; medians of the runs, in ms. A rank of the last host is "
          f"SIGKILLed at step {a.fail_step}; every other rank keeps its process. \"same params\": the final parameters "
          "equal the run without a failure, in every run. The hot-spare runs pace every step by 20 ms "
-         "(`--pace 20`, so that the spares are waiting before the failure): their redone step contains it.", "",
+         "(`--pace 20`, so that the spares are waiting before the failure), the spare-host runs by 40 ms: their "
+         "redone step contains it. Host loss with a spare host: the last host's agent and both its ranks "
+         "SIGKILLed (`train_dp --fail R:S:host`); `strata run --ft --spare` waits on an extra namespace host and "
+         "takes the lost host's ranks once its agent has been silent for --ft's agent timeout (1 s: most of the "
+         "detection). With `--external-store` the store runs outside the job (`strata store` on one more "
+         "namespace host), so node 0 itself can be lost; rank 0 then reports from the spare host.", "",
          "| hosts | ranks | case | runs | detection | RTO | detect | join | rebuild | state transfer | redone step | same params |",
          "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for hosts, case, med, same, n in rows:

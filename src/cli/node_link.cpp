@@ -23,9 +23,9 @@ std::string left_key(int i) { return kPrefix + "left/" + std::to_string(i); }
 std::string spare_key(int64_t s) { return kPrefix + "spare/" + std::to_string(s); }
 std::string taken_key(int64_t s) { return kPrefix + "taken/" + std::to_string(s); }
 std::string assign_key(int64_t s) { return kPrefix + "assign/" + std::to_string(s); }
-std::string lost_key(int node, const std::string& reg) {
-  // Per registration: the node's spare host, once it took over, can be lost in its turn.
-  return kPrefix + "lost/" + std::to_string(node) + "/" + std::to_string(std::hash<std::string>{}(reg));
+std::string lost_key(int node, const std::string& host_id) {
+  // Per host: the node's spare host, once it took over, can be lost in its turn.
+  return kPrefix + "lost/" + std::to_string(node) + "/" + std::to_string(std::hash<std::string>{}(host_id));
 }
 const std::string kSparesKey = kPrefix + "spares";
 const std::string kStateKey = kPrefix + "state";
@@ -266,9 +266,15 @@ Status NodeLink::ensure_main_client() {
 Result<bool> NodeLink::claim_loss(int node) {
   STRATA_RETURN_IF_ERROR(ensure_main_client());
   auto& store = *main_client_;
-  STRATA_ASSIGN_OR_RETURN(auto reg, store.try_get(node_key(node)));
+  // The host this agent saw go silent (its registration may already name the spare host
+  // another agent gave the node to): every agent that saw the same loss claims the same key.
+  std::string host;
+  {
+    std::lock_guard lk(mu_);
+    if (node >= 0 && node < static_cast<int>(world_.nodes.size())) host = world_.nodes[node].host_id;
+  }
   const std::string me = std::to_string(spec_.node_rank);
-  STRATA_ASSIGN_OR_RETURN(std::string got, store.compare_set(lost_key(node, reg.value_or("")), "", me));
+  STRATA_ASSIGN_OR_RETURN(std::string got, store.compare_set(lost_key(node, host), "", me));
   if (got == me) return true;
   // Another agent handles it: watch the node again, for its spare host's beats.
   std::lock_guard lk(mu_);
@@ -414,6 +420,16 @@ Status NodeLink::tick(std::vector<int64_t>& last_hb, std::vector<Clock::time_poi
         if (auto reg = store.try_get(node_key(i)); reg.is_ok() && reg->has_value()) {
           auto p = split_lines(**reg, 4);
           if (p.size() > 2) name = p[2];
+          if (p.size() > 3) {
+            // A spare host took the node over since this agent last saw it beat (another
+            // agent handled the loss): watch the newcomer, whose first beat may be on its way.
+            std::lock_guard lk(mu_);
+            if (i < static_cast<int>(world_.nodes.size()) && p[3] != world_.nodes[i].host_id) {
+              world_.nodes[i] = NodeInfo{world_.nodes[i].local_size, p[2], p[3]};
+              last_change[i] = now;
+              continue;
+            }
+          }
         }
         std::string report = "the agent of node " + std::to_string(i) + (name.empty() ? "" : " (" + name + ")") +
                              " sent no heartbeat for " + seconds_text(silent) +
