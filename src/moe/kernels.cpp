@@ -1,5 +1,7 @@
 #include "moe/kernels.hpp"
 
+#include "common/reduce.hpp"
+
 #include <immintrin.h>
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own _mm512_undefined_*()
@@ -144,6 +146,24 @@ STRATA_MOE_AVX512 void wsum_bf16_avx512(uint16_t* out, const uint16_t* const* ro
   }
 }
 
+// A dispatch row is a few KiB: strata::kernels::copy_uncached fences after each one, which
+// waits for the row's write-combining buffers to drain before the next row starts; one fence
+// per call is enough (nothing reads the rows before sent_to is published).
+STRATA_MOE_AVX512 void copy_stream_avx512(std::byte* d, const std::byte* s, size_t bytes) {
+  const size_t head = std::min(bytes, (64 - reinterpret_cast<uintptr_t>(d) % 64) % 64);
+  std::memcpy(d, s, head);
+  d += head, s += head, bytes -= head;
+  for (; bytes >= 256; d += 256, s += 256, bytes -= 256) {
+    __m512i v0 = _mm512_loadu_si512(s), v1 = _mm512_loadu_si512(s + 64), v2 = _mm512_loadu_si512(s + 128),
+            v3 = _mm512_loadu_si512(s + 192);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d), v0);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + 64), v1);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + 128), v2);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + 192), v3);
+  }
+  std::memcpy(d, s, bytes);
+}
+
 bool have_avx512() {
   static const bool ok =
       __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
@@ -151,6 +171,24 @@ bool have_avx512() {
 }
 #else
 bool have_f16c() { return false; }
+// A dispatch row is a few KiB: strata::kernels::copy_uncached fences after each one, which
+// waits for the row's write-combining buffers to drain before the next row starts; one fence
+// per call is enough (nothing reads the rows before sent_to is published).
+STRATA_MOE_AVX512 void copy_stream_avx512(std::byte* d, const std::byte* s, size_t bytes) {
+  const size_t head = std::min(bytes, (64 - reinterpret_cast<uintptr_t>(d) % 64) % 64);
+  std::memcpy(d, s, head);
+  d += head, s += head, bytes -= head;
+  for (; bytes >= 256; d += 256, s += 256, bytes -= 256) {
+    __m512i v0 = _mm512_loadu_si512(s), v1 = _mm512_loadu_si512(s + 64), v2 = _mm512_loadu_si512(s + 128),
+            v3 = _mm512_loadu_si512(s + 192);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d), v0);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + 64), v1);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + 128), v2);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + 192), v3);
+  }
+  std::memcpy(d, s, bytes);
+}
+
 bool have_avx512() { return false; }
 #endif
 
@@ -206,6 +244,13 @@ void weighted_sum(DataType dt, void* out, const void* const* rows, const float* 
     for (int j = 0; j < n; ++j) accumulate(dt, acc, static_cast<const std::byte*>(rows[j]) + i * esz, w[j], len);
     store(dt, static_cast<std::byte*>(out) + i * esz, acc, len);
   }
+}
+
+void copy_streaming_unfenced(void* dst, const void* src, size_t bytes) {
+#if defined(__x86_64__)
+  if (have_avx512()) return copy_stream_avx512(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes);
+#endif
+  strata::kernels::copy_uncached(dst, src, bytes);
 }
 
 void stream_fence() {

@@ -20,6 +20,10 @@ void store(DataType dt, void* out, const float* acc, size_t n);
 /// publishing it to another rank.
 void weighted_sum(DataType dt, void* out, const void* const* rows, const float* w, int n, size_t H, bool stream);
 
+/// Copies `bytes` with streaming stores and no fence (the caller calls stream_fence() once
+/// after the last row, before publishing them): the per-row copy of a large dispatch.
+void copy_streaming_unfenced(void* dst, const void* src, size_t bytes);
+
 /// Orders earlier streaming stores of this thread before its later stores.
 void stream_fence();
 

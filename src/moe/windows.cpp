@@ -33,11 +33,12 @@ Status BufferImpl::send_rows_to(size_t T, const std::byte* xb, const int64_t* id
       h.dest[i] = d;
       if (!on_my_host(d)) continue;
       uint64_t r = first_row[e] + rank_in_expert[i];
-      if (stream) strata::kernels::copy_uncached(win[d] + r * row_bytes, src, row_bytes);
+      if (stream) kernels::copy_streaming_unfenced(win[d] + r * row_bytes, src, row_bytes);
       else strata::kernels::copy(win[d] + r * row_bytes, src, row_bytes);
       h.row[i] = r;
     }
   }
+  if (stream) kernels::stream_fence();  // before sent_to publishes the rows
   return Status::ok();
 }
 
