@@ -1,6 +1,7 @@
 #include "moe/kernels.hpp"
 
 #include "common/reduce.hpp"
+#include "common/reduce_isa.hpp"
 
 #include <immintrin.h>
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
@@ -164,31 +165,13 @@ STRATA_MOE_AVX512 void copy_stream_avx512(std::byte* d, const std::byte* s, size
   std::memcpy(d, s, bytes);
 }
 
+// The kernel set the collectives use (STRATA_KERNELS may lower it; it implies F, BW and VL).
 bool have_avx512() {
-  static const bool ok =
-      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  static const bool ok = strata::kernels::active() == strata::kernels::Isa::Avx512;
   return ok;
 }
 #else
 bool have_f16c() { return false; }
-// A dispatch row is a few KiB: strata::kernels::copy_uncached fences after each one, which
-// waits for the row's write-combining buffers to drain before the next row starts; one fence
-// per call is enough (nothing reads the rows before sent_to is published).
-STRATA_MOE_AVX512 void copy_stream_avx512(std::byte* d, const std::byte* s, size_t bytes) {
-  const size_t head = std::min(bytes, (64 - reinterpret_cast<uintptr_t>(d) % 64) % 64);
-  std::memcpy(d, s, head);
-  d += head, s += head, bytes -= head;
-  for (; bytes >= 256; d += 256, s += 256, bytes -= 256) {
-    __m512i v0 = _mm512_loadu_si512(s), v1 = _mm512_loadu_si512(s + 64), v2 = _mm512_loadu_si512(s + 128),
-            v3 = _mm512_loadu_si512(s + 192);
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(d), v0);
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + 64), v1);
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + 128), v2);
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + 192), v3);
-  }
-  std::memcpy(d, s, bytes);
-}
-
 bool have_avx512() { return false; }
 #endif
 
