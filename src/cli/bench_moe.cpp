@@ -50,7 +50,8 @@ const char* kUsage =
     "  MoE dispatch/combine: Prefill and Decode schedules vs the Relay baseline, bfloat16, top-8 of 64\n"
     "  experts; prefill 4096 tokens/rank x hidden 4096, decode 1/32/128 tokens/rank x hidden 7168.\n"
     "  Times are medians over iterations of the slowest rank; GB/s counts hidden x 2 bytes per\n"
-    "  (token, expert) selection per rank.\n"
+    "  (token, expert) selection per rank. Each case ends with a '# memcpy' line: every rank copying\n"
+    "  the same bytes at once, in the same rotation, and each schedule's GB/s as a % of it.\n"
     "\n"
     "options:\n"
     "  -n, --np N              ranks on this host (1-4096)\n"
@@ -122,7 +123,17 @@ int worker(const MoeOptions& o) {
     // Per schedule, summed over the timed iterations: bytes to other hosts in dispatch and
     // combine, rows sent, (token, expert) pairs on other hosts.
     std::vector<double> sent(ns * 4, 0.0);
+    // The reference: every rank memcpys the case's bytes (one row per selection) at once, in
+    // the same rotation, so "% of memcpy" compares like with like on a machine shared with
+    // other work. memcpy's own choice of stores applies (non-temporal at these sizes).
+    const size_t sel_bytes = c.tokens * static_cast<size_t>(c.topk) * c.hidden * 2;
+    std::vector<unsigned char> msrc(sel_bytes, 1), mdst(sel_bytes);
+    std::vector<double> mt(c.iters);
     for (int i = 0; i < c.warmup + c.iters; ++i) {
+      comm.barrier();
+      auto tm = Clock::now();
+      std::memcpy(mdst.data(), msrc.data(), sel_bytes);
+      if (i >= c.warmup) mt[i - c.warmup] = us_since(tm);
       for (size_t k = 0; k < ns; ++k) {
         comm.barrier();
         auto t0 = Clock::now();
@@ -151,6 +162,13 @@ int worker(const MoeOptions& o) {
       }
     }
     comm.all_reduce(bad, ReduceOp::Max);
+    comm.all_reduce(mt, ReduceOp::Max);
+    const double m_us = median(mt);
+    char mline[160];
+    std::snprintf(mline, sizeof mline,
+                  "# memcpy (every rank at once, %.1f MB each): %.1f us, %.2f GB/s; %% of it:", sel_bytes / 1e6, m_us,
+                  gbs(static_cast<double>(sel_bytes), m_us));
+    std::string pct = mline;
     for (size_t k = 0; k < ns; ++k) {
       comm.all_reduce(dt[k], ReduceOp::Max);
       comm.all_reduce(ct[k], ReduceOp::Max);
@@ -159,9 +177,22 @@ int worker(const MoeOptions& o) {
         std::string row, json;
         format_row(c, R, std::string("strata-") + moe::to_string(scheds[k]), median(dt[k]), median(ct[k]), row, json);
         write_all(out_fd, row);
-        if (!o.json.empty()) std::ofstream(o.json, std::ios::app) << json;
+        if (!o.json.empty()) {
+          // The same object with the reference's figure added (the MPI peer has none).
+          json.pop_back();  // '\n'
+          json.pop_back();  // '}'
+          char extra[96];
+          std::snprintf(extra, sizeof extra, ", \"memcpy_us\": %.3f, \"memcpy_gbs\": %.4f}\n", m_us,
+                        gbs(static_cast<double>(sel_bytes), m_us));
+          std::ofstream(o.json, std::ios::app) << json << extra;
+        }
+        char b[96];
+        std::snprintf(b, sizeof b, " %s dispatch %.0f%% combine %.0f%%;", moe::to_string(scheds[k]),
+                      100.0 * m_us / median(dt[k]), 100.0 * m_us / median(ct[k]));
+        pct += b;
       }
     }
+    if (me == 0) write_all(out_fd, pct + "\n");
     report_traffic(comm, c, scheds, sent, out_fd);
   }
   comm.barrier();

@@ -75,6 +75,11 @@ struct CtrlHead {
   alignas(64) YLine y;
 };
 
+/// Bytes of a call's rows from which dispatch and combine write with streaming stores: well
+/// past the last-level cache, where claiming each destination line first costs more than
+/// writing around the cache (the threshold of strata::kernels::copy).
+inline constexpr size_t kStreamOutBytes = size_t{8} << 20;
+
 /// "Not sent to that host" in HandleState::xpos.
 inline constexpr uint32_t kNone = 0xffffffffu;
 
@@ -320,8 +325,11 @@ struct BufferImpl {
   void reduce_tokens(const HandleState& h, void* out, RowOf&& row_of) {
     auto* ob = static_cast<std::byte*>(out);
     const bool any_lost = std::find(h.lost.begin(), h.lost.end(), 1) != h.lost.end();
+    // An output much larger than the cache is written around it (nothing here reads it again).
+    const bool stream = h.num_tokens * row_bytes >= kStreamOutBytes;
+    std::vector<const void*> rows(static_cast<size_t>(K));
+    std::vector<float> ws(static_cast<size_t>(K));
     for (size_t t = 0; t < h.num_tokens; ++t) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
       float scale = 1.0f;
       if (any_lost && cfg.renormalize) {
         float all = 0.0f, kept = 0.0f;
@@ -333,13 +341,16 @@ struct BufferImpl {
         }
         if (lost_one) scale = kept != 0.0f ? all / kept : 0.0f;
       }
+      int n = 0;
       for (int k = 0; k < K; ++k) {
         size_t i = t * K + k;
         if (h.dest[i] < 0 || (any_lost && h.lost[i])) continue;
-        kernels::accumulate(cfg.dtype, acc.data(), row_of(i), scale == 1.0f ? h.w[i] : h.w[i] * scale, H);
+        rows[n] = row_of(i);
+        ws[n++] = scale == 1.0f ? h.w[i] : h.w[i] * scale;
       }
-      kernels::store(cfg.dtype, ob + t * row_bytes, acc.data(), H);
+      kernels::weighted_sum(cfg.dtype, ob + t * row_bytes, rows.data(), ws.data(), n, H, stream);
     }
+    if (stream) kernels::stream_fence();
   }
 };
 

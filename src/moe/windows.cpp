@@ -20,6 +20,9 @@ namespace strata::moe::detail {
 
 Status BufferImpl::send_rows_to(size_t T, const std::byte* xb, const int64_t* idx, const std::vector<std::byte*>& win,
                                 const std::vector<uint64_t>& first_row, HandleState& h) {
+  // Per row the copy is small (cached stores), but a large call's rows together are far larger
+  // than the cache: stream them, as a memcpy of that size does.
+  const bool stream = T * K * row_bytes >= kStreamOutBytes;
   for (size_t t = 0; t < T; ++t) {
     const std::byte* src = xb + t * row_bytes;
     for (int k = 0; k < K; ++k) {
@@ -30,10 +33,12 @@ Status BufferImpl::send_rows_to(size_t T, const std::byte* xb, const int64_t* id
       h.dest[i] = d;
       if (!on_my_host(d)) continue;
       uint64_t r = first_row[e] + rank_in_expert[i];
-      strata::kernels::copy(win[d] + r * row_bytes, src, row_bytes);
+      if (stream) kernels::copy_streaming_unfenced(win[d] + r * row_bytes, src, row_bytes);
+      else strata::kernels::copy(win[d] + r * row_bytes, src, row_bytes);
       h.row[i] = r;
     }
   }
+  if (stream) kernels::stream_fence();  // before sent_to publishes the rows
   return Status::ok();
 }
 
