@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report_common import md_table, read_text, replace_section  # noqa: E402
+from report_common import cpu_model, md_table, read_text, replace_section  # noqa: E402
 
 BEGIN = "<!-- serve-begin -->"
 END = "<!-- serve-end -->"
@@ -67,12 +67,7 @@ def say(msg):
 
 
 def machine():
-    cpu = "?"
-    for line in read_text("/proc/cpuinfo").splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    return "%s, %d CPUs" % (cpu, os.cpu_count() or 0)
+    return "%s, %d CPUs" % (cpu_model(), os.cpu_count() or 0)
 
 
 def loadavg():

@@ -81,6 +81,25 @@ RECOVERED = re.compile(r"recovered epoch \d+ \(replaced rank [\d,]+\): detection
 HASH = re.compile(r"final params hash ([0-9a-f]+)")
 
 
+def measure(rows, hosts, case, want, repeats, run_job, outputs):
+    """Runs a failure case `repeats` times (run_job() -> (log, rcs, ends)) and appends the
+    medians of rank 0's recovery report, and whether every run ended with the parameters
+    `want`, to rows. Rank 0 reports from any of the first `outputs` hosts (a spare host's too)."""
+    got, same = [], True
+    for _ in range(repeats):
+        log, rcs, _ = run_job()
+        out = "".join(read(log, f"h{i}.out") for i in range(outputs))
+        m = RECOVERED.search(out)
+        h = HASH.search(out)
+        same = same and h is not None and h.group(1) == want and all(rc in (0, 137) for rc in rcs)
+        if m:
+            got.append([float(x) for x in m.groups()])
+    if got:
+        med = [statistics.median(col) for col in zip(*got)]
+        rows.append((hosts, case, med, same, len(got)))
+        print(hosts, case, med, same, file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -103,20 +122,8 @@ def main():
         want = want.group(1) if want else None
         for case, run_opts, extra in (("rank loss", "", f"--fail {last}:{a.fail_step}"),
                                       ("rank loss, hot spare", "--spares 1", f"--fail {last}:{a.fail_step} --pace 20")):
-            got = []
-            same = True
-            for _ in range(a.repeats):
-                log, rcs, _ = job(build, hosts, run_opts, f"{train} {extra}", dict(env, STRATA_AGENT_TIMEOUT="5s"))
-                out = read(log, "h0.out")
-                m = RECOVERED.search(out)
-                h = HASH.search(out)
-                same = same and h is not None and h.group(1) == want and all(rc == 0 for rc in rcs)
-                if m:
-                    got.append([float(x) for x in m.groups()])
-            if got:
-                med = [statistics.median(col) for col in zip(*got)]
-                rows.append((hosts, case, med, same, len(got)))
-                print(hosts, case, med, same, file=sys.stderr)
+            measure(rows, hosts, case, want, a.repeats,
+                    lambda: job(build, hosts, run_opts, f"{train} {extra}", dict(env, STRATA_AGENT_TIMEOUT="5s")), 1)
         lost = []
         for _ in range(a.repeats):
             log, rcs, ends = job(build, hosts, "", f"{train} --fail {last}:{a.fail_step}:host", env)
@@ -131,20 +138,9 @@ def main():
         # host, then node 0 itself with the store outside the job (`strata store`).
         for case, fail, external in (("host loss, spare host", f"{last}:{a.fail_step}:host", False),
                                      ("node 0 lost, spare host, external store", f"0:{a.fail_step}:host", True)):
-            got, same = [], True
-            for _ in range(a.repeats):
-                log, rcs, _ = job(build, hosts, "", f"{train} --pace 40 --fail {fail}",
-                                  dict(env, STRATA_AGENT_TIMEOUT="1s"), spare=True, external=external)
-                out = "".join(read(log, f"h{i}.out") for i in range(hosts + 1))
-                m = RECOVERED.search(out)
-                h = HASH.search(out)
-                same = same and h is not None and h.group(1) == want
-                if m:
-                    got.append([float(x) for x in m.groups()])
-            if got:
-                med = [statistics.median(col) for col in zip(*got)]
-                rows.append((hosts, case, med, same, len(got)))
-                print(hosts, case, med, same, file=sys.stderr)
+            measure(rows, hosts, case, want, a.repeats,
+                    lambda: job(build, hosts, "", f"{train} --pace 40 --fail {fail}",
+                                dict(env, STRATA_AGENT_TIMEOUT="1s"), spare=True, external=external), hosts + 1)
     write_doc(a, rows)
 
 

@@ -12,7 +12,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report_common import between, md_row, md_rule, pyplot, read_text, replace_section, times, write_lines  # noqa: E402
+from report_common import between, cpu_model, md_row, md_rule, pyplot, read_text, replace_section, times, write_lines  # noqa: E402
 
 # The hand-written "Across hosts" section of PERFORMANCE_MOE.md, kept when the file is rewritten.
 XHOST_BEGIN = "<!-- moe-xhost -->"
@@ -40,11 +40,7 @@ def load(results_dir):
 
 
 def machine():
-    cpu = "?"
-    for line in read_text("/proc/cpuinfo").splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
+    cpu = cpu_model()
     mem = "?"
     m = re.search(r"MemTotal:\s+(\d+)", read_text("/proc/meminfo"))
     if m:

@@ -115,6 +115,14 @@ def read_text(path, default=""):
         return default
 
 
+def cpu_model():
+    """The CPU's model name from /proc/cpuinfo ("?" when it does not say)."""
+    for line in read_text("/proc/cpuinfo").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "?"
+
+
 def read_json(path, default=None, who=None):
     """The JSON document at path, or default if it cannot be read or parsed (said on stderr
     after "who: " when who is given)."""

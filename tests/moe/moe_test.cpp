@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "coll/harness.hpp"
+#include "moe/moe_values.hpp"
 
 namespace strata::test {
 namespace {
@@ -30,30 +31,7 @@ using namespace std::chrono_literals;
 
 // ---- values, independent of the library's kernels -----------------------------------------
 
-float get(DataType dt, const void* p, size_t i) {
-  switch (dt) {
-    case DataType::BFloat16: return to_float(static_cast<const bfloat16_t*>(p)[i]);
-    case DataType::Float16: return to_float(static_cast<const float16_t*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-void put(DataType dt, void* p, size_t i, float v) {
-  switch (dt) {
-    case DataType::BFloat16: static_cast<bfloat16_t*>(p)[i] = to_bfloat16(v); break;
-    case DataType::Float16: static_cast<float16_t*>(p)[i] = to_float16(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
-  }
-}
-float round_to(DataType dt, float v) {
-  float b[1];
-  put(dt, b, 0, v);
-  return get(dt, b, 0);
-}
-
-enum class Routing { Uniform, Skewed, EmptyRows };
-const char* routing_name(Routing r) {
-  return r == Routing::Uniform ? "uniform" : r == Routing::Skewed ? "skewed" : "emptyrows";
-}
+using namespace strata::test::moe_values;
 
 struct Shape {
   int R, E, K;
