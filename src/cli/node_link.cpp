@@ -81,10 +81,8 @@ std::string node_list(const std::vector<int>& nodes) {
 }  // namespace
 
 std::string NodeLink::ranks_of(int node) const {
-  if (node < 0 || node >= static_cast<int>(world_.nodes.size())) return "";
-  int base = 0;
-  for (int j = 0; j < node; ++j) base += world_.nodes[j].local_size;
-  const int n = world_.nodes[node].local_size;
+  const auto [base, n] = ranks_of_node(node);
+  if (n == 0) return "";
   return "; lost with it: rank" +
          (n == 1 ? " " + std::to_string(base) : "s " + std::to_string(base) + "-" + std::to_string(base + n - 1));
 }
@@ -293,6 +291,7 @@ Status NodeLink::assign_spare(const SpareHost& spare, int node, uint64_t epoch) 
 }
 
 std::pair<int, int> NodeLink::ranks_of_node(int node) const {
+  std::lock_guard lk(mu_);  // the monitor thread updates a node a spare host took over
   int base = 0;
   const int nodes = static_cast<int>(world_.nodes.size());
   for (int j = 0; j < node && j < nodes; ++j) base += world_.nodes[j].local_size;

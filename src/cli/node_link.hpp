@@ -129,8 +129,6 @@ class NodeLink {
   void finish();
 
   const NodeSpec& spec() const { return spec_; }
-  /// What rendezvous (or a spare host's takeover) settled.
-  const World& world() const { return world_; }
 
  private:
   explicit NodeLink(NodeSpec spec) : spec_(std::move(spec)) {}
@@ -152,7 +150,7 @@ class NodeLink {
   std::thread thread_;
   int wake_fd_ = -1;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<JobEvent> events_;
   std::optional<std::pair<int, std::string>> failure_to_publish_;
