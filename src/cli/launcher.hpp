@@ -136,6 +136,9 @@ class Launcher {
   /// --ft: the job cannot recover (`why`): every rank learns it through the store, and this
   /// host's ranks are stopped after kFatalGrace.
   void end_unrecoverable(const std::string& why);
+  /// This agent's part of the multi-node settings, for the store at `store` (node count and
+  /// node rank are the caller's).
+  NodeSpec node_spec(const bootstrap::StoreAddress& store) const;
   /// The host's name without its domain, for output prefixes.
   static std::string short_host_name(int node_rank);
   /// What the rendezvous waits check: a signal that ends the wait (its name), or nullopt.

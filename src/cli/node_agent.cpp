@@ -41,8 +41,24 @@ NodeLink::Interrupted Launcher::signal_check() {
   };
 }
 
-Status Launcher::join_nodes() {
+NodeSpec Launcher::node_spec(const bootstrap::StoreAddress& store) const {
   const Env& env = Env::get();
+  NodeSpec spec;
+  spec.local_size = opts_.nranks;
+  spec.store = store;
+  spec.token = token_;
+  spec.node_name = node_name_;
+  spec.host_id = bootstrap::host_identity(env);
+  spec.rdzv_timeout = opts_.rdzv_timeout.value_or(env.store_connect_timeout);
+  // --ft: a lost host must be found within a second (its ranks' survivors wait meanwhile);
+  // STRATA_AGENT_TIMEOUT, when set, decides.
+  spec.agent_timeout = env.agent_timeout_set || !opts_.ft ? env.agent_timeout : kFtAgentTimeout;
+  spec.ft = opts_.ft;
+  spec.external_store = opts_.external_store;
+  return spec;
+}
+
+Status Launcher::join_nodes() {
   auto addr = bootstrap::StoreAddress::parse(opts_.store);
   if (!addr.is_ok()) return addr.status();
   token_ = *opts_.token;
@@ -54,20 +70,9 @@ Status Launcher::join_nodes() {
                                           ", which must be an address of this host: ");
     store_ = std::move(*server);
   }
-  NodeSpec spec;
+  NodeSpec spec = node_spec(*addr);
   spec.nnodes = *opts_.nnodes;
   spec.node_rank = *opts_.node_rank;
-  spec.local_size = opts_.nranks;
-  spec.store = *addr;
-  spec.token = token_;
-  spec.node_name = node_name_;
-  spec.host_id = bootstrap::host_identity(env);
-  spec.rdzv_timeout = opts_.rdzv_timeout.value_or(env.store_connect_timeout);
-  // --ft: a lost host must be found within a second (its ranks' survivors wait meanwhile);
-  // STRATA_AGENT_TIMEOUT, when set, decides.
-  spec.agent_timeout = env.agent_timeout_set || !opts_.ft ? env.agent_timeout : kFtAgentTimeout;
-  spec.ft = opts_.ft;
-  spec.external_store = opts_.external_store;
   STRATA_ASSIGN_OR_RETURN(link_, NodeLink::connect(spec, signal_check()));
   STRATA_ASSIGN_OR_RETURN(world_, link_->rendezvous(free_port(addr->host), job_id_, signal_check()));
   job_id_ = world_.job_id;
@@ -157,23 +162,13 @@ void Launcher::on_node_lost(int node, const std::string& report) {
 }
 
 Status Launcher::join_as_spare() {
-  const Env& env = Env::get();
   auto addr = bootstrap::StoreAddress::parse(opts_.store);
   if (!addr.is_ok()) return addr.status();
   token_ = *opts_.token;
   node_name_ = short_host_name(-1);
-  NodeSpec spec;
+  NodeSpec spec = node_spec(*addr);  // nnodes and node rank come with the takeover
   spec.nnodes = 0;
   spec.node_rank = -1;
-  spec.local_size = opts_.nranks;
-  spec.store = *addr;
-  spec.token = token_;
-  spec.node_name = node_name_;
-  spec.host_id = bootstrap::host_identity(env);
-  spec.rdzv_timeout = opts_.rdzv_timeout.value_or(env.store_connect_timeout);
-  spec.agent_timeout = env.agent_timeout_set ? env.agent_timeout : kFtAgentTimeout;
-  spec.ft = true;
-  spec.external_store = opts_.external_store;
   STRATA_ASSIGN_OR_RETURN(link_, NodeLink::connect(spec, signal_check()));
   say("spare host " + node_name_ + " waits at the store " + opts_.store + " for the ranks of a lost host");
   STRATA_ASSIGN_OR_RETURN(auto takeover, link_->wait_as_spare(signal_check()));
