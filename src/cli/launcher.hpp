@@ -55,7 +55,7 @@ inline constexpr std::chrono::milliseconds kRefillSettle{250};
 inline constexpr int kSparesPerNode = 100000;
 /// --ft across hosts: how long an agent may stay silent before its host counts as lost,
 /// unless STRATA_AGENT_TIMEOUT says otherwise.
-inline constexpr std::chrono::milliseconds kFtAgentTimeout{1000};
+inline constexpr std::chrono::milliseconds kFtAgentTimeout{750};
 /// --ft: when a lost host ends the job, the ranks get the error through the store and exit on
 /// their own; SIGTERM follows after this long.
 inline constexpr std::chrono::milliseconds kFatalGrace{1000};

@@ -53,6 +53,7 @@ NodeSpec Launcher::node_spec(const bootstrap::StoreAddress& store) const {
   // --ft: a lost host must be found within a second (its ranks' survivors wait meanwhile);
   // STRATA_AGENT_TIMEOUT, when set, decides.
   spec.agent_timeout = env.agent_timeout_set || !opts_.ft ? env.agent_timeout : kFtAgentTimeout;
+  spec.heartbeat = env.agent_heartbeat;
   spec.ft = opts_.ft;
   spec.external_store = opts_.external_store;
   return spec;
@@ -129,12 +130,16 @@ void Launcher::on_node_lost(int node, const std::string& report) {
   if (auto mine = link_->claim_loss(node); mine.is_ok() && !*mine) return;
   const auto [base, n] = link_->ranks_of_node(node);
   const std::string what = "node " + std::to_string(node) + " lost: " + report;
-  auto spare = link_->claim_spare(node);
+  std::vector<std::string> skipped;
+  auto spare = link_->claim_spare(node, skipped);
+  std::string passed;
+  for (const auto& s : skipped) passed += (passed.empty() ? "" : ", ") + s;
+  if (!passed.empty()) passed = "; spare host(s) " + passed + " skipped: dead or cut off";
   std::string why;
   if (!spare.is_ok()) {
-    why = "; looking for a spare host: " + spare.status().message();
+    why = passed + "; looking for a spare host: " + spare.status().message();
   } else if (!*spare) {
-    why = "; no spare host is left to take its ranks";
+    why = passed + "; no spare host is left to take its ranks";
   } else if ((*spare)->local_size != n) {
     why = "; spare host " + (*spare)->name + " runs " + std::to_string((*spare)->local_size) +
           " rank(s) (strata run -n), not the " + std::to_string(n) + " the node had";
@@ -144,7 +149,7 @@ void Launcher::on_node_lost(int node, const std::string& report) {
     if (ft_->on_failure(ranks, &why, (*spare)->host_id)) {
       Status s = link_->assign_spare(**spare, node, ft_->epoch());
       if (s.is_ok()) {
-        say(what + "; its ranks start again on spare host " + (*spare)->name + " (epoch " +
+        say(what + passed + "; its ranks start again on spare host " + (*spare)->name + " (epoch " +
             std::to_string(ft_->epoch()) + ", failure " + std::to_string(ft_->failures()) + " of at most " +
             std::to_string(ft_->options().max_failures) + ")");
         return;

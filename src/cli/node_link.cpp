@@ -23,6 +23,7 @@ std::string left_key(int i) { return kPrefix + "left/" + std::to_string(i); }
 std::string spare_key(int64_t s) { return kPrefix + "spare/" + std::to_string(s); }
 std::string taken_key(int64_t s) { return kPrefix + "taken/" + std::to_string(s); }
 std::string assign_key(int64_t s) { return kPrefix + "assign/" + std::to_string(s); }
+std::string spare_hb_key(int64_t s) { return kPrefix + "sparehb/" + std::to_string(s); }
 std::string lost_key(int node, const std::string& host_id) {
   // Per host: the node's spare host, once it took over, can be lost in its turn.
   return kPrefix + "lost/" + std::to_string(node) + "/" + std::to_string(std::hash<std::string>{}(host_id));
@@ -59,10 +60,12 @@ std::string seconds_text(milliseconds d) {
   return o.str();
 }
 
-// A beat often enough that a missed one is noticed well inside the agent timeout, rarely
-// enough that a thousand agents do not keep the store busy.
-milliseconds heartbeat_interval(milliseconds agent_timeout) {
-  return std::clamp(agent_timeout / 5, milliseconds(50), milliseconds(1000));
+// A beat often enough that a loss is declared close to the agent timeout (a watcher sees a
+// node silent between timeout - interval and timeout + 2 intervals after its last beat),
+// rarely enough that a thousand agents do not keep the store busy.
+milliseconds heartbeat_interval(const NodeSpec& spec) {
+  if (spec.heartbeat.count() > 0) return spec.heartbeat;
+  return std::clamp(spec.agent_timeout / 8, milliseconds(25), milliseconds(1000));
 }
 
 std::string node_list(const std::vector<int>& nodes) {
@@ -91,6 +94,10 @@ std::string NodeLink::ranks_of(int node) const {
 constexpr milliseconds kSlice{250};
 
 Result<std::unique_ptr<NodeLink>> NodeLink::connect(const NodeSpec& spec, const Interrupted& interrupted) {
+  if (spec.heartbeat.count() > 0 && spec.heartbeat * 2 > spec.agent_timeout)
+    return invalid_argument("STRATA_AGENT_HEARTBEAT (" + seconds_text(spec.heartbeat) +
+                            ") must be at most half the agent timeout (" + seconds_text(spec.agent_timeout) +
+                            ", STRATA_AGENT_TIMEOUT), or one late beat reads as a lost host");
   std::unique_ptr<NodeLink> link(new NodeLink(spec));
   Deadline until = Deadline::after(spec.rdzv_timeout);
   for (;;) {
@@ -192,10 +199,15 @@ Result<std::optional<NodeLink::Takeover>> NodeLink::wait_as_spare(const Interrup
   auto& store = *client_;
   STRATA_ASSIGN_OR_RETURN(int64_t n, store.add(kSparesKey, 1));
   const int64_t id = n - 1;
+  // The spare beats while it waits, so that the agent that claims it for a lost host can
+  // tell a spare that died (or was cut off) meanwhile from one that is ready.
+  STRATA_RETURN_IF_ERROR(store.add(spare_hb_key(id), 1).status());
   STRATA_RETURN_IF_ERROR(
       store.set(spare_key(id), std::to_string(spec_.local_size) + "\n" + spec_.node_name + "\n" + spec_.host_id));
+  const milliseconds interval = heartbeat_interval(spec_);
   for (;;) {
-    auto v = store.get(assign_key(id), kSlice);
+    STRATA_RETURN_IF_ERROR(store.add(spare_hb_key(id), 1).status());
+    auto v = store.get(assign_key(id), interval);
     if (v.is_ok()) {
       std::istringstream in(v.value());
       int node = -1;
@@ -229,19 +241,33 @@ Result<std::optional<NodeLink::Takeover>> NodeLink::wait_as_spare(const Interrup
   }
 }
 
-Result<std::optional<NodeLink::SpareHost>> NodeLink::claim_spare(int node) {
+Result<std::optional<NodeLink::SpareHost>> NodeLink::claim_spare(int node, std::vector<std::string>& skipped) {
   STRATA_RETURN_IF_ERROR(ensure_main_client());
   auto& store = *main_client_;
   STRATA_ASSIGN_OR_RETURN(auto keys, store.list(kPrefix + "spare/"));
   for (const std::string& k : keys) {
     auto id = to_int(k.substr(k.rfind('/') + 1));
     if (!id) continue;
-    STRATA_ASSIGN_OR_RETURN(std::string got, store.compare_set(taken_key(*id), "", std::to_string(node)));
-    if (got != std::to_string(node)) continue;
+    std::optional<milliseconds> silent;
+    {
+      std::lock_guard lk(mu_);
+      if (auto it = spare_beats_.find(*id); it != spare_beats_.end()) {
+        auto quiet = std::chrono::duration_cast<milliseconds>(Clock::now() - it->second.changed);
+        if (quiet >= spec_.agent_timeout) silent = quiet;
+      }
+    }
+    // A dead spare is taken too, so that no other agent waits on it.
+    const std::string claim = silent ? "silent" : std::to_string(node);
+    STRATA_ASSIGN_OR_RETURN(std::string got, store.compare_set(taken_key(*id), "", claim));
+    if (got != claim) continue;
     STRATA_ASSIGN_OR_RETURN(auto rec, store.try_get(k));
     if (!rec) continue;
     auto p = split_lines(*rec, 3);
     if (p.size() != 3 || p[2].empty()) continue;
+    if (silent) {
+      skipped.push_back(p[1] + " (no heartbeat for " + seconds_text(*silent) + ")");
+      continue;
+    }
     SpareHost sp;
     sp.id = static_cast<int>(*id);
     sp.local_size = static_cast<int>(to_int(p[0]).value_or(0));
@@ -250,6 +276,22 @@ Result<std::optional<NodeLink::SpareHost>> NodeLink::claim_spare(int node) {
     return std::optional<SpareHost>(sp);
   }
   return std::optional<SpareHost>();
+}
+
+Status NodeLink::watch_spares() {
+  auto& store = *client_;
+  STRATA_ASSIGN_OR_RETURN(auto keys, store.list(kPrefix + "spare/"));
+  const auto now = Clock::now();
+  for (const std::string& k : keys) {
+    auto id = to_int(k.substr(k.rfind('/') + 1));
+    if (!id) continue;
+    STRATA_ASSIGN_OR_RETURN(auto hb, store.try_get(spare_hb_key(*id)));
+    const int64_t beats = hb ? std::strtoll(hb->c_str(), nullptr, 10) : 0;
+    std::lock_guard lk(mu_);
+    auto [it, fresh] = spare_beats_.try_emplace(*id, SpareBeat{beats, now});
+    if (!fresh && it->second.beats != beats) it->second = SpareBeat{beats, now};
+  }
+  return Status::ok();
 }
 
 Status NodeLink::ensure_main_client() {
@@ -344,7 +386,7 @@ void NodeLink::report_done() {
 }
 
 void NodeLink::finish() {
-  auto interval = heartbeat_interval(spec_.agent_timeout);
+  auto interval = heartbeat_interval(spec_);
   {
     // A failure still on its way to the store must get there, or the other nodes learn of
     // it only from the missing heartbeats.
@@ -391,6 +433,7 @@ Status NodeLink::tick(std::vector<int64_t>& last_hb, std::vector<Clock::time_poi
       }
       revived_.clear();
     }
+    if (spec_.ft) STRATA_RETURN_IF_ERROR(watch_spares());
     STRATA_ASSIGN_OR_RETURN(auto done, store.list(kPrefix + "done/"));
     if (static_cast<int>(done.size()) >= spec_.nnodes) {
       STRATA_ASSIGN_OR_RETURN(std::string v, store.compare_set(kStateKey, "", "ok"));
@@ -471,7 +514,7 @@ Status NodeLink::tick(std::vector<int64_t>& last_hb, std::vector<Clock::time_poi
 }
 
 void NodeLink::monitor() {
-  const auto interval = heartbeat_interval(spec_.agent_timeout);
+  const auto interval = heartbeat_interval(spec_);
   std::vector<int64_t> last_hb(spec_.nnodes, -1);
   std::vector<Clock::time_point> last_change(spec_.nnodes, Clock::now());
   auto last_ok = Clock::now();

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -46,7 +47,8 @@ struct NodeSpec {
   std::string host_id;    // what ranks on this node use as host identity
   std::chrono::milliseconds rdzv_timeout{60000};
   std::chrono::milliseconds agent_timeout{10000};
-  bool ft = false;  // --ft: a silent node is reported to the agent (NodeLost), not the job's end
+  std::chrono::milliseconds heartbeat{0};  // between beats and looks; 0: agent_timeout / 8
+  bool ft = false;                         // --ft: a silent node is reported to the agent (NodeLost), not the job's end
   // --external-store: `strata store` serves the store outside the job, so no node is special:
   // every agent watches every other one, and node 0's loss is a node's loss like any other.
   bool external_store = false;
@@ -98,13 +100,14 @@ class NodeLink {
   };
   Result<std::optional<Takeover>> wait_as_spare(const Interrupted& interrupted);
   /// --ft: a spare host that waits, taken for lost node `node` (compare-and-set): its number
-  /// and host id, or nullopt when none is left.
+  /// and host id, or nullopt when none is left. A spare host whose beats this agent saw stop
+  /// for the agent timeout is dead or cut off: it is marked taken and named in `skipped`.
   struct SpareHost {
     int id = -1;
     std::string name, host_id;
     int local_size = 0;
   };
-  Result<std::optional<SpareHost>> claim_spare(int node);
+  Result<std::optional<SpareHost>> claim_spare(int node, std::vector<std::string>& skipped);
   /// Hands lost node `node` to the claimed spare host in recovery epoch `epoch`, and watches
   /// the node's heartbeat afresh.
   Status assign_spare(const SpareHost& spare, int node, uint64_t epoch);
@@ -135,6 +138,8 @@ class NodeLink {
   void monitor();
   void post(JobEvent e);
   Status tick(std::vector<int64_t>& last_hb, std::vector<std::chrono::steady_clock::time_point>& last_change);
+  /// --ft, on a watching agent: reads the beat counters of the spare hosts that wait.
+  Status watch_spares();
 
   /// "; lost with it: ranks 2-3", the global ranks of `node` (empty before rendezvous).
   std::string ranks_of(int node) const;
@@ -160,6 +165,11 @@ class NodeLink {
   bool published_ = false;         // the last report reached the store
   std::vector<int> silent_nodes_;  // node 0: agents it declared gone (they will not leave)
   std::vector<int> revived_;       // nodes a spare host took over: watched afresh
+  struct SpareBeat {
+    int64_t beats = -1;
+    std::chrono::steady_clock::time_point changed;
+  };
+  std::map<int64_t, SpareBeat> spare_beats_;  // waiting spare hosts' counters, when they last moved
 };
 
 }  // namespace strata::cli

@@ -65,7 +65,7 @@ const char kUsage[] =
     "                   to every agent and spare host of the job\n"
     "  --spare          with --ft and --store (no --nnodes): join the running job at ADDR:PORT as\n"
     "                   a spare host; when a host is lost (its agent silent for\n"
-    "                   STRATA_AGENT_TIMEOUT, 1s under --ft) its ranks start again here, with\n"
+    "                   STRATA_AGENT_TIMEOUT, 750ms under --ft) its ranks start again here, with\n"
     "                   -n equal to that host's rank count. Without a spare host left, every\n"
     "                   rank gets an error naming the lost host and its ranks\n"
     "  --rdzv-timeout T how long agents wait for each other at start, a duration as for\n"

@@ -163,6 +163,7 @@ Env parse(Lookup lookup, void* ctx) {
     e.agent_timeout = *d;
     e.agent_timeout_set = true;
   }
+  if (auto d = to_duration(get("STRATA_AGENT_HEARTBEAT"), true)) e.agent_heartbeat = *d;
   if (auto v = to_int(get("STRATA_SPIN_US"), 0)) e.spin_us = static_cast<uint32_t>(*v);
   if (auto s = get("STRATA_OVERSUBSCRIBED"); s && *s != "auto" && !s->empty()) {
     const size_t before = e.invalid.size();

@@ -46,7 +46,10 @@ struct Env {
   // STRATA_AGENT_TIMEOUT: a multi-node agent silent (no heartbeat) or a store unanswered
   // for this long counts as failed and stops the job on every node.
   std::chrono::milliseconds agent_timeout{10000};
-  bool agent_timeout_set = false;         // STRATA_AGENT_TIMEOUT was given (--ft's shorter default yields)
+  bool agent_timeout_set = false;  // STRATA_AGENT_TIMEOUT was given (--ft's shorter default yields)
+  // STRATA_AGENT_HEARTBEAT: how often an agent (and a waiting spare host) beats into the
+  // store, and how often the watching agents look; 0: an eighth of the agent timeout.
+  std::chrono::milliseconds agent_heartbeat{0};
   uint32_t spin_us = 500;                 // STRATA_SPIN_US: µs a wait spins before yielding/sleeping
   int oversubscribed = -1;                // STRATA_OVERSUBSCRIBED: 1/0 force the wait policy; -1 (auto): ranks > cores
   size_t oneshot_max_bytes = 256 * 1024;  // STRATA_ONESHOT_MAX_BYTES: one-shot vs two-shot all_reduce (2 ranks)

@@ -243,7 +243,8 @@ case $case in
       local d i
       for d in "$1"/*/; do
         echo "==== job $(basename "$d")"
-        for i in 0 1 2; do
+        for i in 0 1 2 3; do
+          [[ -e $d/h$i.out ]] || continue
           echo "---- h$i: exit $(mh_rc "$d" "$i")"
           sed 's/^/  out| /' "$d/h$i.out" 2>/dev/null
           sed 's/^/  err| /' "$d/h$i.err" 2>/dev/null
@@ -287,6 +288,28 @@ case $case in
     mh_link_down 1
     spare_done link_down
     mh_link_up 1
+    # A spare host that dies while it waits is skipped: spare hosts wait on h2 and h3, h2 is
+    # SIGKILLed, then the whole host h1: its ranks go to h3, and h0 names h2 as skipped.
+    mkdir -p "$log/dead_spare"
+    mh_start_agents "$strata" 2,2 "$log/dead_spare" --ft --timeout 60s -- "$train_dp" --steps 16 --pace 300
+    spare_waits() { grep -q "spare host h$1 waits at the store" "$log/dead_spare/h$1.err" 2>/dev/null; }
+    mh_start_spare "$strata" 2 "$log/dead_spare" -n 2 --timeout 60s -- "$train_dp" --steps 16 --pace 300
+    for _ in $(seq 100); do spare_waits 2 && break; sleep 0.05; done
+    sleep 0.2
+    mh_start_spare "$strata" 3 "$log/dead_spare" -n 2 --timeout 60s -- "$train_dp" --steps 16 --pace 300
+    for _ in $(seq 100); do spare_waits 3 && break; sleep 0.05; done
+    sleep 0.2
+    mh_kill_in "$(mh_host_ns 2)"
+    sleep 0.3
+    mh_kill_in "$(mh_host_ns 1)"
+    check "dead_spare: h0 and the spare host h3 finish within 70 s" mh_wait_agents "$log/dead_spare" 4 70
+    for i in 0 3; do
+      check "dead_spare: agent h$i exits with 0 (got $(mh_rc "$log/dead_spare" $i))" test "$(mh_rc "$log/dead_spare" $i)" = 0
+    done
+    want=$(hash_of clean) got=$(hash_of dead_spare)
+    check "dead_spare: final parameters equal the run without failure ($got vs $want)" test -n "$want" -a "$got" = "$want"
+    check "dead_spare: h0 skips the dead spare host h2 and hands node 1's ranks to h3" grep_in "$log/dead_spare/h0.err" "node 1 lost: .*lost with it: ranks 2-3; spare host(s) h2 (no heartbeat for [0-9.]* s) skipped: dead or cut off; its ranks start again on spare host h3 (epoch 1"
+    check "dead_spare: the spare host h3 takes them" grep_in "$log/dead_spare/h3.err" "spare host h3 takes node 1's ranks 2-3 in epoch 1"
     # The store outside the job (`strata store` on h3, --external-store everywhere): node 0
     # itself is lost, and its ranks start again on the spare host; h1's agent handles it.
     MH_STORE_ADDR=$(mh_start_store "$strata" 3)
