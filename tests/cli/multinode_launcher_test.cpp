@@ -188,6 +188,17 @@ TEST(MultiNodeLauncherTest, SecondAgentWithTheSameNodeRankIsRefused) {
   EXPECT_TRUE(contains(refused.err, "node rank 1 is already taken by host")) << refused.err;
 }
 
+TEST(MultiNodeLauncherTest, HeartbeatLongerThanHalfTheAgentTimeoutIsRefused) {
+  STRATA_REQUIRE_BIN();
+  auto r = run_cli({"run", "--nnodes", "2", "--node-rank", "0", "--store", "127.0.0.1:" + std::to_string(free_port()),
+                    "-n", "1", "true"},
+                   {"STRATA_JOB_TOKEN=t", "STRATA_AGENT_TIMEOUT=1s", "STRATA_AGENT_HEARTBEAT=600ms"}, 20s);
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "STRATA_AGENT_HEARTBEAT (0.6 s) must be at most half the agent timeout (1 s"))
+      << r.err;
+  EXPECT_LT(r.seconds, 5.0);
+}
+
 TEST(MultiNodeLauncherTest, MissingNodeIsNamedWhenTheRendezvousTimesOut) {
   STRATA_REQUIRE_BIN();
   auto r = run_cli({"run", "--nnodes", "3", "--node-rank", "0", "--store", "127.0.0.1:" + std::to_string(free_port()),
