@@ -82,14 +82,25 @@ TEST(ZeroCopy, ExternalBuffersAreStagedAndCorrect) {
     // One-shot: peers read the input only; the output is written in place by its owner.
     if (c.stats().staged_bytes - before.staged_bytes != 1000 * sizeof(double))
       throw std::runtime_error("expected staging of the input only");
-    // Two-shot: peers read each rank's output slice too.
+    // Two-shot: peers read the other ranks' input slices and each rank's reduced slice, and
+    // only those are staged: the buffer's size once in all, not in + out.
     CollOptions two_shot;
     two_shot.algorithm = Algorithm::TwoShot;
     before = c.stats();
     c.all_reduce(v.data(), out.data(), v.size(), DataType::Float64, ReduceOp::Sum, two_shot);
-    if (out[0] != 3.0) throw std::runtime_error("two-shot: wrong value " + std::to_string(out[0]));
-    if (c.stats().staged_bytes - before.staged_bytes != 2 * 1000 * sizeof(double))
-      throw std::runtime_error("two-shot: expected staging of in + out");
+    for (size_t i = 0; i < out.size(); ++i)
+      if (out[i] != 3.0) throw std::runtime_error("two-shot: wrong value at " + std::to_string(i));
+    if (c.stats().staged_bytes - before.staged_bytes != 1000 * sizeof(double))
+      throw std::runtime_error("two-shot: expected staging of one slice of in and one of out, got " +
+                               std::to_string(c.stats().staged_bytes - before.staged_bytes));
+    // In place, and with distinct values per element, so that a slice taken from the wrong
+    // rank or offset shows.
+    std::vector<double> w(1003);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<double>(i) * (c.rank() + 1);
+    c.all_reduce(w.data(), w.data(), w.size(), DataType::Float64, ReduceOp::Sum, two_shot);
+    for (size_t i = 0; i < w.size(); ++i)
+      if (w[i] != 3.0 * static_cast<double>(i))
+        throw std::runtime_error("two-shot in place: wrong value at " + std::to_string(i));
   }));
 }
 

@@ -24,6 +24,9 @@ struct Exec {
   Deadline deadline;
   char* in = nullptr;  // this rank's effective (heap) buffers
   char* out = nullptr;
+  // Two-shot all_reduce of an external output: where peers read this rank's reduced slice
+  // (heap scratch at the same offsets); `out` is then the external buffer itself.
+  char* peer_view_out = nullptr;
   size_t esz = 0;
 
   const OpDesc& desc(int r) const { return c.peers[r].hdr()->slot(c.seq).desc; }

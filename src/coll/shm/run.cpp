@@ -92,6 +92,32 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   auto use_cma = [&](const char* p, size_t bytes) {
     return c.cma_all && (bytes >= cma_min || (bytes >= cma_reg_min && c.ctx->is_registered(p, bytes)));
   };
+  // Two-shot all_reduce: a rank reads its own input slice and writes its own output itself;
+  // peers read only the other input slices and this rank's reduced slice. Only those go
+  // through the heap (scratch at the buffer's own offsets, the two sets of slices disjoint):
+  // with 2 ranks half of each copy, and no copy back of the whole output at the end. This
+  // beats CMA at every size, registered or not (2 ranks, 1-64 MiB: 51-80% of heap buffers'
+  // busbw against 31-51% with CMA reading and writing the peers' buffers), so CMA is not used.
+  const bool slices_only = op.kind == OpKind::AllReduce && algo == coll::Algo::TwoShot && n > 1 &&
+                           (in_ext || out_ext) && (in == out || !coll::overlap(in, ext.in, out, ext.out));
+  if (slices_only) {
+    STRATA_ASSIGN_OR_RETURN(void* sv, c.scratch_block(0, ext.out));
+    char* s = static_cast<char*>(sv);
+    if (in_ext) {
+      for (int r = 0; r < n; ++r) {
+        auto [lo, hi] = slice(op.count, n, r, x.esz);
+        if (r == c.rank || hi <= lo) continue;
+        kernels::copy(s + lo * x.esz, in + lo * x.esz, (hi - lo) * x.esz);
+        c.staged_bytes.fetch_add((hi - lo) * x.esz, std::memory_order_relaxed);
+      }
+      in_ref = heap.locate(s, ext.in);
+    }
+    if (out_ext) {
+      x.peer_view_out = s;
+      out_ref = heap.locate(s, ext.out);
+    }
+    in_ext = out_ext = false;
+  }
   bool in_cma = in_ext && use_cma(in, ext.in);
   bool out_cma = out_ext && use_cma(out, ext.out);
   const bool both_staged_together = coll::overlap(in, ext.in, out, ext.out) && (in_ext || out_ext) && !out_local;

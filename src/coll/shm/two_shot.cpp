@@ -16,7 +16,14 @@ Status all_reduce_two_shot(Exec& x) {
   const size_t count = x.op.count, e = x.esz;
   // Two-shot: reduce-scatter straight into each rank's own output slice, then all-gather.
   auto [lo, hi] = slice(count, n, me, e);
-  if (hi > lo) STRATA_RETURN_IF_ERROR(reduce_range(x, x.out + lo * e, lo, hi));
+  if (hi > lo) {
+    char* shared = x.peer_view_out ? x.peer_view_out : x.out;
+    STRATA_RETURN_IF_ERROR(reduce_range(x, shared + lo * e, lo, hi));
+    if (x.peer_view_out) {
+      kernels::copy(x.out + lo * e, shared + lo * e, (hi - lo) * e);
+      x.c.staged_bytes.fetch_add((hi - lo) * e, std::memory_order_relaxed);
+    }
+  }
   STRATA_RETURN_IF_ERROR(x.sync("all_reduce"));
   for (int k = 1; k < n; ++k) {
     int r = (me + k) % n;
