@@ -101,6 +101,32 @@ TEST(ZeroCopy, ExternalBuffersAreStagedAndCorrect) {
     for (size_t i = 0; i < w.size(); ++i)
       if (w[i] != 3.0 * static_cast<double>(i))
         throw std::runtime_error("two-shot in place: wrong value at " + std::to_string(i));
+    // reduce_scatter and all_to_all_v out of place: only the blocks peers read are staged.
+    std::vector<double> rs_in(2 * 500), rs_out(500);
+    for (size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = static_cast<double>(i) + c.rank();
+    before = c.stats();
+    c.reduce_scatter(rs_in, rs_out, ReduceOp::Sum);
+    for (size_t i = 0; i < rs_out.size(); ++i)
+      if (rs_out[i] != 2.0 * static_cast<double>(c.rank() * 500 + i) + 1.0)
+        throw std::runtime_error("reduce_scatter: wrong value at " + std::to_string(i));
+    if (c.stats().staged_bytes - before.staged_bytes != 500 * sizeof(double))
+      throw std::runtime_error("reduce_scatter: expected staging of the peer's block only");
+    // Rank r sends 3 + r + 2j elements to rank j, packed after a gap of 5 elements.
+    const size_t me = static_cast<size_t>(c.rank());
+    const size_t sc[2] = {3 + me, 5 + me}, sd[2] = {5, 5 + sc[0]};
+    const size_t rc[2] = {3 + 2 * me, 4 + 2 * me}, rd[2] = {0, rc[0]};
+    std::vector<int64_t> a_in(5 + sc[0] + sc[1]), a_out(rc[0] + rc[1], -1);
+    for (size_t i = 0; i < a_in.size(); ++i) a_in[i] = c.rank() * 1000 + static_cast<int64_t>(i);
+    before = c.stats();
+    c.all_to_all_v(a_in.data(), sc, sd, a_out.data(), rc, rd, DataType::Int64);
+    for (size_t src = 0; src < 2; ++src) {
+      const size_t off = me == 0 ? 5 : 5 + 3 + src;  // where rank src put the block for this rank
+      for (size_t i = 0; i < rc[src]; ++i)
+        if (a_out[rd[src] + i] != static_cast<int64_t>(src * 1000 + off + i))
+          throw std::runtime_error("all_to_all_v: wrong value from rank " + std::to_string(src));
+    }
+    if (c.stats().staged_bytes - before.staged_bytes != sc[1 - me] * sizeof(int64_t))
+      throw std::runtime_error("all_to_all_v: expected staging of the block sent to the peer only");
   }));
 }
 
