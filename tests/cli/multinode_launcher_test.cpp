@@ -194,8 +194,7 @@ TEST(MultiNodeLauncherTest, HeartbeatLongerThanHalfTheAgentTimeoutIsRefused) {
                     "-n", "1", "true"},
                    {"STRATA_JOB_TOKEN=t", "STRATA_AGENT_TIMEOUT=1s", "STRATA_AGENT_HEARTBEAT=600ms"}, 20s);
   EXPECT_NE(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, "STRATA_AGENT_HEARTBEAT (0.6 s) must be at most half the agent timeout (1 s"))
-      << r.err;
+  EXPECT_TRUE(contains(r.err, "STRATA_AGENT_HEARTBEAT (0.6 s) must be at most half the agent timeout (1 s")) << r.err;
   EXPECT_LT(r.seconds, 5.0);
 }
 
