@@ -148,7 +148,7 @@ case $case in
     train_dp=$1
     mh_setup 2 || exit 1
     trap 'mh_cleanup; [[ -n ${MH_KEEP:-} ]] && echo "logs kept in $log" || rm -rf "$log"' EXIT
-    # A longer agent timeout than --ft's default (1 s) where no host is lost: a loaded machine
+    # A longer agent timeout than --ft's default (0.75 s) where no host is lost: a loaded machine
     # must not mistake a slow agent for a lost one.
     export STRATA_UCX_NET_DEVICES=${STRATA_UCX_NET_DEVICES:-eth0} STRATA_TIMEOUT=${STRATA_TIMEOUT:-15s}
     export STRATA_AGENT_TIMEOUT=${STRATA_AGENT_TIMEOUT:-5s}
@@ -210,7 +210,7 @@ case $case in
     check "spares: rank 3 goes to h1's spare" grep_in "$log/spares/h1.err" "rank 3 goes to spare 100000"
     check "spares: rank 0 goes to h0's spare" grep_in "$log/spares/h0.err" "rank 0 goes to spare 0"
     # Host h1 lost (its agent and both its ranks SIGKILLed) with no spare host: with --ft's
-    # default agent timeout (1 s) every survivor gets an error naming the lost host and its
+    # default agent timeout (0.75 s) every survivor gets an error naming the lost host and its
     # ranks, and exits, within 5 s.
     (
       unset STRATA_AGENT_TIMEOUT
