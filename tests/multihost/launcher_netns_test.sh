@@ -310,6 +310,29 @@ case $case in
     check "dead_spare: final parameters equal the run without failure ($got vs $want)" test -n "$want" -a "$got" = "$want"
     check "dead_spare: h0 skips the dead spare host h2 and hands node 1's ranks to h3" grep_in "$log/dead_spare/h0.err" "node 1 lost: .*lost with it: ranks 2-3; spare host(s) h2 (no heartbeat for [0-9.]* s) skipped: dead or cut off; its ranks start again on spare host h3 (epoch 1"
     check "dead_spare: the spare host h3 takes them" grep_in "$log/dead_spare/h3.err" "spare host h3 takes node 1's ranks 2-3 in epoch 1"
+    # A spare host that dies as soon as it was given the lost host's ranks: the node is watched
+    # afresh, found silent again, and its ranks go to the next spare host (h3) in epoch 2.
+    mkdir -p "$log/dead_assigned"
+    # Two losses of 2 ranks each: 4 failures, above --max-failures' default of 3.
+    mh_start_agents "$strata" 2,2 "$log/dead_assigned" --ft --max-failures 4 --timeout 60s -- "$train_dp" --steps 16 --pace 300
+    taken() { grep -q "spare host h$1 takes node 1" "$log/dead_assigned/h$1.err" 2>/dev/null; }
+    waits() { grep -q "spare host h$1 waits at the store" "$log/dead_assigned/h$1.err" 2>/dev/null; }
+    mh_start_spare "$strata" 2 "$log/dead_assigned" -n 2 --timeout 60s -- "$train_dp" --steps 16 --pace 300
+    for _ in $(seq 100); do waits 2 && break; sleep 0.05; done
+    sleep 0.2
+    mh_start_spare "$strata" 3 "$log/dead_assigned" -n 2 --timeout 60s -- "$train_dp" --steps 16 --pace 300
+    for _ in $(seq 100); do waits 3 && break; sleep 0.05; done
+    sleep 0.2
+    mh_kill_in "$(mh_host_ns 1)"
+    for _ in $(seq 200); do taken 2 && break; sleep 0.01; done
+    mh_kill_in "$(mh_host_ns 2)"
+    check "dead_assigned: h0 and the spare host h3 finish within 70 s" mh_wait_agents "$log/dead_assigned" 4 70
+    for i in 0 3; do
+      check "dead_assigned: agent h$i exits with 0 (got $(mh_rc "$log/dead_assigned" $i))" test "$(mh_rc "$log/dead_assigned" $i)" = 0
+    done
+    want=$(hash_of clean) got=$(hash_of dead_assigned)
+    check "dead_assigned: final parameters equal the run without failure ($got vs $want)" test -n "$want" -a "$got" = "$want"
+    check "dead_assigned: h0 hands node 1's ranks to h2, then to h3" grep_in "$log/dead_assigned/h0.err" "node 1 lost: the agent of node 1 (h2) sent no heartbeat .*its ranks start again on spare host h3 (epoch 2"
     # The store outside the job (`strata store` on h3, --external-store everywhere): node 0
     # itself is lost, and its ranks start again on the spare host; h1's agent handles it.
     MH_STORE_ADDR=$(mh_start_store "$strata" 3)
