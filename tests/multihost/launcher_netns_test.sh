@@ -262,14 +262,20 @@ case $case in
       mh_start_agents "$strata" 2,2 "$log/$name" --ft --timeout 60s -- "$train_dp" --steps 16 "$@"
       mh_start_spare "$strata" 2 "$log/$name" -n 2 --timeout 60s -- "$train_dp" --steps 16 "$@"
     }
-    spare_done() {
-      local name=$1 want got
-      check "$name: h0 and the spare host finish within 70 s" mh_wait_agents "$log/$name" 3 70
-      for i in 0 2; do
-        check "$name: agent h$i exits with 0 (got $(mh_rc "$log/$name" $i))" test "$(mh_rc "$log/$name" $i)" = 0
+    # ends_clean NAME K SPARE: h0 and spare host hSPARE (of the job's K agents) end with 0 and
+    # the parameters of the run without a failure.
+    ends_clean() {
+      local name=$1 k=$2 spare=$3 i want got
+      check "$name: h0 and the spare host h$spare finish within 70 s" mh_wait_agents "$log/$name" "$k" 70
+      for i in 0 "$spare"; do
+        check "$name: agent h$i exits with 0 (got $(mh_rc "$log/$name" "$i"))" test "$(mh_rc "$log/$name" "$i")" = 0
       done
       want=$(hash_of clean) got=$(hash_of "$name")
       check "$name: final parameters equal the run without failure ($got vs $want)" test -n "$want" -a "$got" = "$want"
+    }
+    spare_done() {
+      local name=$1
+      ends_clean "$name" 3 2
       check "$name: h0 hands node 1's ranks to the spare host" grep_in "$log/$name/h0.err" "node 1 lost: the agent of node 1 (h1) sent no heartbeat .*lost with it: ranks 2-3; its ranks start again on spare host h2 (epoch 1"
       check "$name: the spare host takes them" grep_in "$log/$name/h2.err" "spare host h2 takes node 1's ranks 2-3 in epoch 1"
       check "$name: rank 0 reports the recovery" grep_in "$log/$name/h0.out" "recovered epoch 1 (replaced rank 2,3)"
@@ -288,50 +294,37 @@ case $case in
     mh_link_down 1
     spare_done link_down
     mh_link_up 1
-    # A spare host that dies while it waits is skipped: spare hosts wait on h2 and h3, h2 is
-    # SIGKILLed, then the whole host h1: its ranks go to h3, and h0 names h2 as skipped.
-    mkdir -p "$log/dead_spare"
-    mh_start_agents "$strata" 2,2 "$log/dead_spare" --ft --timeout 60s -- "$train_dp" --steps 16 --pace 300
-    spare_waits() { grep -q "spare host h$1 waits at the store" "$log/dead_spare/h$1.err" 2>/dev/null; }
-    mh_start_spare "$strata" 2 "$log/dead_spare" -n 2 --timeout 60s -- "$train_dp" --steps 16 --pace 300
-    for _ in $(seq 100); do spare_waits 2 && break; sleep 0.05; done
-    sleep 0.2
-    mh_start_spare "$strata" 3 "$log/dead_spare" -n 2 --timeout 60s -- "$train_dp" --steps 16 --pace 300
-    for _ in $(seq 100); do spare_waits 3 && break; sleep 0.05; done
-    sleep 0.2
+    # two_spares NAME [RUN OPTIONS]: the job on h0 and h1 (16 steps of 300 ms), spare hosts
+    # waiting on h2, then h3 (in that order, so h2 is the first one claimed).
+    in_err() { grep -q "$3" "$log/$1/h$2.err" 2>/dev/null; }
+    two_spares() {
+      local name=$1 i
+      shift
+      mkdir -p "$log/$name"
+      mh_start_agents "$strata" 2,2 "$log/$name" --ft "$@" --timeout 60s -- "$train_dp" --steps 16 --pace 300
+      for i in 2 3; do
+        mh_start_spare "$strata" "$i" "$log/$name" -n 2 --timeout 60s -- "$train_dp" --steps 16 --pace 300
+        for _ in $(seq 100); do in_err "$name" "$i" "spare host h$i waits at the store" && break; sleep 0.05; done
+        sleep 0.2
+      done
+    }
+    # A spare host that dies while it waits is skipped: h2 is SIGKILLed, then the whole host
+    # h1: its ranks go to h3, and h0 names h2 as skipped.
+    two_spares dead_spare
     mh_kill_in "$(mh_host_ns 2)"
     sleep 0.3
     mh_kill_in "$(mh_host_ns 1)"
-    check "dead_spare: h0 and the spare host h3 finish within 70 s" mh_wait_agents "$log/dead_spare" 4 70
-    for i in 0 3; do
-      check "dead_spare: agent h$i exits with 0 (got $(mh_rc "$log/dead_spare" $i))" test "$(mh_rc "$log/dead_spare" $i)" = 0
-    done
-    want=$(hash_of clean) got=$(hash_of dead_spare)
-    check "dead_spare: final parameters equal the run without failure ($got vs $want)" test -n "$want" -a "$got" = "$want"
+    ends_clean dead_spare 4 3
     check "dead_spare: h0 skips the dead spare host h2 and hands node 1's ranks to h3" grep_in "$log/dead_spare/h0.err" "node 1 lost: .*lost with it: ranks 2-3; spare host(s) h2 (no heartbeat for [0-9.]* s) skipped: dead or cut off; its ranks start again on spare host h3 (epoch 1"
     check "dead_spare: the spare host h3 takes them" grep_in "$log/dead_spare/h3.err" "spare host h3 takes node 1's ranks 2-3 in epoch 1"
     # A spare host that dies as soon as it was given the lost host's ranks: the node is watched
     # afresh, found silent again, and its ranks go to the next spare host (h3) in epoch 2.
-    mkdir -p "$log/dead_assigned"
     # Two losses of 2 ranks each: 4 failures, above --max-failures' default of 3.
-    mh_start_agents "$strata" 2,2 "$log/dead_assigned" --ft --max-failures 4 --timeout 60s -- "$train_dp" --steps 16 --pace 300
-    taken() { grep -q "spare host h$1 takes node 1" "$log/dead_assigned/h$1.err" 2>/dev/null; }
-    waits() { grep -q "spare host h$1 waits at the store" "$log/dead_assigned/h$1.err" 2>/dev/null; }
-    mh_start_spare "$strata" 2 "$log/dead_assigned" -n 2 --timeout 60s -- "$train_dp" --steps 16 --pace 300
-    for _ in $(seq 100); do waits 2 && break; sleep 0.05; done
-    sleep 0.2
-    mh_start_spare "$strata" 3 "$log/dead_assigned" -n 2 --timeout 60s -- "$train_dp" --steps 16 --pace 300
-    for _ in $(seq 100); do waits 3 && break; sleep 0.05; done
-    sleep 0.2
+    two_spares dead_assigned --max-failures 4
     mh_kill_in "$(mh_host_ns 1)"
-    for _ in $(seq 200); do taken 2 && break; sleep 0.01; done
+    for _ in $(seq 200); do in_err dead_assigned 2 "spare host h2 takes node 1" && break; sleep 0.01; done
     mh_kill_in "$(mh_host_ns 2)"
-    check "dead_assigned: h0 and the spare host h3 finish within 70 s" mh_wait_agents "$log/dead_assigned" 4 70
-    for i in 0 3; do
-      check "dead_assigned: agent h$i exits with 0 (got $(mh_rc "$log/dead_assigned" $i))" test "$(mh_rc "$log/dead_assigned" $i)" = 0
-    done
-    want=$(hash_of clean) got=$(hash_of dead_assigned)
-    check "dead_assigned: final parameters equal the run without failure ($got vs $want)" test -n "$want" -a "$got" = "$want"
+    ends_clean dead_assigned 4 3
     check "dead_assigned: h0 hands node 1's ranks to h2, then to h3" grep_in "$log/dead_assigned/h0.err" "node 1 lost: the agent of node 1 (h2) sent no heartbeat .*its ranks start again on spare host h3 (epoch 2"
     # The store outside the job (`strata store` on h3, --external-store everywhere): node 0
     # itself is lost, and its ranks start again on the spare host; h1's agent handles it.
