@@ -62,6 +62,26 @@ TEST(Select, OneHostAllReduceBySize) {
   EXPECT_ALGO(Algo::TwoShot, eight, call(OpKind::AllReduce, kOneShotMax / 4 + 4));
 }
 
+TEST(Select, OneHostInPlaceAllReduceTakesTwoShotAbove4KiB) {
+  // In place, one-shot lands in a temporary and copies it back: two-shot wins from 4 KiB.
+  std::vector<char> buf(8192);
+  auto in_place = [&](size_t bytes, Algorithm a = Algorithm::Auto) {
+    Op op = call(OpKind::AllReduce, bytes, a);
+    op.in = op.out = buf.data();
+    return op;
+  };
+  const Shape two = one_host(2);
+  EXPECT_ALGO(Algo::Inline, two, in_place(detail::kInlineBytes));
+  EXPECT_ALGO(Algo::OneShot, two, in_place(4096));
+  EXPECT_ALGO(Algo::TwoShot, two, in_place(4096 + 4));
+  EXPECT_ALGO(Algo::TwoShot, one_host(4), in_place(64 << 10));
+  EXPECT_ALGO(Algo::OneShot, two, in_place(64 << 10, Algorithm::OneShot));
+  // Out of place the size rule decides.
+  EXPECT_ALGO(Algo::OneShot, two, call(OpKind::AllReduce, 64 << 10));
+  // One rank copies nothing to anyone: no two-shot.
+  EXPECT_ALGO(Algo::OneShot, one_host(1), in_place(64 << 10));
+}
+
 TEST(Select, OneHostAskedAlgorithmWinsOverSize) {
   const Shape two = one_host(2);
   EXPECT_ALGO(Algo::TwoShot, two, call(OpKind::AllReduce, 8, Algorithm::TwoShot));
