@@ -53,15 +53,12 @@ bool peers_touch_out(OpKind kind, coll::Algo algo) {
 bool peers_read_in(OpKind kind) { return kind != OpKind::Gather; }
 
 /// The elements [lo, hi) of this rank's input that rank `r` reads: its slice (two-shot
-/// all_reduce), its block (reduce_scatter(v)), or the block sent to it (all_to_all(v)).
-std::pair<size_t, size_t> peer_block(const Op& op, int n, int r, size_t esz) {
+/// all_reduce), its block (reduce_scatter(v); `displ` holds reduce_scatter_v's block
+/// offsets), or the block sent to it (all_to_all(v)).
+std::pair<size_t, size_t> peer_block(const Op& op, int n, int r, size_t esz, const std::vector<size_t>& displ) {
   switch (op.kind) {
     case OpKind::AllReduce: return slice(op.count, n, r, esz);
-    case OpKind::ReduceScatterV: {
-      size_t lo = 0;
-      for (int j = 0; j < r; ++j) lo += op.counts[j];
-      return {lo, lo + op.counts[r]};
-    }
+    case OpKind::ReduceScatterV: return {displ[r], displ[r] + op.counts[r]};
     case OpKind::AllToAllV: return {op.sdispls[r], op.sdispls[r] + op.counts[r]};
     default: return {r * op.count, (r + 1) * op.count};  // reduce_scatter, all_to_all
   }
@@ -125,9 +122,11 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     STRATA_ASSIGN_OR_RETURN(void* sv, c.scratch_block(0, std::max(ext.in, ext.out)));
     char* s = static_cast<char*>(sv);
     if (in_ext) {
+      const std::vector<size_t> displ =
+          op.kind == OpKind::ReduceScatterV ? coll::prefix_sums(op.counts) : std::vector<size_t>();
       for (int r = 0; r < n; ++r) {
         if (r == c.rank) continue;
-        auto [lo, hi] = peer_block(op, n, r, x.esz);
+        auto [lo, hi] = peer_block(op, n, r, x.esz, displ);
         if (hi <= lo) continue;
         kernels::copy(s + lo * x.esz, in + lo * x.esz, (hi - lo) * x.esz);
         c.staged_bytes.fetch_add((hi - lo) * x.esz, std::memory_order_relaxed);
