@@ -112,7 +112,7 @@ bench-recovery: build
 # PyTorch DDP recovery (strata, strata + hot spare, torchrun --max_restarts 1 at 2, 4, 8 ranks);
 # rewrites the PyTorch section of docs/RECOVERY.md only (~4 min)
 bench-recovery-torch: build
-	/usr/bin/python3 scripts/bench_ddp_recovery.py --build $(BUILD_DIR) --ranks 2,4,8 --repeats 2
+	/usr/bin/python3 scripts/bench_ddp_recovery.py --build $(BUILD_DIR) --ranks 2,4,8,32 --repeats 2
 
 # MoE dispatch/combine: strata schedules vs Relay vs Open MPI at 2, 4, 8 ranks; rewrites
 # docs/PERFORMANCE_MOE.md, docs/perf_moe.png and the MoE section of docs/PERFORMANCE.md

@@ -65,6 +65,9 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
   bool used_spare = false;
   for (int i : respawn) {
     if (Rank* sp = ft_->options().restart_all ? nullptr : waiting_spare()) {
+      // A spare can join and finish the rebuild before this loop ends, and the ranks read
+      // the spawn time when the rebuild is done: record it before the first hand-over.
+      if (!used_spare) ft_->on_spawned();
       const int id = sp->spare;
       sp->spare = -1;
       sp->index = i - base;
@@ -96,7 +99,7 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
       return;
     }
   }
-  ft_->on_spawned();
+  if (!used_spare) ft_->on_spawned();
   say("epoch " + std::to_string(ft_->epoch()) + ": the controller's cost of this failure: " + ft_->failure_cost());
   if (used_spare) {
     refill_by_ = Clock::now() + kRefillWait;
