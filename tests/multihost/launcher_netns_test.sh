@@ -9,6 +9,7 @@
 #         collective_link_down LINKDOWN_RANK         (mh_linkdown_rank.cpp)
 #         ft TRAIN_DP                                 (--ft across hosts, examples/train_dp)
 #         ft_spare_host TRAIN_DP                      (--ft --spare: a lost host's ranks move)
+#         ft_store_lost TRAIN_DP                      (--ft, node 0 lost with its store)
 #         moe_serve MOE_SERVE                         (examples/moe_serve across 2 x 2, --check)
 # All but the first three need collectives across hosts, i.e. the UCX transport.
 set -uo pipefail
@@ -226,6 +227,24 @@ case $case in
     for r in 0 1; do
       check "host_lost: rank $r gets an error naming h1 and its ranks" grep -q "^\[h0:$r\] rank $r: training failed: .*the job cannot recover: .*the agent of node 1 (h1) sent no heartbeat .*lost with it: ranks 2-3; no spare host is left" "$log/host_lost/h0.out" "$log/host_lost/h0.err"
     done
+    finish 2
+    ;;
+  ft_store_lost)
+    # Node 0 lost with the store it serves (the default: no --external-store), 2 hosts x 2
+    # ranks under --ft: the job cannot go on. h1's agent and both of its ranks must say that
+    # the store (node 0) was lost, and h1 must be done within 5 s of the loss: no hang.
+    train_dp=$1
+    mh_setup 2 || exit 1
+    trap 'mh_cleanup; [[ -n ${MH_KEEP:-} ]] && echo "logs kept in $log" || rm -rf "$log"' EXIT
+    export STRATA_UCX_NET_DEVICES=${STRATA_UCX_NET_DEVICES:-eth0} STRATA_TIMEOUT=${STRATA_TIMEOUT:-15s}
+    mh_start_agents "$strata" 2,2 "$log" --ft --timeout 60s -- "$train_dp" --steps 16 --pace 40 --fail 0:6:host
+    check "both agents finish within 70 s" mh_wait_agents "$log" 2 70
+    check "h0's agent was killed (got $(mh_rc "$log" 0))" test "$(mh_rc "$log" 0)" = 137
+    check "h1's agent fails (got $(mh_rc "$log" 1))" test "$(mh_rc "$log" 1)" != 0 -a "$(mh_rc "$log" 1)" != none
+    took=$(ms_between "$(mh_end "$log" 0)" "$(mh_end "$log" 1)")
+    check "h1 is done within 5 s of the loss (took $took ms)" test "$took" -lt 5000
+    check "h1's agent names the lost store" grep_in "$log/h1.err" "lost the store of node 0 at 10.77.0.1:$MH_STORE_PORT"
+    check "h1's agent stops its ranks" grep_in "$log/h1.err" "stopping the 2 rank(s) on h1"
     finish 2
     ;;
   ft_spare_host)

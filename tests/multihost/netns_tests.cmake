@@ -43,6 +43,10 @@ if(STRATA_WITH_UCX)
       COMMAND bash ${_mh}/launcher_netns_test.sh $<TARGET_FILE:strata_cli> $<TARGET_FILE:mh_smoke_rank>
               ft_spare_host $<TARGET_FILE:train_dp>)
     set_tests_properties(multihost_ft_spare_host PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 300)
+    add_test(NAME multihost_ft_store_lost
+      COMMAND bash ${_mh}/launcher_netns_test.sh $<TARGET_FILE:strata_cli> $<TARGET_FILE:mh_smoke_rank>
+              ft_store_lost $<TARGET_FILE:train_dp>)
+    set_tests_properties(multihost_ft_store_lost PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 120)
   endif()
 
   if(TARGET mh_rank)
