@@ -149,7 +149,8 @@ std::optional<FtController::JobState> FtController::advance(const std::function<
   return std::nullopt;
 }
 
-bool FtController::on_failure(const std::vector<int>& ranks, std::string* why, const std::string& new_host) {
+bool FtController::on_failure(const std::vector<int>& ranks, std::string* why, const std::string& new_host,
+                              const std::function<void()>& before_notice) {
   at_failure_ = store_->counters();
   const int64_t t = recovery::now_ns();
   auto next = advance(
@@ -173,6 +174,7 @@ bool FtController::on_failure(const std::vector<int>& ranks, std::string* why, c
   epoch_ = next->epoch;
   // The timestamps first: a rank that wakes on the notice reads them in its report.
   (void)store_->set(keys::detected(job_, epoch_), std::to_string(t));
+  if (before_notice) before_notice();
   (void)store_->set(keys::epoch(job_, epoch_), format_pending(*next));
   std::lock_guard<std::mutex> g(mu_);
   for (int r : ranks) reset_heartbeat(r);

@@ -54,7 +54,11 @@ class FtController {
   /// job must stop) or the store cannot be reached (`why` then says so); otherwise moves the
   /// job to a new epoch, publishes the notice and the caller starts replacements with epoch().
   /// `new_host`: the ranks start again on another host (a spare host took a lost host's).
-  bool on_failure(const std::vector<int>& ranks, std::string* why, const std::string& new_host = "");
+  /// `before_notice` runs once the new epoch is known and before the notice goes out: hot
+  /// spares handed their ranks there start joining before every survivor wakes on the notice
+  /// and floods the store.
+  bool on_failure(const std::vector<int>& ranks, std::string* why, const std::string& new_host = "",
+                  const std::function<void()>& before_notice = {});
   /// Ends the job's recovery: announces an epoch whose notice is fatal (`why`), so that every
   /// rank's pending and later operations and its recover() fail with Unavailable naming it.
   /// Once per job: a notice another agent announced first stands.

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <string>
 
@@ -114,22 +115,82 @@ void merge(Summary& a, const Summary& b) {
   for (auto [r, g] : pairs) a.ranks.push_back(r), a.ranks.push_back(g);
 }
 
+// Words of an agreement message's fixed-size head: its length, then the summary's first
+// words. A summary of a few replica groups and replaced ranks fits; a longer one sends the
+// rest as a second message.
+constexpr size_t kHeadWords = 32;
+
+// Sends posted without waiting for their receivers, and the buffers they read: waited for
+// once the restore is done (or, quietly, when an error unwinds it), so that a rank that
+// hands the verdict down goes straight on to its own part of the transfer.
+class PostedSends {
+ public:
+  PostedSends() = default;
+  PostedSends(const PostedSends&) = delete;
+  PostedSends& operator=(const PostedSends&) = delete;
+  ~PostedSends() {
+    for (Work& w : works_) {
+      try {
+        w.wait();
+      } catch (const Error&) {
+      }
+    }
+  }
+  /// Posts `w` (words) to `to`; the buffer lives until the send completed.
+  void send(Communicator& comm, std::vector<int64_t> w, int to, int tag) {
+    const std::vector<int64_t>& b = buffers_.emplace_back(std::move(w));
+    works_.push_back(comm.send_async(b.data(), b.size() * sizeof(int64_t), DataType::UInt8, to, tag));
+  }
+  /// Waits for every posted send; throws the first failure.
+  void wait_all() {
+    for (Work& w : works_) w.wait();
+    works_.clear();
+    buffers_.clear();
+  }
+
+ private:
+  std::deque<std::vector<int64_t>> buffers_;  // a deque: growing it moves no buffer
+  std::vector<Work> works_;
+};
+
 // Reduces every rank's summary to rank 0 (merge) and hands rank 0's result back to all.
-// `messages` and `bytes` count what this rank sent and received.
-Summary agree(Communicator& comm, Summary mine, uint64_t& messages, uint64_t& bytes) {
+// `messages` and `bytes` count what this rank sent and received. One message per tree edge
+// (the head), posted without waiting for the receiver: with N processes on a few cores every
+// blocking hand-over costs the receiver's and then the sender's wake-up, and the tree's depth
+// multiplies that (64 ranks on 2 cores: 22-42 ms for the agreement with a length message and
+// a blocking send per edge).
+Summary agree(Communicator& comm, Summary mine, PostedSends& posted, uint64_t& messages, uint64_t& bytes) {
   const int me = comm.rank(), n = comm.size();
   auto send = [&](const std::vector<int64_t>& w, int to) {
-    uint64_t len = w.size();
-    comm.send(&len, sizeof len, DataType::UInt8, to, kAgreeTag);
-    comm.send(w.data(), w.size() * sizeof(int64_t), DataType::UInt8, to, kAgreeTag);
-    messages += 2, bytes += sizeof len + w.size() * sizeof(int64_t);
+    std::vector<int64_t> head(kHeadWords, 0);
+    head[0] = static_cast<int64_t>(w.size());
+    const size_t first = std::min(w.size(), kHeadWords - 1);
+    std::copy_n(w.begin(), first, head.begin() + 1);
+    posted.send(comm, std::move(head), to, kAgreeTag);
+    messages += 1, bytes += kHeadWords * sizeof(int64_t);
+    if (w.size() > first) {
+      posted.send(comm, std::vector<int64_t>(w.begin() + static_cast<std::ptrdiff_t>(first), w.end()), to, kAgreeTag);
+      messages += 1, bytes += (w.size() - first) * sizeof(int64_t);
+    }
   };
   auto recv = [&](int from) {
-    uint64_t len = 0;
-    comm.recv(&len, sizeof len, DataType::UInt8, from, kAgreeTag);
-    std::vector<int64_t> w(len);
-    comm.recv(w.data(), len * sizeof(int64_t), DataType::UInt8, from, kAgreeTag);
-    messages += 2, bytes += sizeof len + len * sizeof(int64_t);
+    std::vector<int64_t> head(kHeadWords);
+    comm.recv(head.data(), kHeadWords * sizeof(int64_t), DataType::UInt8, from, kAgreeTag);
+    messages += 1, bytes += kHeadWords * sizeof(int64_t);
+    // A summary holds a few words per replica group and per replaced rank.
+    constexpr int64_t kMaxWords = int64_t{1} << 24;
+    if (head[0] < 4 || head[0] > kMaxWords)
+      throw Error(Code::Internal,
+                  "recovery::State::restore: rank " + std::to_string(from) + " sent a malformed agreement message (" +
+                      std::to_string(head[0]) + " words)",
+                  me, from);
+    const size_t len = static_cast<size_t>(head[0]), first = std::min(len, kHeadWords - 1);
+    std::vector<int64_t> w(head.begin() + 1, head.begin() + 1 + static_cast<std::ptrdiff_t>(first));
+    if (len > first) {
+      w.resize(len);
+      comm.recv(w.data() + first, (len - first) * sizeof(int64_t), DataType::UInt8, from, kAgreeTag);
+      messages += 1, bytes += (len - first) * sizeof(int64_t);
+    }
     return w;
   };
   int mask = 1;
@@ -230,7 +291,8 @@ void State::restore() {
     gs.best = me, gs.best_step = static_cast<int64_t>(mine.step), gs.healthy = 1, gs.at_best = 1;
   }
   own.groups.push_back(gs);
-  const Summary plan = agree(comm, own, messages, agree_bytes);
+  PostedSends posted;
+  const Summary plan = agree(comm, own, posted, messages, agree_bytes);
   enum Verdict : int64_t { kOk = 0, kMismatch = 1, kNoReplica = 2 };
   Summary verdict = plan;
   if (verdict.verdict == kOk)
@@ -261,7 +323,7 @@ void State::restore() {
   if (any_behind) {
     Summary b;
     if (me_behind) b.ranks = {me, impl_->group};
-    behind = agree(comm, b, messages, agree_bytes).ranks;
+    behind = agree(comm, b, posted, messages, agree_bytes).ranks;
   }
   int donor = -1;
   std::vector<int> receivers;
@@ -305,6 +367,7 @@ void State::restore() {
     ++messages;
     impl_->step = step;
   }
+  posted.wait_all();
   impl_->restored = true;
   detail::EpochState& epochs = detail::Membership(comm.impl()).context().epochs();
   std::lock_guard<std::mutex> g(epochs.mu);
