@@ -162,6 +162,9 @@ constexpr uint16_t kF16Inf = 0x7c00;
 // hence only for calls whose sources are larger than L2 (1 MiB here) and likely to come from DRAM.
 constexpr size_t kPrefetchMinBytes = size_t{1} << 20;  // per source (beyond L2)
 constexpr size_t kPrefetchDistance = 1024;             // bytes ahead of the loads
+// Results at least this large are written with non-temporal stores: they leave the cache
+// anyway, and streaming them skips reading every destination line first.
+constexpr size_t kStreamMinBytes = size_t{8} << 20;
 
 template <size_t kBytes>
 __attribute__((always_inline)) inline void prefetch_ahead(const void* p) {
@@ -441,6 +444,7 @@ struct Vec<float> {
   static constexpr size_t kLanes = 16;
   STRATA_AVX512_INLINE static V load(const float* p) { return _mm512_loadu_ps(p); }
   STRATA_AVX512_INLINE static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  STRATA_AVX512_INLINE static void stream(float* p, V v) { _mm512_stream_ps(p, v); }
   STRATA_AVX512_INLINE static V load_n(const float* p, size_t len) {
     return _mm512_maskz_loadu_ps(low_bits<__mmask16>(len), p);
   }
@@ -461,6 +465,7 @@ struct Vec<double> {
   static constexpr size_t kLanes = 8;
   STRATA_AVX512_INLINE static V load(const double* p) { return _mm512_loadu_pd(p); }
   STRATA_AVX512_INLINE static void store(double* p, V v) { _mm512_storeu_pd(p, v); }
+  STRATA_AVX512_INLINE static void stream(double* p, V v) { _mm512_stream_pd(p, v); }
   STRATA_AVX512_INLINE static V load_n(const double* p, size_t len) {
     return _mm512_maskz_loadu_pd(low_bits<__mmask8>(len), p);
   }
@@ -559,6 +564,7 @@ struct IntBase {
   static constexpr size_t kLanes = 64 / sizeof(T);
   STRATA_AVX512_INLINE static V load(const T* p) { return _mm512_loadu_si512(p); }
   STRATA_AVX512_INLINE static void store(T* p, V v) { _mm512_storeu_si512(p, v); }
+  STRATA_AVX512_INLINE static void stream(T* p, V v) { _mm512_stream_si512(reinterpret_cast<__m512i*>(p), v); }
   STRATA_AVX512_INLINE static V load_n(const T* p, size_t len) {
     if constexpr (sizeof(T) == 1) return _mm512_maskz_loadu_epi8(low_bits<__mmask64>(len), p);
     if constexpr (sizeof(T) == 4) return _mm512_maskz_loadu_epi32(low_bits<__mmask16>(len), p);
@@ -628,8 +634,8 @@ STRATA_AVX512_INLINE typename W::V combine(typename W::V acc, typename W::V x) {
   if constexpr (kOp == ReduceOp::Max) return W::max(acc, x);
 }
 
-template <class W, class T, ReduceOp kOp>
-STRATA_AVX512 void run(T* dst, const T* const* srcs, int n, size_t count, int divisor) {
+template <class W, class T, ReduceOp kOp, bool kStream>
+STRATA_AVX512 void run_blocks(T* dst, const T* const* srcs, int n, size_t count, int divisor) {
   using V = typename W::V;
   constexpr size_t kL = W::kLanes;
   [[maybe_unused]] V dv{};
@@ -652,9 +658,16 @@ STRATA_AVX512 void run(T* dst, const T* const* srcs, int n, size_t count, int di
     if constexpr (kOp == ReduceOp::Avg) {
       a0 = W::div(a0, dv), a1 = W::div(a1, dv), a2 = W::div(a2, dv), a3 = W::div(a3, dv);
     }
-    W::store(dst + i, a0), W::store(dst + i + kL, a1), W::store(dst + i + 2 * kL, a2);
-    W::store(dst + i + 3 * kL, a3);
+    if constexpr (kStream) {
+      W::stream(dst + i, a0), W::stream(dst + i + kL, a1), W::stream(dst + i + 2 * kL, a2);
+      W::stream(dst + i + 3 * kL, a3);
+    } else {
+      W::store(dst + i, a0), W::store(dst + i + kL, a1), W::store(dst + i + 2 * kL, a2);
+      W::store(dst + i + 3 * kL, a3);
+    }
   }
+  // The streamed stores are ordered before any later store (the flag that publishes them).
+  if constexpr (kStream) _mm_sfence();
   for (; i + kL <= count; i += kL) {
     V a = W::load(srcs[0] + i);
     for (int s = 1; s < n; ++s) a = combine<W, kOp>(a, W::load(srcs[s] + i));
@@ -668,6 +681,33 @@ STRATA_AVX512 void run(T* dst, const T* const* srcs, int n, size_t count, int di
     if constexpr (kOp == ReduceOp::Avg) a = W::div(a, dv);
     W::store_n(dst + i, a, len);
   }
+}
+
+template <class W>
+concept Streams = requires(typename W::V v) { W::stream(nullptr, v); };
+
+template <class W, class T, ReduceOp kOp>
+STRATA_AVX512 void run(T* dst, const T* const* srcs, int n, size_t count, int divisor) {
+  if constexpr (Streams<W>) {
+    const auto addr = reinterpret_cast<uintptr_t>(dst);
+    if (count * sizeof(T) >= kStreamMinBytes && addr % sizeof(T) == 0) {
+      // Streamed stores need a 64-byte aligned destination: the elements before the first
+      // aligned one go the usual way.
+      const size_t head = ((64 - addr % 64) % 64) / sizeof(T);
+      if (head) run_blocks<W, T, kOp, false>(dst, srcs, n, head, divisor);
+      constexpr int kInline = 16;
+      const T* moved[kInline];
+      std::vector<const T*> many;
+      const T** rest = moved;
+      if (n > kInline) {
+        many.resize(static_cast<size_t>(n));
+        rest = many.data();
+      }
+      for (int s = 0; s < n; ++s) rest[s] = srcs[s] + head;
+      return run_blocks<W, T, kOp, true>(dst + head, rest, n, count - head, divisor);
+    }
+  }
+  run_blocks<W, T, kOp, false>(dst, srcs, n, count, divisor);
 }
 
 template <class W, class T>

@@ -291,6 +291,12 @@ void check_all_cases(Isa isa) {
   const size_t large = (size_t{1} << 20) / sizeof(T) + 33;
   ASSERT_TRUE(check_case<T>(isa, ReduceOp::Sum, 2, large, Alias::None, 1, rng));
   ASSERT_TRUE(check_case<T>(isa, ReduceOp::Max, 3, large, Alias::First, 0, rng));
+  // Results past 8 MiB are streamed (non-temporal stores) from the first 64-byte aligned
+  // element on: every destination alignment, in place too.
+  const size_t huge = (size_t{8} << 20) / sizeof(T) + 37;
+  for (size_t offset : {size_t{0}, size_t{1}, size_t{5}})
+    ASSERT_TRUE(check_case<T>(isa, ReduceOp::Sum, 2, huge, Alias::None, offset, rng));
+  ASSERT_TRUE(check_case<T>(isa, ReduceOp::Min, 3, huge, Alias::First, 3, rng));
 }
 
 template <class F>
