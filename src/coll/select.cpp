@@ -66,9 +66,9 @@ constexpr Rule kRules[] = {
      "writes each slice where no peer reads (2 ranks: two-shot 1.2-1.6x faster from 8 KiB to 2 MiB)"},
     {false, [](const Call& c) { return c.bytes * static_cast<size_t>(c.s.size) <= 2 * c.s.oneshot_max_bytes; },
      Algo::OneShot,
-     "bytes x ranks <= 2 x STRATA_ONESHOT_MAX_BYTES (512 KiB): one sync and every input read beats two syncs "
-     "(2 ranks, out of place: one-shot 22 us against two-shot's 37-42 at 512 KiB, even at 1 MiB); the limit "
-     "shrinks as more inputs are read"},
+     "bytes x ranks <= 2 x STRATA_ONESHOT_MAX_BYTES (256 KiB): one sync and every input read beats two syncs "
+     "(2 ranks, inputs written just before each call: equal at 256 KiB, two-shot 1.15x faster at 512 KiB and 1.7x "
+     "at 1 MiB); the limit shrinks as more inputs are read"},
     {false, [](const Call&) { return true; }, Algo::TwoShot,
      "large: each rank reads only its slice of every input, the bandwidth-optimal direct pattern"},
 

@@ -118,7 +118,7 @@ void merge(Summary& a, const Summary& b) {
 // Words of an agreement message's fixed-size head: its length, then the summary's first
 // words. A summary of a few replica groups and replaced ranks fits; a longer one sends the
 // rest as a second message.
-constexpr size_t kHeadWords = 32;
+constexpr size_t kHeadWords = 24;
 
 // Sends posted without waiting for their receivers, and the buffers they read: waited for
 // once the restore is done (or, quietly, when an error unwinds it), so that a rank that

@@ -10,7 +10,7 @@
 namespace strata::coll {
 namespace {
 
-constexpr size_t kOneShotMax = 512 * 1024;
+constexpr size_t kOneShotMax = 256 * 1024;
 
 Shape one_host(int n) {
   Shape s;
