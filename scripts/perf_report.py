@@ -450,8 +450,8 @@ def main():
           "rewritten between calls, so up to about 1 MiB a peer's input stays in the reader's cache: that flatters "
           "algorithms that read whole inputs (one-shot all_reduce) against a training step, whose gradients are "
           "written just before the call. Measured both ways on this machine (2 ranks, heap): one-shot against "
-          "two-shot 22 against 37 us at 512 KiB with unchanged inputs, 35 against 30 us with inputs written before "
-          "each call; the selector follows the second." % (
+          "two-shot 22 against 37-45 us at 512 KiB with unchanged inputs, 35 against 30 us with inputs written "
+          "before each call (`strata run -n 2 build/bench/fresh_inputs_bench`); the selector follows the second." % (
               _timing(runs, "warmup"), _timing(runs, "target_ms"), _timing(runs, "repeats")),
           "- **Size** (nccl-tests): for all_reduce, reduce, broadcast, sendrecv, the bytes of the buffer each "
           "rank passes; for all_gather, reduce_scatter, all_to_all, gather, scatter the *total* buffer "

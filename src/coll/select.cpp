@@ -68,7 +68,7 @@ constexpr Rule kRules[] = {
      Algo::OneShot,
      "bytes x ranks <= 2 x STRATA_ONESHOT_MAX_BYTES (256 KiB): one sync and every input read beats two syncs "
      "(2 ranks, inputs written just before each call: equal at 256 KiB, two-shot 1.15x faster at 512 KiB and 1.7x "
-     "at 1 MiB); the limit shrinks as more inputs are read"},
+     "at 1 MiB: bench/fresh_inputs_bench); the limit shrinks as more inputs are read"},
     {false, [](const Call&) { return true; }, Algo::TwoShot,
      "large: each rank reads only its slice of every input, the bandwidth-optimal direct pattern"},
 

@@ -684,7 +684,9 @@ STRATA_AVX512 void run_blocks(T* dst, const T* const* srcs, int n, size_t count,
 }
 
 template <class W>
-concept Streams = requires(typename W::V v) { W::stream(nullptr, v); };
+concept Streams = requires(typename W::V v) {
+  W::stream(nullptr, v);
+};
 
 template <class W, class T, ReduceOp kOp>
 STRATA_AVX512 void run(T* dst, const T* const* srcs, int n, size_t count, int divisor) {
