@@ -174,10 +174,14 @@ bool FtController::on_failure(const std::vector<int>& ranks, std::string* why, c
   epoch_ = next->epoch;
   // The timestamps first: a rank that wakes on the notice reads them in its report.
   (void)store_->set(keys::detected(job_, epoch_), std::to_string(t));
+  {
+    // Before any hand-over: a spare's first beat must not land on its predecessor's counter
+    // and be wiped with it.
+    std::lock_guard<std::mutex> g(mu_);
+    for (int r : ranks) reset_heartbeat(r);
+  }
   if (before_notice) before_notice();
   (void)store_->set(keys::epoch(job_, epoch_), format_pending(*next));
-  std::lock_guard<std::mutex> g(mu_);
-  for (int r : ranks) reset_heartbeat(r);
   return true;
 }
 

@@ -40,7 +40,8 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
       Rank* sp = waiting_spare();
       if (!sp) return;
       // The ranks read the spawn time once their rebuild is done, which a spare can reach
-      // before this loop ends: record it before the first hand-over.
+      // before this loop ends: record it before the first hand-over (when other ranks are
+      // also spawned afresh, their start is then counted in the join, not the spawn).
       if (handed.empty()) ft_->on_spawned();
       const int id = sp->spare;
       sp->spare = -1;

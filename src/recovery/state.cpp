@@ -116,13 +116,16 @@ void merge(Summary& a, const Summary& b) {
 }
 
 // Words of an agreement message's fixed-size head: its length, then the summary's first
-// words. A summary of a few replica groups and replaced ranks fits; a longer one sends the
-// rest as a second message.
+// words. A summary is 4 + 8 per replica group + 2 per listed rank words: one group with up to
+// 5 replaced ranks (data parallelism) or two groups with one fit; a longer one sends the rest
+// as a second message.
 constexpr size_t kHeadWords = 24;
 
 // Sends posted without waiting for their receivers, and the buffers they read: waited for
-// once the restore is done (or, quietly, when an error unwinds it), so that a rank that
-// hands the verdict down goes straight on to its own part of the transfer.
+// once the restore is done (or, errors ignored, when an error unwinds it: every one is
+// received inside its peer's agreement, and a failed peer revokes the communicator, which
+// fails them at once), so that a rank that hands the verdict down goes straight on to its
+// own part of the transfer.
 class PostedSends {
  public:
   PostedSends() = default;
@@ -191,6 +194,14 @@ Summary agree(Communicator& comm, Summary mine, PostedSends& posted, uint64_t& m
       comm.recv(w.data() + first, (len - first) * sizeof(int64_t), DataType::UInt8, from, kAgreeTag);
       messages += 1, bytes += (len - first) * sizeof(int64_t);
     }
+    // The group count sizes what unpack() reads; the rest is (rank, group) pairs.
+    const int64_t groups = w[3];
+    const size_t ng = groups < 0 ? len : static_cast<size_t>(groups);
+    if (ng > (len - 4) / kGroupWords || (len - 4 - ng * kGroupWords) % 2 != 0)
+      throw Error(Code::Internal,
+                  "recovery::State::restore: rank " + std::to_string(from) + " sent a malformed agreement message (" +
+                      std::to_string(groups) + " groups in " + std::to_string(len) + " words)",
+                  me, from);
     return w;
   };
   int mask = 1;
