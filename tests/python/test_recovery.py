@@ -244,8 +244,11 @@ def test_killed_rank_is_replaced_and_training_matches_a_run_without_failure(base
 # strata run --ft --spares 1: the spare ran the worker's imports and waits in strata.init();
 # the killed rank goes to it (it learns its rank there, and os.environ follows), and training
 # ends with the bytes of a run without failure.
-def test_killed_rank_goes_to_a_python_hot_spare(baseline):
-    out, _ = launch("recovery.py", 3, STEPS, 1, 6, launcher_args=["--ft", "--spares", "1"], timeout=60)
+def test_killed_rank_goes_to_a_python_hot_spare(baseline, tmp_path):
+    # The failing rank waits until the spare has imported (on a loaded machine the ranks can
+    # reach the failing step before the spare is through its imports).
+    out, _ = launch("recovery.py", 3, STEPS, 1, 6, launcher_args=["--ft", "--spares", "1"], timeout=60,
+                    env={"RECOVERY_SPARE_READY": str(tmp_path / "spare_ready")})
     assert final_hash(out) == baseline, "the recovered run ended with other parameters\n" + out
     m = re.search(r"^strata run: rank 1 goes to spare 0 \(pid (\d+)\)$", out, re.M)
     assert m, "rank 1 was not handed to the spare\n" + out

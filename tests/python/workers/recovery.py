@@ -40,6 +40,11 @@ steps = int(sys.argv[1])
 fail_rank, fail_step = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (-1, -1)
 
 print(f"IMPORTED pid={os.getpid()}", flush=True)
+# RECOVERY_SPARE_READY (a file): a hot spare creates it once imported, and the failing rank
+# waits for it, so that the failure finds the spare waiting, however slow the machine.
+spare_ready = os.environ.get("RECOVERY_SPARE_READY")
+if spare_ready and "STRATA_SPARE" in os.environ:
+    open(spare_ready, "w").close()
 comm = join()
 rank, size = comm.rank, comm.size
 replacement = strata.is_replacement()
@@ -98,6 +103,11 @@ def compute(step):
     gw1[:] = dh.T @ x
     gb1[:] = dh.sum(0)
     if rank == fail_rank and step == fail_step and not replacement:
+        deadline = time.monotonic() + 30
+        while spare_ready and not os.path.exists(spare_ready) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if spare_ready:
+            time.sleep(0.1)  # the launcher prints the spare's IMPORTED line before this rank's INJECT
         print(f"INJECT rank={rank} step={step}", flush=True)
         strata.mark_failure(comm)
         os.kill(os.getpid(), signal.SIGKILL)
