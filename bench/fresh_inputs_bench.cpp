@@ -4,8 +4,7 @@
 // peer's input in the reader's cache up to about 1 MiB and flatters one-shot (every rank
 // reads every input). The selector's one-shot limit (STRATA_ONESHOT_MAX_BYTES) follows this.
 //
-//   strata run -n 2 build/bench/fresh_inputs_bench [BYTES...]   (default 65536 262144 524288 1048576;
-//                                                                a K or M suffix multiplies by 1024 or 1024^2)
+//   strata run -n 2 build/bench/fresh_inputs_bench [SIZE...]   (default 64K 256K 512K 1M)
 //
 // Per size and algorithm: the median over 9 repeats of the mean time of the timed calls,
 // with the inputs rewritten (fresh) and unchanged (as strata bench), heap buffers, fp32 sum,
@@ -17,6 +16,8 @@
 #include <vector>
 
 #include <strata/strata.hpp>
+
+#include "common/parse.hpp"
 
 namespace {
 
@@ -47,16 +48,12 @@ double median_us(strata::Communicator& comm, strata::Buffer<float>& in, strata::
 int main(int argc, char** argv) {
   std::vector<size_t> sizes;
   for (int i = 1; i < argc; ++i) {
-    size_t end = 0;
-    size_t v = std::stoul(argv[i], &end);
-    const std::string unit = std::string(argv[i]).substr(end);
-    if (unit == "K") v <<= 10;
-    else if (unit == "M") v <<= 20;
-    else if (!unit.empty()) {
-      std::fprintf(stderr, "fresh_inputs_bench: size '%s': use a number of bytes, optionally with K or M\n", argv[i]);
+    auto v = strata::parse_size(argv[i]);
+    if (!v.is_ok()) {
+      std::fprintf(stderr, "fresh_inputs_bench: size '%s': %s\n", argv[i], v.status().message().c_str());
       return 2;
     }
-    sizes.push_back(v);
+    sizes.push_back(v.value());
   }
   if (sizes.empty()) sizes = {64 << 10, 256 << 10, 512 << 10, 1 << 20};
   strata::Communicator comm = strata::init();

@@ -635,15 +635,16 @@ STRATA_AVX512_INLINE typename W::V combine(typename W::V acc, typename W::V x) {
   if constexpr (kOp == ReduceOp::Max) return W::max(acc, x);
 }
 
+// Elements [begin, count) of the reduction.
 template <class W, class T, ReduceOp kOp, bool kStream>
-STRATA_AVX512 void run_blocks(T* dst, const T* const* srcs, int n, size_t count, int divisor) {
+STRATA_AVX512 void run_blocks(T* dst, const T* const* srcs, int n, size_t begin, size_t count, int divisor) {
   using V = typename W::V;
   constexpr size_t kL = W::kLanes;
   [[maybe_unused]] V dv{};
   if constexpr (kOp == ReduceOp::Avg) dv = W::divisor(divisor);
   constexpr size_t kBlockBytes = 4 * kL * sizeof(T);  // per source and iteration
   const bool prefetch = count * sizeof(T) >= kPrefetchMinBytes;
-  size_t i = 0;
+  size_t i = begin;
   for (; i + 4 * kL <= count; i += 4 * kL) {
     const T* s0 = srcs[0] + i;
     if (prefetch) prefetch_ahead<kBlockBytes>(s0);
@@ -697,20 +698,11 @@ STRATA_AVX512 void run(T* dst, const T* const* srcs, int n, size_t count, int di
       // Streamed stores need a 64-byte aligned destination: the elements before the first
       // aligned one go the usual way.
       const size_t head = ((64 - addr % 64) % 64) / sizeof(T);
-      if (head) run_blocks<W, T, kOp, false>(dst, srcs, n, head, divisor);
-      constexpr int kInline = 16;
-      const T* moved[kInline];
-      std::vector<const T*> many;
-      const T** rest = moved;
-      if (n > kInline) {
-        many.resize(static_cast<size_t>(n));
-        rest = many.data();
-      }
-      for (int s = 0; s < n; ++s) rest[s] = srcs[s] + head;
-      return run_blocks<W, T, kOp, true>(dst + head, rest, n, count - head, divisor);
+      run_blocks<W, T, kOp, false>(dst, srcs, n, 0, head, divisor);
+      return run_blocks<W, T, kOp, true>(dst, srcs, n, head, count, divisor);
     }
   }
-  run_blocks<W, T, kOp, false>(dst, srcs, n, count, divisor);
+  run_blocks<W, T, kOp, false>(dst, srcs, n, 0, count, divisor);
 }
 
 template <class W, class T>

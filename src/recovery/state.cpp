@@ -180,13 +180,15 @@ Summary agree(Communicator& comm, Summary mine, PostedSends& posted, uint64_t& m
     std::vector<int64_t> head(kHeadWords);
     comm.recv(head.data(), kHeadWords * sizeof(int64_t), DataType::UInt8, from, kAgreeTag);
     messages += 1, bytes += kHeadWords * sizeof(int64_t);
+    auto malformed = [&](const std::string& what) {
+      return Error(Code::Internal,
+                   "recovery::State::restore: rank " + std::to_string(from) + " sent a malformed agreement message (" +
+                       what + ")",
+                   me, from);
+    };
     // A summary holds a few words per replica group and per replaced rank.
     constexpr int64_t kMaxWords = int64_t{1} << 24;
-    if (head[0] < 4 || head[0] > kMaxWords)
-      throw Error(Code::Internal,
-                  "recovery::State::restore: rank " + std::to_string(from) + " sent a malformed agreement message (" +
-                      std::to_string(head[0]) + " words)",
-                  me, from);
+    if (head[0] < 4 || head[0] > kMaxWords) throw malformed(std::to_string(head[0]) + " words");
     const size_t len = static_cast<size_t>(head[0]), first = std::min(len, kHeadWords - 1);
     std::vector<int64_t> w(head.begin() + 1, head.begin() + 1 + static_cast<std::ptrdiff_t>(first));
     if (len > first) {
@@ -198,10 +200,7 @@ Summary agree(Communicator& comm, Summary mine, PostedSends& posted, uint64_t& m
     const int64_t groups = w[3];
     const size_t ng = groups < 0 ? len : static_cast<size_t>(groups);
     if (ng > (len - 4) / kGroupWords || (len - 4 - ng * kGroupWords) % 2 != 0)
-      throw Error(Code::Internal,
-                  "recovery::State::restore: rank " + std::to_string(from) + " sent a malformed agreement message (" +
-                      std::to_string(groups) + " groups in " + std::to_string(len) + " words)",
-                  me, from);
+      throw malformed(std::to_string(groups) + " groups in " + std::to_string(len) + " words");
     return w;
   };
   int mask = 1;
