@@ -74,6 +74,9 @@ struct OpDesc {
   // The buffer is registered external memory: *_off holds its address in the owner's
   // process, read and written with process_vm_readv/writev.
   static constexpr uint32_t kInCma = 4, kOutCma = 8;
+  // Within a host: the input is staged in rounds (coll/shm/pipe.cpp); in_seg/in_off name
+  // the slots. (16 is descriptor.hpp's kOutHeap, used between hosts.)
+  static constexpr uint32_t kInPiped = 32;
 };
 static_assert(sizeof(OpDesc) == 48);
 

@@ -11,6 +11,7 @@ target_sources(strata PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/shm/all_to_all.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shm/exec.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shm/one_shot.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/shm/pipe.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shm/rooted.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shm/run.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shm/two_shot.cpp

@@ -50,10 +50,11 @@ TEST(Forked, CollectivesAcrossProcesses) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
 }
 
-// all_gather reads registered buffers by CMA, nothing staged; two-shot all_reduce stages only
-// the slices peers read (the other ranks' input slices and its own reduced one: the buffer's
-// size once), which is faster than CMA.
-TEST(Forked, RegisteredBuffersMoveByCmaAndAllReduceStagesOnlySlices) {
+// Registered buffers: a broadcast's root input is read by CMA, nothing staged. all_gather
+// stages its input once, a round at a time while the peers read the previous one
+// (coll/shm/pipe.cpp), and two-shot all_reduce only the slices peers read (the buffer's size
+// once): both faster than CMA.
+TEST(Forked, RegisteredBuffersMoveByCmaOrAreStagedOnce) {
   auto results = run_forked(3, 10000ms, [](Communicator& c, std::string& report) {
     const size_t n = 100000;
     std::vector<float> in(n, static_cast<float>(c.rank() + 1)), out(n * c.size());
@@ -61,13 +62,23 @@ TEST(Forked, RegisteredBuffersMoveByCmaAndAllReduceStagesOnlySlices) {
     Registration r2 = c.register_buffer(out.data(), out.size() * sizeof(float));
     c.all_gather(in, out);
     c.all_reduce(in, ReduceOp::Sum);
-    Stats s = c.stats();
-    if (in[n - 1] != 6.0f || out[2 * n + 7] != 3.0f) {
+    const Stats s = c.stats();
+    std::vector<float> b(n, static_cast<float>(c.rank() + 10));
+    Registration r3 = c.register_buffer(b.data(), b.size() * sizeof(float));
+    c.broadcast(b, 1);
+    const Stats s2 = c.stats();
+    if (in[n - 1] != 6.0f || out[2 * n + 7] != 3.0f || out[n + 5] != 2.0f || b[n - 1] != 11.0f) {
       report = "wrong values";
       return 1;
     }
-    report = "staged=" + std::to_string(s.staged_bytes) + " cma=" + std::to_string(s.cma_bytes);
-    return s.staged_bytes == n * sizeof(float) && s.cma_bytes == (c.size() - 1) * n * sizeof(float) ? 0 : 2;
+    report = "staged=" + std::to_string(s.staged_bytes) + " cma=" + std::to_string(s.cma_bytes) +
+             "; broadcast: staged=" + std::to_string(s2.staged_bytes - s.staged_bytes) +
+             " cma=" + std::to_string(s2.cma_bytes - s.cma_bytes);
+    const size_t bytes = n * sizeof(float);
+    return s.staged_bytes == 2 * bytes && s.cma_bytes == 0 && s2.staged_bytes == s.staged_bytes &&
+                   s2.cma_bytes - s.cma_bytes == (c.rank() == 1 ? 0 : bytes)
+               ? 0
+               : 2;
   });
   for (size_t r = 0; r < results.size(); ++r)
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
@@ -99,7 +110,7 @@ TEST(Forked, LargeExternalBuffersMoveByCmaWithoutRegistration) {
   auto results = run_forked(2, 10000ms, [](Communicator& c, std::string& report) {
     const size_t n = (size_t{1} << 20) / sizeof(float);  // STRATA_CMA_MIN_BYTES by default
     std::vector<float> in(n, static_cast<float>(c.rank() + 1)), out(n * c.size()), small(16, 1.0f);
-    c.all_gather(in, out);            // peers read `in` by CMA; `out` is written by its owner
+    c.all_gather(in, out);            // `in` staged in rounds; `out` is written by its owner
     c.all_to_all(out, out);           // in place: read by CMA, landed in a temporary
     c.all_reduce(in, ReduceOp::Sum);  // in place, two-shot: only the slices peers read are staged
     c.broadcast(small, 0);            // small: the root's input is staged
@@ -112,9 +123,10 @@ TEST(Forked, LargeExternalBuffersMoveByCmaWithoutRegistration) {
       return 1;
     }
     report = "staged=" + std::to_string(s.staged_bytes) + " cma=" + std::to_string(s.cma_bytes);
-    // all_reduce stages the peer's input slice and its own reduced slice (the buffer once:
-    // faster than CMA for both); of the broadcast only the root's input is read.
-    const size_t staged = n * sizeof(float) + (c.rank() == 0 ? small.size() * sizeof(float) : 0);
+    // all_gather stages its input once; all_reduce the peer's input slice and its own reduced
+    // slice (the buffer once: faster than CMA for both); of the broadcast only the root's
+    // input is read.
+    const size_t staged = 2 * n * sizeof(float) + (c.rank() == 0 ? small.size() * sizeof(float) : 0);
     return s.staged_bytes == staged && s.cma_bytes > 0 ? 0 : 2;
   });
   for (size_t r = 0; r < results.size(); ++r)

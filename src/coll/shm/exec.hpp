@@ -28,10 +28,16 @@ struct Exec {
   // (heap scratch at the same offsets); `out` is then the external buffer itself.
   char* peer_view_out = nullptr;
   size_t esz = 0;
+  // An external input staged in rounds (pipe.cpp): `in` is then the two slots peers read,
+  // `piped_src` the input itself, and per reader j the bytes it reads and where they start.
+  const char* piped_src = nullptr;
+  std::vector<size_t> piped_bytes{}, piped_displs{};
 
   const OpDesc& desc(int r) const { return c.peers[r].hdr()->slot(c.seq).desc; }
 
   bool cma(int r, uint32_t flag) const { return r != c.rank && (desc(r).flags & flag); }
+  /// Whether rank r stages its input in rounds (pipe.cpp).
+  bool piped(int r) const { return r == c.rank ? piped_src != nullptr : (desc(r).flags & OpDesc::kInPiped) != 0; }
 
   /// Readable address of `bytes` at `offset` in rank r's input. A CMA-registered input is
   /// read into a landing buffer first (only reductions need that; copies use copy_from).
@@ -137,6 +143,27 @@ Status run(CommImpl& c, Op& op, coll::Algo algo);
 OpDesc next_desc(CommImpl& c, const Op& op, coll::Algo algo);
 /// Compares every peer's descriptor with ours (`mine`, as built locally) (run.cpp).
 Status check_descriptors(const CommImpl& c, const Op& op, const OpDesc& mine);
+
+// pipe.cpp: an external input staged in rounds for all_gather(v) and all_to_all(v).
+/// How a piped input is laid out, the same on every rank: each round stages up to `chunk`
+/// bytes of every block, block j at j * stride of the round's slot, slots of `slot` bytes
+/// alternating; `rounds` rounds cover the largest block.
+struct PipeShape {
+  size_t chunk = 0, stride = 0, slot = 0;
+  int rounds = 1;
+};
+PipeShape pipe_shape(const Op& op, int n, size_t largest_block);
+/// Bytes of rank r's input that rank j reads (all_gather: its whole input, as block 0).
+size_t piped_block(const Exec& x, int r, int j);
+/// Rounds of this operation: the most any piped rank needs (1 when none pipes).
+int pipe_rounds(const Exec& x);
+/// Makes `src` this rank's piped input: heap slots in x.in, round 0 staged. Before the
+/// descriptor is published.
+Result<char*> pipe_input(Exec& x, const char* src);
+/// Stages round k of this rank's piped input (a no-op past its last round).
+void fill_round(Exec& x, int k);
+/// dst[k * chunk, ...) <- round k's part of the `bytes` piped rank r has for this rank.
+Status copy_piped(Exec& x, int r, int k, size_t bytes, char* dst);
 
 // one_shot.cpp
 /// all_reduce whose input travels inline in the control block (coll::Algo::Inline).

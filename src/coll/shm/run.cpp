@@ -110,14 +110,23 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   // with 2 ranks half of each copy, and no copy back of the whole output at the end. This
   // beats CMA at every size, registered or not (2 ranks, 1-64 MiB: 51-80% of heap buffers'
   // busbw against 31-51% with CMA reading and writing the peers' buffers), so CMA is not used.
-  // reduce_scatter and all_to_all(v) out of place likewise: peers read only the other ranks'
-  // blocks of the input (reduce_scatter 1-64 MiB: 45-73% of heap against 30-43% with CMA).
+  // reduce_scatter(v) out of place likewise: peers read only the other ranks' blocks of the
+  // input (1-64 MiB: 45-73% of heap against 30-43% with CMA).
   const bool apart = !coll::overlap(in, ext.in, out, ext.out);
   const bool two_shot_ar =
       op.kind == OpKind::AllReduce && algo == coll::Algo::TwoShot && (in_ext || out_ext) && (in == out || apart);
-  const bool blocks_only = (op.kind == OpKind::ReduceScatter || op.kind == OpKind::ReduceScatterV ||
-                            op.kind == OpKind::AllToAll || op.kind == OpKind::AllToAllV) &&
-                           in_ext && apart;
+  const bool blocks_only = (op.kind == OpKind::ReduceScatter || op.kind == OpKind::ReduceScatterV) && in_ext && apart;
+  // all_gather(v) and all_to_all(v) out of place stage the blocks peers read in rounds, each
+  // read while it is still in the cache (pipe.cpp). That beats staging the whole input first
+  // and, registered or not, CMA reads of the peers' buffers (docs/PERFORMANCE.md).
+  const bool piped = n > 1 && in_ext && apart &&
+                     (op.kind == OpKind::AllGather || op.kind == OpKind::AllGatherV || op.kind == OpKind::AllToAll ||
+                      op.kind == OpKind::AllToAllV);
+  if (piped) {
+    STRATA_ASSIGN_OR_RETURN(in, pipe_input(x, in));
+    in_ref = heap.locate(in, 1);
+    in_ext = false;
+  }
   if (n > 1 && (two_shot_ar || blocks_only)) {
     STRATA_ASSIGN_OR_RETURN(void* sv, c.scratch_block(0, std::max(ext.in, ext.out)));
     char* s = static_cast<char*>(sv);
@@ -194,6 +203,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   OpDesc d = next_desc(c, op, algo);
   if (ext.in) {
     d.flags |= OpDesc::kHasIn;
+    if (piped) d.flags |= OpDesc::kInPiped;
     if (in_cma) {
       d.flags |= OpDesc::kInCma;
       d.in_off = reinterpret_cast<uint64_t>(in);

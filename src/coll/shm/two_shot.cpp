@@ -52,10 +52,25 @@ Status all_gather(Exec& x, const std::vector<size_t>& counts) {
   const int n = x.c.size, me = x.c.rank;
   const size_t e = x.esz;
   std::vector<size_t> displ = coll::prefix_sums(counts);
-  for (int k = 0; k < n; ++k) {
-    int r = (me + k) % n;
-    if (!counts[r]) continue;
-    STRATA_RETURN_IF_ERROR(x.copy_from(r, false, 0, x.out + displ[r] * e, counts[r] * e));
+  // A rank with an external input stages it in rounds (pipe.cpp); the others' inputs are
+  // read whole in the first round.
+  const int rounds = pipe_rounds(x);
+  for (int round = 0; round < rounds; ++round) {
+    for (int k = 0; k < n; ++k) {
+      int r = (me + k) % n;
+      if (!counts[r]) continue;
+      char* dst = x.out + displ[r] * e;
+      if (x.piped(r)) {
+        STRATA_RETURN_IF_ERROR(copy_piped(x, r, round, counts[r] * e, dst));
+      } else if (round == 0) {
+        STRATA_RETURN_IF_ERROR(x.copy_from(r, false, 0, dst, counts[r] * e));
+      }
+    }
+    if (round + 1 < rounds) {
+      // Every peer has read our previous round's slot: the barrier below it passed.
+      if (x.piped(me)) fill_round(x, round + 1);
+      STRATA_RETURN_IF_ERROR(x.sync("all_gather"));
+    }
   }
   return x.sync("all_gather");
 }

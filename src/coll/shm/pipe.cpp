@@ -1,0 +1,129 @@
+// An external input that peers must read, staged through the heap in rounds.
+//
+// Staging a whole input first and letting peers read it afterwards costs two trips through
+// memory for the staged bytes: written to the heap, evicted, read back by the peer. Staged a
+// slot at a time (two slots in turn), each round's bytes are still in the cache when the
+// peers read them. The price is one barrier step per round, which is why a round stages a
+// quarter of a megabyte (128 KiB rounds and 1 MiB rounds were both slower). Measured at
+// 2 ranks, external all_gather 4 / 16 MiB: 145 / 718-743 us against 164-178 / 1,256-1,319
+// with CMA and 400 / 924 staged whole (docs/SEMANTICS.md).
+//
+// Which ranks pipe their input differs per rank (external or heap), so everything that
+// decides the number of rounds is a function of what every rank knows after the descriptors
+// are published: the kind, n, each rank's kInPiped flag and the counts.
+
+#include <algorithm>
+
+#include "coll/shm/exec.hpp"
+
+namespace strata::detail::shm {
+namespace {
+
+// One round stages this much of a rank's input, its blocks together: it stays in L2 with
+// what the peers stage beside it.
+constexpr size_t kRoundBytes = size_t{256} << 10;
+// From this size on a block is staged whole, in one round: kernels::copy streams copies this
+// large around the cache, so rounds would save no memory traffic and cost their barriers.
+constexpr size_t kWholeMinBytes = size_t{16} << 20;
+
+size_t align64(size_t v) { return (v + 63) & ~size_t{63}; }
+
+bool per_reader(OpKind k) { return k == OpKind::AllToAll || k == OpKind::AllToAllV; }
+
+}  // namespace
+
+PipeShape pipe_shape(const Op& op, int n, size_t largest_block) {
+  PipeShape s;
+  // all_gather: one block (the whole input) read by every peer; all_to_all: one per peer.
+  const int blocks = per_reader(op.kind) ? n : 1;
+  s.chunk = std::max<size_t>(4096, (kRoundBytes / static_cast<size_t>(per_reader(op.kind) ? n - 1 : 1)) & ~size_t{63});
+  if (largest_block >= kWholeMinBytes) s.chunk = align64(largest_block);
+  s.stride = std::min(s.chunk, align64(largest_block));
+  s.slot = s.stride * static_cast<size_t>(blocks);
+  s.rounds = largest_block == 0 ? 1 : static_cast<int>((largest_block + s.chunk - 1) / s.chunk);
+  return s;
+}
+
+size_t piped_block(const Exec& x, int r, int j) {
+  const Op& op = x.op;
+  switch (op.kind) {
+    case OpKind::AllGather: return op.count * x.esz;
+    case OpKind::AllGatherV: return op.counts[r] * x.esz;
+    case OpKind::AllToAll: return r == j ? 0 : op.count * x.esz;
+    case OpKind::AllToAllV: return r == j ? 0 : x.c.peers[r].vec()[j] * x.esz;  // rank r's send counts
+    default: return 0;
+  }
+}
+
+namespace {
+size_t piped_largest(const Exec& x, int r) {
+  size_t m = 0;
+  for (int j = 0; j < x.c.size; ++j) m = std::max(m, piped_block(x, r, j));
+  return m;
+}
+}  // namespace
+
+int pipe_rounds(const Exec& x) {
+  int rounds = 1;
+  for (int r = 0; r < x.c.size; ++r)
+    if (x.piped(r)) rounds = std::max(rounds, pipe_shape(x.op, x.c.size, piped_largest(x, r)).rounds);
+  return rounds;
+}
+
+Result<char*> pipe_input(Exec& x, const char* src) {
+  const int n = x.c.size, me = x.c.rank;
+  const size_t e = x.esz;
+  // This rank's own blocks and where they start in its input, from its call (its count
+  // vector is not published yet).
+  std::vector<size_t> bytes(n, 0), displs(n, 0);
+  for (int j = 0; j < n; ++j) {
+    switch (x.op.kind) {
+      case OpKind::AllGather: bytes[j] = x.op.count * e; break;
+      case OpKind::AllGatherV: bytes[j] = x.op.counts[me] * e; break;
+      case OpKind::AllToAll:
+        bytes[j] = j == me ? 0 : x.op.count * e;
+        displs[j] = j * x.op.count * e;
+        break;
+      case OpKind::AllToAllV:
+        bytes[j] = j == me ? 0 : x.op.counts[j] * e;
+        displs[j] = x.op.sdispls[j] * e;
+        break;
+      default: return internal_error("pipe_input on " + std::string(coll::to_string(x.op.kind)));
+    }
+  }
+  const size_t largest = *std::max_element(bytes.begin(), bytes.end());
+  const PipeShape s = pipe_shape(x.op, n, largest);
+  STRATA_ASSIGN_OR_RETURN(void* p, x.c.scratch_block(0, std::max<size_t>(64, s.rounds > 1 ? 2 * s.slot : s.slot)));
+  x.piped_src = src;
+  x.piped_displs = std::move(displs);
+  x.piped_bytes = std::move(bytes);
+  x.in = static_cast<char*>(p);
+  fill_round(x, 0);
+  return x.in;
+}
+
+void fill_round(Exec& x, int k) {
+  const int n = x.c.size;
+  const bool gather = !per_reader(x.op.kind);
+  const PipeShape s = pipe_shape(x.op, n, *std::max_element(x.piped_bytes.begin(), x.piped_bytes.end()));
+  if (k >= s.rounds) return;
+  char* slot = x.in + static_cast<size_t>(k % 2) * s.slot;
+  const size_t lo = static_cast<size_t>(k) * s.chunk;
+  for (int j = 0; j < (gather ? 1 : n); ++j) {
+    const size_t b = x.piped_bytes[j];
+    if (lo >= b) continue;
+    const size_t len = std::min(s.chunk, b - lo);
+    kernels::copy(slot + static_cast<size_t>(j) * s.stride, x.piped_src + x.piped_displs[j] + lo, len);
+    x.c.staged_bytes.fetch_add(len, std::memory_order_relaxed);
+  }
+}
+
+Status copy_piped(Exec& x, int r, int k, size_t bytes, char* dst) {
+  const PipeShape s = pipe_shape(x.op, x.c.size, piped_largest(x, r));
+  const size_t lo = static_cast<size_t>(k) * s.chunk;
+  if (lo >= bytes) return Status::ok();
+  const size_t at = static_cast<size_t>(k % 2) * s.slot + (per_reader(x.op.kind) ? x.c.rank * s.stride : 0);
+  return x.copy_from(r, false, at, dst + lo, std::min(s.chunk, bytes - lo));
+}
+
+}  // namespace strata::detail::shm
