@@ -29,9 +29,8 @@ struct Exec {
   char* peer_view_out = nullptr;
   size_t esz = 0;
   // An external input staged in rounds (pipe.cpp): `in` is then the two slots peers read,
-  // `piped_src` the input itself, and per reader j the bytes it reads and where they start.
+  // `piped_src` the input itself.
   const char* piped_src = nullptr;
-  std::vector<size_t> piped_bytes{}, piped_displs{};
 
   const OpDesc& desc(int r) const { return c.peers[r].hdr()->slot(c.seq).desc; }
 

@@ -50,17 +50,32 @@ size_t piped_block(const Exec& x, int r, int j) {
     case OpKind::AllGather: return op.count * x.esz;
     case OpKind::AllGatherV: return op.counts[r] * x.esz;
     case OpKind::AllToAll: return r == j ? 0 : op.count * x.esz;
-    case OpKind::AllToAllV: return r == j ? 0 : x.c.peers[r].vec()[j] * x.esz;  // rank r's send counts
+    case OpKind::AllToAllV:
+      if (r == j) return 0;
+      // This rank's own counts come from its call: pipe_input runs before they are published.
+      return (r == x.c.rank ? op.counts[j] : x.c.peers[r].vec()[j]) * x.esz;
     default: return 0;
   }
 }
 
 namespace {
+
 size_t piped_largest(const Exec& x, int r) {
+  if (x.op.kind != OpKind::AllToAllV) return piped_block(x, r, r == 0 ? 1 : 0);
   size_t m = 0;
   for (int j = 0; j < x.c.size; ++j) m = std::max(m, piped_block(x, r, j));
   return m;
 }
+
+// Where this rank's block for rank j starts in its input, in bytes.
+size_t own_displ(const Exec& x, int j) {
+  switch (x.op.kind) {
+    case OpKind::AllToAll: return j * x.op.count * x.esz;
+    case OpKind::AllToAllV: return x.op.sdispls[j] * x.esz;
+    default: return 0;
+  }
+}
+
 }  // namespace
 
 int pipe_rounds(const Exec& x) {
@@ -71,49 +86,27 @@ int pipe_rounds(const Exec& x) {
 }
 
 Result<char*> pipe_input(Exec& x, const char* src) {
-  const int n = x.c.size, me = x.c.rank;
-  const size_t e = x.esz;
-  // This rank's own blocks and where they start in its input, from its call (its count
-  // vector is not published yet).
-  std::vector<size_t> bytes(n, 0), displs(n, 0);
-  for (int j = 0; j < n; ++j) {
-    switch (x.op.kind) {
-      case OpKind::AllGather: bytes[j] = x.op.count * e; break;
-      case OpKind::AllGatherV: bytes[j] = x.op.counts[me] * e; break;
-      case OpKind::AllToAll:
-        bytes[j] = j == me ? 0 : x.op.count * e;
-        displs[j] = j * x.op.count * e;
-        break;
-      case OpKind::AllToAllV:
-        bytes[j] = j == me ? 0 : x.op.counts[j] * e;
-        displs[j] = x.op.sdispls[j] * e;
-        break;
-      default: return internal_error("pipe_input on " + std::string(coll::to_string(x.op.kind)));
-    }
-  }
-  const size_t largest = *std::max_element(bytes.begin(), bytes.end());
-  const PipeShape s = pipe_shape(x.op, n, largest);
+  const PipeShape s = pipe_shape(x.op, x.c.size, piped_largest(x, x.c.rank));
   STRATA_ASSIGN_OR_RETURN(void* p, x.c.scratch_block(0, std::max<size_t>(64, s.rounds > 1 ? 2 * s.slot : s.slot)));
   x.piped_src = src;
-  x.piped_displs = std::move(displs);
-  x.piped_bytes = std::move(bytes);
   x.in = static_cast<char*>(p);
   fill_round(x, 0);
   return x.in;
 }
 
 void fill_round(Exec& x, int k) {
-  const int n = x.c.size;
-  const bool gather = !per_reader(x.op.kind);
-  const PipeShape s = pipe_shape(x.op, n, *std::max_element(x.piped_bytes.begin(), x.piped_bytes.end()));
+  const int n = x.c.size, me = x.c.rank;
+  const PipeShape s = pipe_shape(x.op, n, piped_largest(x, me));
   if (k >= s.rounds) return;
   char* slot = x.in + static_cast<size_t>(k % 2) * s.slot;
   const size_t lo = static_cast<size_t>(k) * s.chunk;
+  // all_gather stages one block, read by everyone; all_to_all the block of each peer j.
+  const bool gather = !per_reader(x.op.kind);
   for (int j = 0; j < (gather ? 1 : n); ++j) {
-    const size_t b = x.piped_bytes[j];
+    const size_t b = piped_block(x, me, gather ? (me == 0 ? 1 : 0) : j);
     if (lo >= b) continue;
     const size_t len = std::min(s.chunk, b - lo);
-    kernels::copy(slot + static_cast<size_t>(j) * s.stride, x.piped_src + x.piped_displs[j] + lo, len);
+    kernels::copy(slot + static_cast<size_t>(j) * s.stride, x.piped_src + own_displ(x, j) + lo, len);
     x.c.staged_bytes.fetch_add(len, std::memory_order_relaxed);
   }
 }
