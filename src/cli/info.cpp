@@ -215,6 +215,11 @@ int info_main(int argc, char** argv) {
   row("  timeout", format_duration(env.timeout) + " (STRATA_TIMEOUT)");
   row("  store timeout", format_duration(env.store_connect_timeout) + " (STRATA_STORE_TIMEOUT)");
   row("  one-shot max", format_bytes(env.oneshot_max_bytes) + " (STRATA_ONESHOT_MAX_BYTES)");
+  row("  two-shot stores",
+      std::string(env.two_shot_stores < 0    ? "auto: the faster of cached and streamed, per slice size"
+                  : env.two_shot_stores == 0 ? "cached"
+                                             : "streamed") +
+          " (STRATA_TWO_SHOT_STORES)");
   row("  log level", env.log_level + " (STRATA_LOG)");
   for (const auto& bad : env.invalid) row("  refused", bad + " (strata run and init() stop on it)");
   row("job", job_placement(env));

@@ -104,6 +104,16 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   bool oversubscribed = false;             // more members than cores this process may use
   std::vector<std::vector<char>> cma_tmp;  // per peer: landing space for CMA reads that feed a reduction
 
+  // How two-shot writes its reduced slice, learned per slice size (log2 of its bytes): each
+  // mode is tried kTrials times, then the faster one stays (coll/shm/two_shot.cpp).
+  struct StoreTrials {
+    static constexpr int kTrials = 3;
+    int runs[2] = {0, 0};                         // calls timed per mode: cached, streamed
+    int64_t best_ns[2] = {INT64_MAX, INT64_MAX};  // the fastest of them
+    int chosen = -1;                              // the mode kept, once both were tried
+  };
+  StoreTrials two_shot_stores[65];
+
   // Scratch heap blocks used to stage external buffers and for in-place temporaries.
   struct Scratch {
     void* p = nullptr;

@@ -171,6 +171,12 @@ Env parse(Lookup lookup, void* ctx) {
     if (e.invalid.size() == before) e.oversubscribed = on ? 1 : 0;
   }
   if (auto v = to_size(get("STRATA_ONESHOT_MAX_BYTES"))) e.oneshot_max_bytes = *v;
+  if (auto s = get("STRATA_TWO_SHOT_STORES"); s && !s->empty()) {
+    if (*s == "auto") e.two_shot_stores = -1;
+    else if (*s == "cached") e.two_shot_stores = 0;
+    else if (*s == "streamed") e.two_shot_stores = 1;
+    else s.reject("not one of auto, cached, streamed");
+  }
   if (auto v = to_size(get("STRATA_CMA_MIN_BYTES"))) e.cma_min_bytes = *v;
   if (auto v = to_size(get("STRATA_CMA_REGISTERED_MIN_BYTES"))) e.cma_registered_min_bytes = *v;
   if (auto v = to_int(get("STRATA_FLIGHT_RECORDER"), 0, 1 << 20)) e.flight_recorder = static_cast<size_t>(*v);

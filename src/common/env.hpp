@@ -53,8 +53,11 @@ struct Env {
   uint32_t spin_us = 500;                 // STRATA_SPIN_US: µs a wait spins before yielding/sleeping
   int oversubscribed = -1;                // STRATA_OVERSUBSCRIBED: 1/0 force the wait policy; -1 (auto): ranks > cores
   size_t oneshot_max_bytes = 256 * 1024;  // STRATA_ONESHOT_MAX_BYTES: one-shot vs two-shot all_reduce (2 ranks)
-  std::string log_level = "warn";         // STRATA_LOG: error|warn|info|debug
-  std::string kernels;                    // STRATA_KERNELS: scalar|avx2|avx512 (empty/auto: best the CPU has)
+  // STRATA_TWO_SHOT_STORES: how two-shot writes the reduced slice peers read next: 0 cached,
+  // 1 streamed, -1 (auto) whichever measured faster in this communicator's first calls.
+  int two_shot_stores = -1;
+  std::string log_level = "warn";  // STRATA_LOG: error|warn|info|debug
+  std::string kernels;             // STRATA_KERNELS: scalar|avx2|avx512 (empty/auto: best the CPU has)
   // STRATA_FLIGHT_RECORDER: operations each communicator remembers for hang reports
   // (rounded up to a power of two; 0 turns the recorder, its dumps and the SIGUSR1 handler off).
   size_t flight_recorder = 64;

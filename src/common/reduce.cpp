@@ -691,13 +691,14 @@ concept Streams = requires(typename W::V v) {
 };
 
 template <class W, class T, ReduceOp kOp>
-STRATA_AVX512 void run(T* dst, const T* const* srcs, int n, size_t count, int divisor) {
+STRATA_AVX512 void run(T* dst, const T* const* srcs, int n, size_t count, int divisor, Stores stores) {
   if constexpr (Streams<W>) {
     const auto addr = reinterpret_cast<uintptr_t>(dst);
-    if (count * sizeof(T) >= kStreamMinBytes && addr % sizeof(T) == 0) {
+    const bool stream = stores == Stores::Streamed || count * sizeof(T) >= kStreamMinBytes;
+    if (stream && addr % sizeof(T) == 0) {
       // Streamed stores need a 64-byte aligned destination: the elements before the first
       // aligned one go the usual way.
-      const size_t head = ((64 - addr % 64) % 64) / sizeof(T);
+      const size_t head = std::min(count, ((64 - addr % 64) % 64) / sizeof(T));
       run_blocks<W, T, kOp, false>(dst, srcs, n, 0, head, divisor);
       return run_blocks<W, T, kOp, true>(dst, srcs, n, head, count, divisor);
     }
@@ -706,15 +707,16 @@ STRATA_AVX512 void run(T* dst, const T* const* srcs, int n, size_t count, int di
 }
 
 template <class W, class T>
-STRATA_AVX512 void reduce_with(ReduceOp op, T* dst, const T* const* srcs, int n, size_t count, int divisor) {
+STRATA_AVX512 void reduce_with(ReduceOp op, T* dst, const T* const* srcs, int n, size_t count, int divisor,
+                               Stores stores) {
   switch (op) {
-    case ReduceOp::Sum: return run<W, T, ReduceOp::Sum>(dst, srcs, n, count, divisor);
-    case ReduceOp::Prod: return run<W, T, ReduceOp::Prod>(dst, srcs, n, count, divisor);
-    case ReduceOp::Min: return run<W, T, ReduceOp::Min>(dst, srcs, n, count, divisor);
-    case ReduceOp::Max: return run<W, T, ReduceOp::Max>(dst, srcs, n, count, divisor);
+    case ReduceOp::Sum: return run<W, T, ReduceOp::Sum>(dst, srcs, n, count, divisor, stores);
+    case ReduceOp::Prod: return run<W, T, ReduceOp::Prod>(dst, srcs, n, count, divisor, stores);
+    case ReduceOp::Min: return run<W, T, ReduceOp::Min>(dst, srcs, n, count, divisor, stores);
+    case ReduceOp::Max: return run<W, T, ReduceOp::Max>(dst, srcs, n, count, divisor, stores);
     case ReduceOp::Avg:
       if constexpr (std::is_integral_v<T>) return scalar::run<T, ReduceOp::Avg>(dst, srcs, n, count, divisor);
-      else return run<W, T, ReduceOp::Avg>(dst, srcs, n, count, divisor);
+      else return run<W, T, ReduceOp::Avg>(dst, srcs, n, count, divisor, stores);
     case ReduceOp::BAnd:
     case ReduceOp::BOr:
     case ReduceOp::BXor: return scalar::reduce_typed<T>(op, dst, srcs, n, count, divisor);
@@ -773,21 +775,22 @@ STRATA_AVX2 void copy_streaming(void* dst, const void* src, size_t bytes) {
 #endif  // STRATA_KERNELS_X86
 
 template <class T>
-void reduce_typed(Isa isa, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count, int divisor) {
+void reduce_typed(Isa isa, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count, int divisor,
+                  Stores stores) {
   T* d = static_cast<T*>(dst);
   const T* const* s = reinterpret_cast<const T* const*>(srcs);
 #if STRATA_KERNELS_X86
   if (isa == Isa::Avx512) {
     if constexpr (std::is_same_v<T, bfloat16_t>) {
-      if (cpu().avx512bf16) return avx512::reduce_with<avx512::Bf16<true>>(op, d, s, n, count, divisor);
-      return avx512::reduce_with<avx512::Bf16<false>>(op, d, s, n, count, divisor);
+      if (cpu().avx512bf16) return avx512::reduce_with<avx512::Bf16<true>>(op, d, s, n, count, divisor, stores);
+      return avx512::reduce_with<avx512::Bf16<false>>(op, d, s, n, count, divisor, stores);
     } else {
-      return avx512::reduce_with<avx512::Vec<T>>(op, d, s, n, count, divisor);
+      return avx512::reduce_with<avx512::Vec<T>>(op, d, s, n, count, divisor, stores);
     }
   }
   if (isa == Isa::Avx2) return avx2::reduce_typed<T>(op, d, s, n, count, divisor);
 #endif
-  (void)isa;
+  (void)isa, (void)stores;
   scalar::reduce_typed<T>(op, d, s, n, count, divisor);
 }
 
@@ -853,24 +856,25 @@ Isa active() {
 }
 
 void reduce(Isa isa, DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int nsrcs, size_t count,
-            int avg_divisor) {
+            int avg_divisor, Stores stores) {
   if (count == 0 || nsrcs <= 0) return;
   switch (dtype) {
-    case DataType::Int8: return reduce_typed<int8_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor);
-    case DataType::UInt8: return reduce_typed<uint8_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor);
-    case DataType::Int32: return reduce_typed<int32_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor);
-    case DataType::UInt32: return reduce_typed<uint32_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor);
-    case DataType::Int64: return reduce_typed<int64_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor);
-    case DataType::UInt64: return reduce_typed<uint64_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor);
-    case DataType::Float16: return reduce_typed<float16_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor);
-    case DataType::BFloat16: return reduce_typed<bfloat16_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor);
-    case DataType::Float32: return reduce_typed<float>(isa, op, dst, srcs, nsrcs, count, avg_divisor);
-    case DataType::Float64: return reduce_typed<double>(isa, op, dst, srcs, nsrcs, count, avg_divisor);
+    case DataType::Int8: return reduce_typed<int8_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor, stores);
+    case DataType::UInt8: return reduce_typed<uint8_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor, stores);
+    case DataType::Int32: return reduce_typed<int32_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor, stores);
+    case DataType::UInt32: return reduce_typed<uint32_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor, stores);
+    case DataType::Int64: return reduce_typed<int64_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor, stores);
+    case DataType::UInt64: return reduce_typed<uint64_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor, stores);
+    case DataType::Float16: return reduce_typed<float16_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor, stores);
+    case DataType::BFloat16: return reduce_typed<bfloat16_t>(isa, op, dst, srcs, nsrcs, count, avg_divisor, stores);
+    case DataType::Float32: return reduce_typed<float>(isa, op, dst, srcs, nsrcs, count, avg_divisor, stores);
+    case DataType::Float64: return reduce_typed<double>(isa, op, dst, srcs, nsrcs, count, avg_divisor, stores);
   }
 }
 
-void reduce(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int nsrcs, size_t count, int avg_divisor) {
-  reduce(active(), dtype, op, dst, srcs, nsrcs, count, avg_divisor);
+void reduce(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int nsrcs, size_t count, int avg_divisor,
+            Stores stores) {
+  reduce(active(), dtype, op, dst, srcs, nsrcs, count, avg_divisor, stores);
 }
 
 void copy_uncached(void* dst, const void* src, size_t bytes) {

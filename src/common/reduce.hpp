@@ -6,11 +6,18 @@
 
 namespace strata::kernels {
 
+/// How a reduction writes its result. Auto: through the cache, except results of 8 MiB and
+/// more (they leave the cache anyway). Streamed: around the cache at every size, for a result
+/// that other cores read next (two-shot's reduced slice; see coll/shm/two_shot.cpp).
+/// Streaming needs AVX-512 and 32- or 64-bit elements; elsewhere both write through the cache.
+enum class Stores { Auto, Streamed };
+
 /// dst[i] = op(srcs[0][i], ..., srcs[nsrcs-1][i]) for i < count.
 /// Avg sums and divides by `avg_divisor` (the number of ranks), floating types only.
 /// float16/bfloat16 accumulate in float32 over all sources and are rounded once.
 /// dst may alias any source exactly (not partially overlap).
-void reduce(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int nsrcs, size_t count, int avg_divisor);
+void reduce(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int nsrcs, size_t count, int avg_divisor,
+            Stores stores = Stores::Auto);
 
 /// Copies bytes; used for every data move so the copy kernel can be tuned in one place.
 void copy(void* dst, const void* src, size_t bytes);

@@ -9,6 +9,8 @@
 #include <strata/types.hpp>
 #include <string_view>
 
+#include "common/reduce.hpp"
+
 namespace strata::kernels {
 
 /// A set of kernels, from the most portable to the widest.
@@ -31,6 +33,6 @@ Isa active();
 
 /// reduce() with an explicit instruction set; `isa` must be supported().
 void reduce(Isa isa, DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int nsrcs, size_t count,
-            int avg_divisor);
+            int avg_divisor, Stores stores = Stores::Auto);
 
 }  // namespace strata::kernels

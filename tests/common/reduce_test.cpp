@@ -223,7 +223,7 @@ T sentinel() {
 // (so vector loads are misaligned), dst separate or aliasing a source.
 template <class T>
 ::testing::AssertionResult check_case(Isa isa, ReduceOp op, int n, size_t count, Alias alias, size_t offset,
-                                      std::mt19937_64& rng) {
+                                      std::mt19937_64& rng, Stores stores = Stores::Auto) {
   constexpr size_t kGuard = 8;
   // Sources sized exactly, so reading past the end is caught by ASan.
   std::vector<std::vector<T>> storage(n, std::vector<T>(offset + count));
@@ -242,12 +242,13 @@ template <class T>
   if (alias == Alias::Last) dst = storage[n - 1].data() + offset;
 
   std::vector<const void*> raw(srcs.begin(), srcs.end());
-  reduce(isa, dtype_of_v<T>, op, dst, raw.data(), n, count, divisor);
+  reduce(isa, dtype_of_v<T>, op, dst, raw.data(), n, count, divisor, stores);
 
   auto where = [&] {
     std::ostringstream os;
     os << "isa=" << to_string(isa) << " dtype=" << strata::to_string(dtype_of_v<T>) << " op=" << strata::to_string(op)
-       << " nsrcs=" << n << " count=" << count << " alias=" << to_string(alias) << " offset=" << offset;
+       << " nsrcs=" << n << " count=" << count << " alias=" << to_string(alias) << " offset=" << offset
+       << (stores == Stores::Streamed ? " streamed" : "");
     return os.str();
   };
   // min/max and single sources never combine two NaNs: their NaN bits are exact too.
@@ -298,6 +299,12 @@ void check_all_cases(Isa isa) {
   for (size_t offset : {size_t{0}, size_t{1}, size_t{5}, 48 / sizeof(T)})
     ASSERT_TRUE(check_case<T>(isa, ReduceOp::Sum, 2, huge, Alias::None, offset, rng));
   ASSERT_TRUE(check_case<T>(isa, ReduceOp::Min, 3, huge, Alias::First, 3, rng));
+  // Streamed at every size (two-shot's reduced slice): counts too short to reach an aligned
+  // element, and every destination alignment.
+  for (size_t count : {size_t{1}, size_t{3}, size_t{17}, size_t{100}, size_t{4099}})
+    for (size_t offset : {size_t{0}, size_t{1}, size_t{5}, 48 / sizeof(T)})
+      ASSERT_TRUE(check_case<T>(isa, ReduceOp::Sum, 2, count, Alias::None, offset, rng, Stores::Streamed));
+  ASSERT_TRUE(check_case<T>(isa, ReduceOp::Max, 3, 1000, Alias::First, 1, rng, Stores::Streamed));
 }
 
 template <class F>

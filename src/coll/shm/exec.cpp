@@ -15,7 +15,7 @@ constexpr size_t kCmaChunkBytes = 256 * 1024;
 /// rank order starting with this rank. Where a peer's input is reachable only by CMA, its
 /// bytes land in a per-peer buffer first: that is done in chunks small enough to stay in
 /// cache, so the landing copy costs little more than reading a mapped buffer.
-Status reduce_range(Exec& x, char* dst, size_t lo, size_t hi) {
+Status reduce_range(Exec& x, char* dst, size_t lo, size_t hi, kernels::Stores stores) {
   const int n = x.c.size, me = x.c.rank;
   const size_t e = x.esz;
   bool any_cma = false;
@@ -29,7 +29,7 @@ Status reduce_range(Exec& x, char* dst, size_t lo, size_t hi) {
       STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, a * e, (b - a) * e));
       srcs[k] = p;
     }
-    kernels::reduce(x.op.dtype, x.op.rop, dst + (a - lo) * e, srcs.data(), n, b - a, divisor(x));
+    kernels::reduce(x.op.dtype, x.op.rop, dst + (a - lo) * e, srcs.data(), n, b - a, divisor(x), stores);
   }
   return Status::ok();
 }

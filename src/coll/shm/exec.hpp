@@ -133,7 +133,7 @@ class Srcs {
 
 /// dst[lo, hi) <- the reduction of every rank's input over [lo, hi) (elements), in rank
 /// order starting with this rank (exec.cpp).
-Status reduce_range(Exec& x, char* dst, size_t lo, size_t hi);
+Status reduce_range(Exec& x, char* dst, size_t lo, size_t hi, kernels::Stores stores = kernels::Stores::Auto);
 
 /// Runs `op` with the selected algorithm within one host (run.cpp).
 Status run(CommImpl& c, Op& op, coll::Algo algo);
