@@ -1,6 +1,7 @@
 // The reduction over every rank's input that the shared-memory algorithms build on.
 
 #include <algorithm>
+#include <bit>
 
 #include "coll/shm/exec.hpp"
 
@@ -10,6 +11,42 @@ namespace {
 // CMA reads that feed a reduction land in chunks of this size (fits in L2 with its peers').
 constexpr size_t kCmaChunkBytes = 256 * 1024;
 }  // namespace
+
+// The data a rank writes for its peers to read next (two-shot's reduced slice, and an
+// external input's slices staged for them) is written once and read once by another core.
+// Whether writing it around the cache is faster depends on where the ranks run, not on the
+// size alone: on the 2-vCPU machine of docs/PERFORMANCE.md streaming made 2-rank two-shot
+// 1 MiB / 4 MiB 3x faster (91 -> 28 / 357 -> 110 us) on one VM, while on another the same
+// change was slower at 4 MiB (the slice was still read from the shared cache). So each
+// communicator times its first calls of each slice size both ways and keeps the faster; ranks
+// decide alone, as the store mode changes no result.
+StoreChoice::StoreChoice(CommImpl& c, size_t slice_bytes) {
+  const int forced = c.ctx->env.two_shot_stores;
+  if (forced >= 0) {
+    mode_ = forced;
+    return;
+  }
+  trials_ = &c.two_shot_stores[std::bit_width(slice_bytes)];
+  if (trials_->chosen >= 0) {
+    mode_ = trials_->chosen;
+    trials_ = nullptr;
+    return;
+  }
+  // Alternate, so that a quiet or a busy moment does not favour one mode.
+  mode_ = trials_->runs[0] <= trials_->runs[1] ? 0 : 1;
+  start_ = std::chrono::steady_clock::now();
+}
+
+void StoreChoice::done() {
+  if (!trials_) return;
+  const int64_t ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count();
+  CommImpl::StoreTrials& t = *trials_;
+  t.best_ns[mode_] = std::min(t.best_ns[mode_], ns);
+  if (++t.runs[mode_] >= CommImpl::StoreTrials::kTrials && t.runs[1 - mode_] >= CommImpl::StoreTrials::kTrials)
+    t.chosen = t.best_ns[1] < t.best_ns[0] ? 1 : 0;
+  trials_ = nullptr;
+}
 
 /// dst[lo, hi) <- the reduction of every rank's input over [lo, hi) (elements), peers in
 /// rank order starting with this rank. Where a peer's input is reachable only by CMA, its

@@ -3,6 +3,7 @@
 // this rank (Exec: its effective buffers, how to reach every peer's), the source list of a
 // reduction, and each algorithm family's entry point (one file per family in coll/shm/).
 
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -28,6 +29,9 @@ struct Exec {
   // (heap scratch at the same offsets); `out` is then the external buffer itself.
   char* peer_view_out = nullptr;
   size_t esz = 0;
+  // How this rank writes what peers read next: two-shot all_reduce's reduced slice and the
+  // slices of an external input staged for them (StoreChoice).
+  kernels::Stores shared_stores = kernels::Stores::Auto;
   // An external input staged in rounds (pipe.cpp): `in` is then the two slots peers read,
   // `piped_src` the input itself.
   const char* piped_src = nullptr;
@@ -103,6 +107,22 @@ struct Exec {
     c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
   }
   Status sync(const char* what) { return c.sync(deadline, what); }
+};
+
+/// Two-shot all_reduce's store mode for this call: forced by STRATA_TWO_SHOT_STORES, or the
+/// faster of cached and streamed as this communicator's first calls of the same slice size
+/// (log2 of its bytes) measured, trying each StoreTrials::kTrials times in turn (exec.cpp).
+class StoreChoice {
+ public:
+  StoreChoice(CommImpl& c, size_t slice_bytes);
+  kernels::Stores stores() const { return mode_ == 1 ? kernels::Stores::Streamed : kernels::Stores::Auto; }
+  /// Records the time since construction when this call was a trial; after a successful call.
+  void done();
+
+ private:
+  int mode_ = 0;
+  CommImpl::StoreTrials* trials_ = nullptr;
+  std::chrono::steady_clock::time_point start_;
 };
 
 inline std::pair<size_t, size_t> slice(size_t count, int n, int i, size_t esz) {

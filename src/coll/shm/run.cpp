@@ -127,6 +127,12 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     in_ref = heap.locate(in, 1);
     in_ext = false;
   }
+  std::optional<StoreChoice> choice;
+  if (op.kind == OpKind::AllReduce && algo == coll::Algo::TwoShot && n > 1) {
+    auto [lo, hi] = slice(op.count, n, c.rank, x.esz);
+    choice.emplace(c, (hi - lo) * x.esz);
+    x.shared_stores = choice->stores();
+  }
   if (n > 1 && (two_shot_ar || blocks_only)) {
     STRATA_ASSIGN_OR_RETURN(void* sv, c.scratch_block(0, std::max(ext.in, ext.out)));
     char* s = static_cast<char*>(sv);
@@ -137,7 +143,9 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
         if (r == c.rank) continue;
         auto [lo, hi] = peer_block(op, n, r, x.esz, displ);
         if (hi <= lo) continue;
-        kernels::copy(s + lo * x.esz, in + lo * x.esz, (hi - lo) * x.esz);
+        if (x.shared_stores == kernels::Stores::Streamed)
+          kernels::copy_uncached(s + lo * x.esz, in + lo * x.esz, (hi - lo) * x.esz);
+        else kernels::copy(s + lo * x.esz, in + lo * x.esz, (hi - lo) * x.esz);
         c.staged_bytes.fetch_add((hi - lo) * x.esz, std::memory_order_relaxed);
       }
       in_ref = heap.locate(s, ext.in);
@@ -277,6 +285,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     c.staged_bytes.fetch_add(back.bytes, std::memory_order_relaxed);
   }
   c.ops.fetch_add(1, std::memory_order_relaxed);
+  if (choice) choice->done();
   return Status::ok();
 }
 

@@ -2,10 +2,6 @@
 // buffer and writes it once), then a direct all-gather. Slices are balanced and cache-line
 // aligned; all_reduce is the two halves in a row.
 
-#include <algorithm>
-#include <bit>
-#include <chrono>
-
 #include "coll/shm/exec.hpp"
 
 namespace strata::detail::shm {
@@ -15,62 +11,14 @@ namespace {
 constexpr size_t kUncachedMinBytes = size_t{1} << 20;
 }  // namespace
 
-namespace {
-
-// The reduced slice is written once and then read by every peer. Whether writing it around
-// the cache is faster depends on where the ranks run, not on the size alone: on the 2-vCPU
-// machine of docs/PERFORMANCE.md streaming made 2-rank two-shot 1 MiB / 4 MiB 3x faster
-// (91 -> 28 / 357 -> 110 us) on one VM, while on another the same change was slower at 4 MiB
-// (the slice was still read from the shared cache). So each communicator times its first calls
-// of each slice size both ways and keeps the faster; ranks decide alone, as the store mode
-// changes no result.
-class StoreChoice {
- public:
-  StoreChoice(CommImpl& c, size_t slice_bytes) {
-    const int forced = c.ctx->env.two_shot_stores;
-    if (forced >= 0) {
-      mode_ = forced;
-      return;
-    }
-    trials_ = &c.two_shot_stores[std::bit_width(slice_bytes)];
-    if (trials_->chosen >= 0) {
-      mode_ = trials_->chosen;
-      trials_ = nullptr;
-      return;
-    }
-    // Alternate, so that a quiet or a busy moment does not favour one mode.
-    mode_ = trials_->runs[0] <= trials_->runs[1] ? 0 : 1;
-    start_ = std::chrono::steady_clock::now();
-  }
-  kernels::Stores stores() const { return mode_ == 1 ? kernels::Stores::Streamed : kernels::Stores::Auto; }
-  /// Records the time of a call that completed.
-  void done() {
-    if (!trials_) return;
-    const int64_t ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count();
-    CommImpl::StoreTrials& t = *trials_;
-    t.best_ns[mode_] = std::min(t.best_ns[mode_], ns);
-    if (++t.runs[mode_] >= CommImpl::StoreTrials::kTrials && t.runs[1 - mode_] >= CommImpl::StoreTrials::kTrials)
-      t.chosen = t.best_ns[1] < t.best_ns[0] ? 1 : 0;
-  }
-
- private:
-  int mode_ = 0;
-  CommImpl::StoreTrials* trials_ = nullptr;
-  std::chrono::steady_clock::time_point start_;
-};
-
-}  // namespace
-
 Status all_reduce_two_shot(Exec& x) {
   const int n = x.c.size, me = x.c.rank;
   const size_t count = x.op.count, e = x.esz;
   // Two-shot: reduce-scatter straight into each rank's own output slice, then all-gather.
   auto [lo, hi] = slice(count, n, me, e);
-  StoreChoice choice(x.c, (hi - lo) * e);
   if (hi > lo) {
     char* shared = x.peer_view_out ? x.peer_view_out : x.out;
-    STRATA_RETURN_IF_ERROR(reduce_range(x, shared + lo * e, lo, hi, choice.stores()));
+    STRATA_RETURN_IF_ERROR(reduce_range(x, shared + lo * e, lo, hi, x.shared_stores));
     if (x.peer_view_out) {
       kernels::copy(x.out + lo * e, shared + lo * e, (hi - lo) * e);
       x.c.staged_bytes.fetch_add((hi - lo) * e, std::memory_order_relaxed);
@@ -88,9 +36,7 @@ Status all_reduce_two_shot(Exec& x) {
     const bool uncached = x.in == x.out && bytes >= kUncachedMinBytes;
     STRATA_RETURN_IF_ERROR(x.copy_from(r, true, rlo * e, x.out + rlo * e, bytes, uncached));
   }
-  STRATA_RETURN_IF_ERROR(x.sync("all_reduce"));
-  choice.done();
-  return Status::ok();
+  return x.sync("all_reduce");
 }
 
 Status reduce_scatter(Exec& x, const std::vector<size_t>& counts) {
