@@ -23,7 +23,8 @@ if(STRATA_MPICXX)
       list(APPEND _strata_mpi_dirs "${CMAKE_MATCH_1}")
     endif()
   endforeach()
-  find_file(STRATA_MPI_H mpi.h HINTS ${_strata_mpi_dirs} NO_CACHE)
+  unset(STRATA_MPI_H CACHE)  # looked for again at every configure: the header may come or go
+  find_file(STRATA_MPI_H mpi.h HINTS ${_strata_mpi_dirs})
   if(STRATA_MPI_H)
     set(MPI_CXX_SKIP_MPICXX ON)  # the peers call only MPI's C API
     find_package(MPI COMPONENTS CXX QUIET)

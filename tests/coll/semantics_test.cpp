@@ -208,6 +208,24 @@ TEST(ZeroCopy, ExternalInputsStagedInRoundsAreExact) {
         STRATA_TEST_REQUIRE(aout[rd[s] + i] == value(s * 3 + me, i),
                             "all_to_all_v: element " << i << " from rank " << s << " is " << aout[rd[s] + i]);
 
+    // all_to_all_v with one block of 16 MiB (rank 1 to rank 2) and small others: that rank's
+    // blocks go in one round, packed, not each in a slot as large as the largest.
+    auto bcount = [](size_t s, size_t j) { return s == 1 && j == 2 ? (size_t{4} << 20) + 3 : 5 + j + s; };
+    size_t bsc[3], bsd[3], brc[3], brd[3], btotal = 0, bat = 0;
+    for (size_t j = 0; j < 3; ++j) bsc[j] = bcount(me, j), bsd[j] = btotal, btotal += bsc[j];
+    for (size_t s = 0; s < 3; ++s) brc[s] = bcount(s, me), brd[s] = bat, bat += brc[s];
+    Input bi = make_input(btotal, [&](size_t i) {
+      for (size_t j = 0; j < 3; ++j)
+        if (i >= bsd[j] && i < bsd[j] + bsc[j]) return value(me * 3 + j, i - bsd[j]);
+      return int32_t{-7};
+    });
+    std::vector<int32_t> bout(bat, -1);
+    c.all_to_all_v(bi.p, bsc, bsd, bout.data(), brc, brd, DataType::Int32);
+    for (size_t s = 0; s < 3; ++s)
+      for (size_t i = 0; i < brc[s]; ++i)
+        STRATA_TEST_REQUIRE(bout[brd[s] + i] == value(s * 3 + me, i),
+                            "all_to_all_v, a 16 MiB block: element " << i << " from rank " << s);
+
     // all_to_all, 3 x 150,001 elements: blocks of 586 KiB, 5 rounds of 128 KiB per block.
     const size_t ac = 150001;
     Input a2 = make_input(n * ac, [&](size_t i) { return value(me * 3 + i / ac, i % ac); });

@@ -29,8 +29,8 @@ struct Exec {
   // (heap scratch at the same offsets); `out` is then the external buffer itself.
   char* peer_view_out = nullptr;
   size_t esz = 0;
-  // How this rank writes what peers read next: two-shot all_reduce's reduced slice and the
-  // slices of an external input staged for them (StoreChoice).
+  // How this rank writes what peers read next in two-shot all_reduce: its reduced slice and,
+  // for an external input, the slices staged for them (StoreChoice).
   kernels::Stores shared_stores = kernels::Stores::Auto;
   // An external input staged in rounds (pipe.cpp): `in` is then the two slots peers read,
   // `piped_src` the input itself.
@@ -164,14 +164,16 @@ OpDesc next_desc(CommImpl& c, const Op& op, coll::Algo algo);
 Status check_descriptors(const CommImpl& c, const Op& op, const OpDesc& mine);
 
 // pipe.cpp: an external input staged in rounds for all_gather(v) and all_to_all(v).
-/// How a piped input is laid out, the same on every rank: each round stages up to `chunk`
-/// bytes of every block, block j at j * stride of the round's slot, slots of `slot` bytes
-/// alternating; `rounds` rounds cover the largest block.
+/// How rank r's piped input is laid out, the same on every rank: each round stages up to
+/// `chunk` bytes of every block, block j at j * stride of the round's slot, slots of `slot`
+/// bytes alternating; `rounds` rounds cover the largest block. Blocks of 16 MiB or more go
+/// in one round, `packed` one after the other (64-byte aligned).
 struct PipeShape {
   size_t chunk = 0, stride = 0, slot = 0;
   int rounds = 1;
+  bool packed = false;
 };
-PipeShape pipe_shape(const Op& op, int n, size_t largest_block);
+PipeShape pipe_shape(const Exec& x, int r);
 /// Bytes of rank r's input that rank j reads (all_gather: its whole input, as block 0).
 size_t piped_block(const Exec& x, int r, int j);
 /// Rounds of this operation: the most any piped rank needs (1 when none pipes).

@@ -32,18 +32,6 @@ bool per_reader(OpKind k) { return k == OpKind::AllToAll || k == OpKind::AllToAl
 
 }  // namespace
 
-PipeShape pipe_shape(const Op& op, int n, size_t largest_block) {
-  PipeShape s;
-  // all_gather: one block (the whole input) read by every peer; all_to_all: one per peer.
-  const int blocks = per_reader(op.kind) ? n : 1;
-  s.chunk = std::max<size_t>(4096, (kRoundBytes / static_cast<size_t>(per_reader(op.kind) ? n - 1 : 1)) & ~size_t{63});
-  if (largest_block >= kWholeMinBytes) s.chunk = align64(largest_block);
-  s.stride = std::min(s.chunk, align64(largest_block));
-  s.slot = s.stride * static_cast<size_t>(blocks);
-  s.rounds = largest_block == 0 ? 1 : static_cast<int>((largest_block + s.chunk - 1) / s.chunk);
-  return s;
-}
-
 size_t piped_block(const Exec& x, int r, int j) {
   const Op& op = x.op;
   switch (op.kind) {
@@ -78,15 +66,51 @@ size_t own_displ(const Exec& x, int j) {
 
 }  // namespace
 
+PipeShape pipe_shape(const Exec& x, int r) {
+  const int n = x.c.size;
+  const bool each = per_reader(x.op.kind);
+  const size_t largest = piped_largest(x, r);
+  PipeShape s;
+  // all_gather: one block (the whole input) read by every peer; all_to_all: one per peer.
+  // At least 64 KiB per block and round, so that many ranks do not mean many barriers.
+  s.chunk = std::max<size_t>(size_t{64} << 10, (kRoundBytes / static_cast<size_t>(each ? n - 1 : 1)) & ~size_t{63});
+  if (largest >= kWholeMinBytes) {
+    // One round, the blocks packed one after the other: a slot of n times the largest block
+    // could be far more than the input (all_to_all_v with uneven counts).
+    s.chunk = align64(largest);
+    s.packed = true;
+    s.slot = 0;
+    for (int j = 0; j < (each ? n : 1); ++j) s.slot += align64(piped_block(x, r, each ? j : (r == 0 ? 1 : 0)));
+  } else {
+    s.stride = std::min(s.chunk, align64(largest));
+    s.slot = s.stride * static_cast<size_t>(each ? n : 1);
+  }
+  s.rounds = largest == 0 ? 1 : static_cast<int>((largest + s.chunk - 1) / s.chunk);
+  return s;
+}
+
+namespace {
+
+// Where block j lies in rank r's slot.
+size_t block_at(const Exec& x, int r, int j, const PipeShape& s) {
+  if (!per_reader(x.op.kind)) return 0;
+  if (!s.packed) return static_cast<size_t>(j) * s.stride;
+  size_t at = 0;
+  for (int i = 0; i < j; ++i) at += align64(piped_block(x, r, i));
+  return at;
+}
+
+}  // namespace
+
 int pipe_rounds(const Exec& x) {
   int rounds = 1;
   for (int r = 0; r < x.c.size; ++r)
-    if (x.piped(r)) rounds = std::max(rounds, pipe_shape(x.op, x.c.size, piped_largest(x, r)).rounds);
+    if (x.piped(r)) rounds = std::max(rounds, pipe_shape(x, r).rounds);
   return rounds;
 }
 
 Result<char*> pipe_input(Exec& x, const char* src) {
-  const PipeShape s = pipe_shape(x.op, x.c.size, piped_largest(x, x.c.rank));
+  const PipeShape s = pipe_shape(x, x.c.rank);
   STRATA_ASSIGN_OR_RETURN(void* p, x.c.scratch_block(0, std::max<size_t>(64, s.rounds > 1 ? 2 * s.slot : s.slot)));
   x.piped_src = src;
   x.in = static_cast<char*>(p);
@@ -96,7 +120,7 @@ Result<char*> pipe_input(Exec& x, const char* src) {
 
 void fill_round(Exec& x, int k) {
   const int n = x.c.size, me = x.c.rank;
-  const PipeShape s = pipe_shape(x.op, n, piped_largest(x, me));
+  const PipeShape s = pipe_shape(x, me);
   if (k >= s.rounds) return;
   char* slot = x.in + static_cast<size_t>(k % 2) * s.slot;
   const size_t lo = static_cast<size_t>(k) * s.chunk;
@@ -106,16 +130,16 @@ void fill_round(Exec& x, int k) {
     const size_t b = piped_block(x, me, gather ? (me == 0 ? 1 : 0) : j);
     if (lo >= b) continue;
     const size_t len = std::min(s.chunk, b - lo);
-    kernels::copy(slot + static_cast<size_t>(j) * s.stride, x.piped_src + own_displ(x, j) + lo, len);
+    kernels::copy(slot + block_at(x, me, j, s), x.piped_src + own_displ(x, j) + lo, len);
     x.c.staged_bytes.fetch_add(len, std::memory_order_relaxed);
   }
 }
 
 Status copy_piped(Exec& x, int r, int k, size_t bytes, char* dst) {
-  const PipeShape s = pipe_shape(x.op, x.c.size, piped_largest(x, r));
+  const PipeShape s = pipe_shape(x, r);
   const size_t lo = static_cast<size_t>(k) * s.chunk;
   if (lo >= bytes) return Status::ok();
-  const size_t at = static_cast<size_t>(k % 2) * s.slot + (per_reader(x.op.kind) ? x.c.rank * s.stride : 0);
+  const size_t at = static_cast<size_t>(k % 2) * s.slot + block_at(x, r, x.c.rank, s);
   return x.copy_from(r, false, at, dst + lo, std::min(s.chunk, bytes - lo));
 }
 
