@@ -105,7 +105,7 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   std::vector<std::vector<char>> cma_tmp;  // per peer: landing space for CMA reads that feed a reduction
 
   // How two-shot writes its reduced slice, learned per slice size (log2 of its bytes): each
-  // mode is tried kTrials times, then the faster one stays (coll/shm/two_shot.cpp).
+  // mode is tried kTrials times, then the faster one stays (StoreChoice, coll/shm/exec.cpp).
   struct StoreTrials {
     static constexpr int kTrials = 3;
     int runs[2] = {0, 0};                         // calls timed per mode: cached, streamed

@@ -174,7 +174,7 @@ struct PipeShape {
   bool packed = false;
 };
 PipeShape pipe_shape(const Exec& x, int r);
-/// Bytes of rank r's input that rank j reads (all_gather: its whole input, as block 0).
+/// Bytes of rank r's input that rank j reads (all_gather: its whole input, whatever j).
 size_t piped_block(const Exec& x, int r, int j);
 /// Rounds of this operation: the most any piped rank needs (1 when none pipes).
 int pipe_rounds(const Exec& x);

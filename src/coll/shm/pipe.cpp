@@ -49,7 +49,7 @@ size_t piped_block(const Exec& x, int r, int j) {
 namespace {
 
 size_t piped_largest(const Exec& x, int r) {
-  if (x.op.kind != OpKind::AllToAllV) return piped_block(x, r, r == 0 ? 1 : 0);
+  if (!per_reader(x.op.kind)) return piped_block(x, r, 0);  // all_gather: the one block
   size_t m = 0;
   for (int j = 0; j < x.c.size; ++j) m = std::max(m, piped_block(x, r, j));
   return m;
@@ -80,7 +80,7 @@ PipeShape pipe_shape(const Exec& x, int r) {
     s.chunk = align64(largest);
     s.packed = true;
     s.slot = 0;
-    for (int j = 0; j < (each ? n : 1); ++j) s.slot += align64(piped_block(x, r, each ? j : (r == 0 ? 1 : 0)));
+    for (int j = 0; j < (each ? n : 1); ++j) s.slot += align64(piped_block(x, r, j));
   } else {
     s.stride = std::min(s.chunk, align64(largest));
     s.slot = s.stride * static_cast<size_t>(each ? n : 1);
@@ -127,7 +127,7 @@ void fill_round(Exec& x, int k) {
   // all_gather stages one block, read by everyone; all_to_all the block of each peer j.
   const bool gather = !per_reader(x.op.kind);
   for (int j = 0; j < (gather ? 1 : n); ++j) {
-    const size_t b = piped_block(x, me, gather ? (me == 0 ? 1 : 0) : j);
+    const size_t b = piped_block(x, me, j);
     if (lo >= b) continue;
     const size_t len = std::min(s.chunk, b - lo);
     kernels::copy(slot + block_at(x, me, j, s), x.piped_src + own_displ(x, j) + lo, len);
