@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "coll/counts.hpp"
 #include "coll/harness.hpp"
 
 namespace strata::test {
@@ -235,6 +236,93 @@ TEST(ZeroCopy, ExternalInputsStagedInRoundsAreExact) {
       for (size_t i = 0; i < ac; ++i)
         STRATA_TEST_REQUIRE(a2out[s * ac + i] == value(s * 3 + me, i),
                             "all_to_all: element " << i << " from rank " << s);
+  }));
+}
+
+// reduce_scatter(v) reduces external inputs round by round (coll/shm/pipe.cpp): rank j
+// reduces chunk k of its block from the peers' slots of round k. Two-shot all_reduce stages
+// the peers' slices whole and, for an external output, its reduced slice. Three ranks, each
+// with other kinds of buffers: rank 0 heap in and out, rank 1 external in and out, rank 2 an
+// external input and a heap output (or external in place); 7 rounds of 128 KiB per block.
+TEST(ZeroCopy, ReductionsOfExternalInputsInRoundsAreExact) {
+  expect_no_failures(Team::get(3).run([](Communicator& c) {
+    const int n = c.size();
+    const size_t me = static_cast<size_t>(c.rank());
+    auto value = [](size_t rank, size_t i) { return static_cast<int32_t>((rank + 1) * 1000003u + i * 7u); };
+    auto sum = [&](size_t i) {
+      int32_t s = 0;
+      for (size_t r = 0; r < 3; ++r) s += value(r, i);
+      return s;
+    };
+    struct Buf {
+      std::vector<int32_t> ext;
+      Buffer<int32_t> heap;
+      int32_t* p = nullptr;
+    };
+    auto make = [&](size_t count, bool external) {
+      Buf b;
+      if (external) {
+        b.ext.assign(std::max<size_t>(count, 1), -1);
+        b.p = b.ext.data();
+      } else {
+        b.heap = c.alloc<int32_t>(std::max<size_t>(count, 1));
+        b.p = b.heap.data();
+        std::fill(b.p, b.p + count, -1);
+      }
+      return b;
+    };
+    const CollOptions two_shot{.algorithm = Algorithm::TwoShot};
+
+    // all_reduce out of place, 600,007 elements: slices of 200,003 (781 KiB).
+    const size_t count = 600007;
+    Buf in = make(count, me != 0), out = make(count, me == 1);
+    for (size_t i = 0; i < count; ++i) in.p[i] = value(me, i);
+    Stats before = c.stats();
+    c.all_reduce(in.p, out.p, count, DataType::Int32, ReduceOp::Sum, two_shot);
+    for (size_t i = 0; i < count; ++i)
+      STRATA_TEST_REQUIRE(out.p[i] == sum(i), "all_reduce out of place: element " << i << " is " << out.p[i]);
+    // The peers' slices of an external input are staged once, and an external output's own
+    // reduced slice once more (from the heap scratch that peers read it in).
+    auto [lo, hi] = coll::balanced_slice(count, n, c.rank(), 4);
+    const size_t own = (hi - lo) * 4, staged = c.stats().staged_bytes - before.staged_bytes;
+    const size_t want = me == 0 ? 0 : me == 1 ? count * 4 : count * 4 - own;
+    STRATA_TEST_REQUIRE(staged == want, "all_reduce out of place: staged " << staged << " bytes, not " << want);
+
+    // all_reduce in place: rank 0 on the heap, the others external.
+    Buf io = make(count, me != 0);
+    for (size_t i = 0; i < count; ++i) io.p[i] = value(me, i);
+    c.all_reduce(io.p, io.p, count, DataType::Int32, ReduceOp::Sum, two_shot);
+    for (size_t i = 0; i < count; ++i)
+      STRATA_TEST_REQUIRE(io.p[i] == sum(i), "all_reduce in place: element " << i << " is " << io.p[i]);
+
+    // reduce_scatter_v: blocks of 90,001 / 200,003 / 0 elements, then reduce_scatter of
+    // 150,001 per rank.
+    const size_t counts[3] = {90001, 200003, 0}, total = counts[0] + counts[1] + counts[2];
+    Buf rin = make(total, me != 0), rout = make(counts[me], me == 1);
+    for (size_t i = 0; i < total; ++i) rin.p[i] = value(me, i);
+    before = c.stats();
+    c.reduce_scatter_v(rin.p, rout.p, counts, DataType::Int32, ReduceOp::Sum);
+    const size_t at = me == 0 ? 0 : me == 1 ? counts[0] : counts[0] + counts[1];
+    for (size_t i = 0; i < counts[me]; ++i)
+      STRATA_TEST_REQUIRE(rout.p[i] == sum(at + i), "reduce_scatter_v: element " << i << " is " << rout.p[i]);
+    const size_t rs_staged = c.stats().staged_bytes - before.staged_bytes;
+    STRATA_TEST_REQUIRE(rs_staged == (me == 0 ? 0 : (total - counts[me]) * 4),
+                        "reduce_scatter_v: staged " << rs_staged << " bytes");
+    // One block of 8 MiB and more (rank 1's) is staged whole, in one round, packed after the
+    // small ones.
+    const size_t wcounts[3] = {1001, (size_t{2} << 20) + 3, 17}, wtotal = wcounts[0] + wcounts[1] + wcounts[2];
+    Buf win = make(wtotal, me != 0), wout = make(wcounts[me], me == 2);
+    for (size_t i = 0; i < wtotal; ++i) win.p[i] = value(me, i);
+    c.reduce_scatter_v(win.p, wout.p, wcounts, DataType::Int32, ReduceOp::Sum);
+    const size_t wat = me == 0 ? 0 : me == 1 ? wcounts[0] : wcounts[0] + wcounts[1];
+    for (size_t i = 0; i < wcounts[me]; ++i)
+      STRATA_TEST_REQUIRE(wout.p[i] == sum(wat + i), "reduce_scatter_v, an 8 MiB block: element " << i);
+    const size_t rc = 150001;
+    Buf sin = make(n * rc, me != 0), sout = make(rc, me == 2);
+    for (size_t i = 0; i < n * rc; ++i) sin.p[i] = value(me, i);
+    c.reduce_scatter(sin.p, sout.p, rc, DataType::Int32, ReduceOp::Sum);
+    for (size_t i = 0; i < rc; ++i)
+      STRATA_TEST_REQUIRE(sout.p[i] == sum(me * rc + i), "reduce_scatter: element " << i << " is " << sout.p[i]);
   }));
 }
 

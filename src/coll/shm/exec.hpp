@@ -163,7 +163,8 @@ OpDesc next_desc(CommImpl& c, const Op& op, coll::Algo algo);
 /// Compares every peer's descriptor with ours (`mine`, as built locally) (run.cpp).
 Status check_descriptors(const CommImpl& c, const Op& op, const OpDesc& mine);
 
-// pipe.cpp: an external input staged in rounds for all_gather(v) and all_to_all(v).
+// pipe.cpp: an external input staged in rounds for all_gather(v), all_to_all(v) and
+// reduce_scatter(v), and reduce_scatter(v) done round by round.
 /// How rank r's piped input is laid out, the same on every rank: each round stages up to
 /// `chunk` bytes of every block, block j at j * stride of the round's slot, slots of `slot`
 /// bytes alternating; `rounds` rounds cover the largest block. Blocks of 16 MiB or more go
@@ -174,7 +175,8 @@ struct PipeShape {
   bool packed = false;
 };
 PipeShape pipe_shape(const Exec& x, int r);
-/// Bytes of rank r's input that rank j reads (all_gather: its whole input, whatever j).
+/// Bytes of rank r's input that rank j reads (all_gather: its whole input, whatever j; a
+/// reduction: the block j reduces, none of its own).
 size_t piped_block(const Exec& x, int r, int j);
 /// Rounds of this operation: the most any piped rank needs (1 when none pipes).
 int pipe_rounds(const Exec& x);
@@ -185,6 +187,10 @@ Result<char*> pipe_input(Exec& x, const char* src);
 void fill_round(Exec& x, int k);
 /// dst[k * chunk, ...) <- round k's part of the `bytes` piped rank r has for this rank.
 Status copy_piped(Exec& x, int r, int k, size_t bytes, char* dst);
+/// Whether any rank stages its input in rounds this operation.
+bool any_piped(const Exec& x);
+/// reduce_scatter(v) in rounds, where some rank pipes its input (any_piped).
+Status reduce_scatter_piped(Exec& x);
 
 // one_shot.cpp
 /// all_reduce whose input travels inline in the control block (coll::Algo::Inline).

@@ -1,4 +1,5 @@
-// An external input that peers must read, staged through the heap in rounds.
+// An external input that peers must read, staged through the heap in rounds; and
+// reduce_scatter(v), which reduces such inputs round by round.
 //
 // Staging a whole input first and letting peers read it afterwards costs two trips through
 // memory for the staged bytes: written to the heap, evicted, read back by the peer. Staged a
@@ -6,7 +7,9 @@
 // peers read them. The price is one barrier step per round, which is why a round stages a
 // quarter of a megabyte (128 KiB rounds and 1 MiB rounds were both slower). Measured at
 // 2 ranks, external all_gather 4 / 16 MiB: 145 / 718-743 us against 164-178 / 1,256-1,319
-// with CMA and 400 / 924 staged whole (docs/SEMANTICS.md).
+// with CMA and 400 / 924 staged whole (docs/SEMANTICS.md); external reduce_scatter 4 MiB,
+// each rank reducing round k of its block while the next is staged: 145-158 us against
+// 349-380 staged whole.
 //
 // Which ranks pipe their input differs per rank (external or heap), so everything that
 // decides the number of rounds is a function of what every rank knows after the descriptors
@@ -25,10 +28,27 @@ constexpr size_t kRoundBytes = size_t{256} << 10;
 // From this size on a block is staged whole, in one round: kernels::copy streams copies this
 // large around the cache, so rounds would save no memory traffic and cost their barriers.
 constexpr size_t kWholeMinBytes = size_t{16} << 20;
+// reduce_scatter's blocks likewise from 8 MiB, where kernels::copy starts to stream: the
+// reducing peer then reads the staged block from memory, which measured as fast as reading
+// it round by round from the other core's cache (2 ranks, 16 MiB: 705 against 765 us).
+constexpr size_t kWholeReduceMinBytes = size_t{8} << 20;
 
 size_t align64(size_t v) { return (v + 63) & ~size_t{63}; }
 
-bool per_reader(OpKind k) { return k == OpKind::AllToAll || k == OpKind::AllToAllV; }
+bool reduces(OpKind k) { return k == OpKind::ReduceScatter || k == OpKind::ReduceScatterV; }
+
+// all_gather stages one block that every peer reads; the others a block per reader.
+bool per_reader(OpKind k) { return k != OpKind::AllGather && k != OpKind::AllGatherV; }
+
+// Elements [lo, hi) of every input that rank j reduces in reduce_scatter(v). The counts of
+// reduce_scatter_v agree on every rank: the descriptors were checked.
+std::pair<size_t, size_t> reduced_block(const Exec& x, int j) {
+  const Op& op = x.op;
+  if (op.kind == OpKind::ReduceScatter) return {j * op.count, (j + 1) * op.count};
+  size_t lo = 0;
+  for (int i = 0; i < j; ++i) lo += op.counts[i];
+  return {lo, lo + op.counts[j]};
+}
 
 }  // namespace
 
@@ -42,6 +62,12 @@ size_t piped_block(const Exec& x, int r, int j) {
       if (r == j) return 0;
       // This rank's own counts come from its call: pipe_input runs before they are published.
       return (r == x.c.rank ? op.counts[j] : x.c.peers[r].vec()[j]) * x.esz;
+    case OpKind::ReduceScatter:
+    case OpKind::ReduceScatterV: {
+      if (r == j) return 0;  // a rank reduces its own block from its own input
+      auto [lo, hi] = reduced_block(x, j);
+      return (hi - lo) * x.esz;
+    }
     default: return 0;
   }
 }
@@ -51,7 +77,12 @@ namespace {
 size_t piped_largest(const Exec& x, int r) {
   if (!per_reader(x.op.kind)) return piped_block(x, r, 0);  // all_gather: the one block
   size_t m = 0;
-  for (int j = 0; j < x.c.size; ++j) m = std::max(m, piped_block(x, r, j));
+  for (int j = 0; j < x.c.size; ++j) {
+    // A reduction's rounds must line up on every rank, so its own block counts too.
+    const size_t b =
+        reduces(x.op.kind) ? (reduced_block(x, j).second - reduced_block(x, j).first) * x.esz : piped_block(x, r, j);
+    m = std::max(m, b);
+  }
   return m;
 }
 
@@ -60,6 +91,8 @@ size_t own_displ(const Exec& x, int j) {
   switch (x.op.kind) {
     case OpKind::AllToAll: return j * x.op.count * x.esz;
     case OpKind::AllToAllV: return x.op.sdispls[j] * x.esz;
+    case OpKind::ReduceScatter:
+    case OpKind::ReduceScatterV: return reduced_block(x, j).first * x.esz;
     default: return 0;
   }
 }
@@ -74,7 +107,7 @@ PipeShape pipe_shape(const Exec& x, int r) {
   // all_gather: one block (the whole input) read by every peer; all_to_all: one per peer.
   // At least 64 KiB per block and round, so that many ranks do not mean many barriers.
   s.chunk = std::max<size_t>(size_t{64} << 10, (kRoundBytes / static_cast<size_t>(each ? n - 1 : 1)) & ~size_t{63});
-  if (largest >= kWholeMinBytes) {
+  if (largest >= (reduces(x.op.kind) ? kWholeReduceMinBytes : kWholeMinBytes)) {
     // One round, the blocks packed one after the other: a slot of n times the largest block
     // could be far more than the input (all_to_all_v with uneven counts).
     s.chunk = align64(largest);
@@ -141,6 +174,53 @@ Status copy_piped(Exec& x, int r, int k, size_t bytes, char* dst) {
   if (lo >= bytes) return Status::ok();
   const size_t at = static_cast<size_t>(k % 2) * s.slot + block_at(x, r, x.c.rank, s);
   return x.copy_from(r, false, at, dst + lo, std::min(s.chunk, bytes - lo));
+}
+
+bool any_piped(const Exec& x) {
+  for (int r = 0; r < x.c.size; ++r)
+    if (x.piped(r)) return true;
+  return false;
+}
+
+// Round k reduces chunk k of this rank's block from every input: its own, each piped peer's
+// slot (filled one round ahead), each other peer's buffer. A slot filled in round k is
+// rewritten in round k + 2, after the barrier that ends round k + 1, which every reader
+// passes only once it has read it.
+Status reduce_scatter_piped(Exec& x) {
+  const int n = x.c.size, me = x.c.rank;
+  const size_t e = x.esz;
+  const PipeShape mine = pipe_shape(x, me);
+  const size_t ce = mine.chunk / e;  // the same on every rank, and so are the rounds
+  // Where each piped peer's slots hold the chunks of this rank's block.
+  std::vector<size_t> slot(n), at(n);
+  for (int r = 0; r < n; ++r) {
+    if (r == me || !x.piped(r)) continue;
+    const PipeShape s = pipe_shape(x, r);
+    slot[r] = s.slot;
+    at[r] = block_at(x, r, me, s);
+  }
+  const auto [lo, hi] = reduced_block(x, me);
+  const char* own = x.piped_src ? x.piped_src : x.in;
+  Srcs srcs(n);
+  for (int k = 0; k < mine.rounds; ++k) {
+    const size_t a = lo + std::min(hi - lo, static_cast<size_t>(k) * ce), b = std::min(hi, a + ce);
+    if (a < b) {
+      for (int i = 0; i < n; ++i) {
+        const int r = (me + i) % n;
+        if (r == me) {
+          srcs[i] = own + a * e;
+          continue;
+        }
+        const size_t off = x.piped(r) ? static_cast<size_t>(k % 2) * slot[r] + at[r] : a * e;
+        STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, off, (b - a) * e));
+        srcs[i] = p;
+      }
+      kernels::reduce(x.op.dtype, x.op.rop, x.out + (a - lo) * e, srcs.data(), n, b - a, divisor(x));
+    }
+    if (x.piped_src) fill_round(x, k + 1);
+    STRATA_RETURN_IF_ERROR(x.sync("reduce_scatter"));
+  }
+  return Status::ok();
 }
 
 }  // namespace strata::detail::shm

@@ -52,18 +52,6 @@ bool peers_touch_out(OpKind kind, coll::Algo algo) {
 /// Whether peers read this rank's input during `kind` (gather pushes it instead).
 bool peers_read_in(OpKind kind) { return kind != OpKind::Gather; }
 
-/// The elements [lo, hi) of this rank's input that rank `r` reads: its slice (two-shot
-/// all_reduce), its block (reduce_scatter(v); `displ` holds reduce_scatter_v's block
-/// offsets), or the block sent to it (all_to_all(v)).
-std::pair<size_t, size_t> peer_block(const Op& op, int n, int r, size_t esz, const std::vector<size_t>& displ) {
-  switch (op.kind) {
-    case OpKind::AllReduce: return slice(op.count, n, r, esz);
-    case OpKind::ReduceScatterV: return {displ[r], displ[r] + op.counts[r]};
-    case OpKind::AllToAllV: return {op.sdispls[r], op.sdispls[r] + op.counts[r]};
-    default: return {r * op.count, (r + 1) * op.count};  // reduce_scatter, all_to_all
-  }
-}
-
 }  // namespace
 
 Status run(CommImpl& c, Op& op, coll::Algo algo) {
@@ -110,18 +98,19 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   // with 2 ranks half of each copy, and no copy back of the whole output at the end. This
   // beats CMA at every size, registered or not (2 ranks, 1-64 MiB: 51-80% of heap buffers'
   // busbw against 31-51% with CMA reading and writing the peers' buffers), so CMA is not used.
-  // reduce_scatter(v) out of place likewise: peers read only the other ranks' blocks of the
-  // input (1-64 MiB: 45-73% of heap against 30-43% with CMA).
   const bool apart = !coll::overlap(in, ext.in, out, ext.out);
   const bool two_shot_ar =
       op.kind == OpKind::AllReduce && algo == coll::Algo::TwoShot && (in_ext || out_ext) && (in == out || apart);
-  const bool blocks_only = (op.kind == OpKind::ReduceScatter || op.kind == OpKind::ReduceScatterV) && in_ext && apart;
-  // all_gather(v) and all_to_all(v) out of place stage the blocks peers read in rounds, each
-  // read while it is still in the cache (pipe.cpp). That beats staging the whole input first
-  // and, registered or not, CMA reads of the peers' buffers (docs/PERFORMANCE.md).
-  const bool piped = n > 1 && in_ext && apart &&
-                     (op.kind == OpKind::AllGather || op.kind == OpKind::AllGatherV || op.kind == OpKind::AllToAll ||
-                      op.kind == OpKind::AllToAllV);
+  // all_gather(v), all_to_all(v) and reduce_scatter(v) out of place stage the blocks peers
+  // read in rounds, each read while it is still in the cache (pipe.cpp); reduce_scatter's
+  // blocks are reduced round by round. That beats staging the whole input first and,
+  // registered or not, CMA reads of the peers' buffers (docs/PERFORMANCE.md). Two-shot
+  // all_reduce was measured no faster in rounds (on its own and with the reduced slice staged
+  // for the peers round by round too) and keeps its whole-slice staging.
+  const bool piped =
+      n > 1 && in_ext && apart &&
+      (op.kind == OpKind::AllGather || op.kind == OpKind::AllGatherV || op.kind == OpKind::AllToAll ||
+       op.kind == OpKind::AllToAllV || op.kind == OpKind::ReduceScatter || op.kind == OpKind::ReduceScatterV);
   if (piped) {
     STRATA_ASSIGN_OR_RETURN(in, pipe_input(x, in));
     in_ref = heap.locate(in, 1);
@@ -133,15 +122,13 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     choice.emplace(c, (hi - lo) * x.esz);
     x.shared_stores = choice->stores();
   }
-  if (n > 1 && (two_shot_ar || blocks_only)) {
+  if (n > 1 && two_shot_ar) {
     STRATA_ASSIGN_OR_RETURN(void* sv, c.scratch_block(0, std::max(ext.in, ext.out)));
     char* s = static_cast<char*>(sv);
     if (in_ext) {
-      const std::vector<size_t> displ =
-          op.kind == OpKind::ReduceScatterV ? coll::prefix_sums(op.counts) : std::vector<size_t>();
       for (int r = 0; r < n; ++r) {
         if (r == c.rank) continue;
-        auto [lo, hi] = peer_block(op, n, r, x.esz, displ);
+        auto [lo, hi] = slice(op.count, n, r, x.esz);
         if (hi <= lo) continue;
         if (x.shared_stores == kernels::Stores::Streamed)
           kernels::copy_uncached(s + lo * x.esz, in + lo * x.esz, (hi - lo) * x.esz);
@@ -268,10 +255,16 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
       break;
     case OpKind::AllGatherV: st = all_gather(x, op.counts); break;
     case OpKind::ReduceScatter:
-      counts.assign(n, op.count);
-      st = reduce_scatter(x, counts);
+    case OpKind::ReduceScatterV:
+      if (any_piped(x)) {
+        st = reduce_scatter_piped(x);
+      } else if (op.kind == OpKind::ReduceScatter) {
+        counts.assign(n, op.count);
+        st = reduce_scatter(x, counts);
+      } else {
+        st = reduce_scatter(x, op.counts);
+      }
       break;
-    case OpKind::ReduceScatterV: st = reduce_scatter(x, op.counts); break;
     case OpKind::AllToAll:
     case OpKind::AllToAllV: st = all_to_all(x, tmp); break;
     case OpKind::Gather: st = gather(x); break;
