@@ -32,10 +32,20 @@ struct P2pSlot {
 };
 
 /// Largest all_reduce input (bytes per rank) that travels inline in the control block
-/// (all_reduce_inline in algorithms.cpp: one cache-line handshake, no heap buffer read).
+/// (shm/inline.cpp: one cache-line handshake, no heap buffer read). Above it one-shot's
+/// direct reads of the peers' buffers win.
 inline constexpr size_t kInlineBytes = 512;
+/// all_gather, all_to_all and reduce_scatter travel inline while count x ranks x element size
+/// (what a rank reads from the slots; also the largest input per rank) is at most this. One
+/// synchronisation instead of two, and external buffers need no staging; but the slots are
+/// read just after their owners wrote them, which on this machine kind costs more than the
+/// direct form's reads of heap inputs from 4 KiB on (2 ranks, all_gather of 2 KiB per rank:
+/// 1.3 against 1.1 us; at 2 KiB read all forms are equal on the heap, external buffers
+/// 1.1-1.2 against 1.3-1.5 us).
+inline constexpr size_t kInlineCopyBytes = 2048;
+static_assert(kInlineCopyBytes >= kInlineBytes);
 
-/// One operation's synchronisation word, descriptor and, for inline all_reduce, input. Two
+/// One operation's synchronisation word, descriptor and, for an inline operation, input. Two
 /// per rank, used by alternate sequence numbers. `ready` carries the rank's sync steps
 /// (CommImpl::phase) during the operation; the first step publishes the descriptor. Slot
 /// s % 2 is rewritten only at operation s + 2, after every peer has passed the first step of
@@ -46,7 +56,7 @@ struct alignas(64) OpSlot {
   coll::OpDesc desc;
   // The first 8 bytes share the cache line of `ready` and the descriptor: a peer's 8-byte
   // all_reduce costs one miss.
-  unsigned char data[8 + kInlineBytes];
+  unsigned char data[8 + kInlineCopyBytes];
 };
 static_assert(offsetof(OpSlot, data) == 56, "ready + descriptor + 8 data bytes fill one cache line");
 

@@ -51,6 +51,15 @@ bool has_eager_form(const Call& c) {
 // The table. First match wins; the last rule of each half always applies.
 constexpr Rule kRules[] = {
     // ---- within one host (coll/shm/) ----
+    {false,
+     [](const Call& c) {
+       return c.s.size > 1 && (c.is(OpKind::AllGather) || c.is(OpKind::AllToAll) || c.is(OpKind::ReduceScatter)) &&
+              c.bytes * static_cast<size_t>(c.s.size) <= detail::kInlineCopyBytes;
+     },
+     Algo::Inline,
+     "all_gather, all_to_all, reduce_scatter with bytes x ranks <= kInlineCopyBytes (2 KiB): the input rides "
+     "in the control-block slot, one sync instead of two, and external buffers are not staged (2 ranks: "
+     "all_to_all of 1 KiB 0.7 against 0.9 us, external 0.8 against 1.2)"},
     {false, [](const Call& c) { return !c.is(OpKind::AllReduce); }, Algo::Single,
      "one algorithm per kind within a host: direct reads or writes of the peers' buffers"},
     {false, [](const Call& c) { return c.asked(Algorithm::OneShot); }, Algo::OneShot,

@@ -18,7 +18,7 @@ namespace strata::coll {
 /// which would run different algorithms report a mismatch instead of waiting for each other.
 enum class Algo : uint8_t {
   Single = 0,       // the kind has one algorithm on its transport (broadcast, all_to_all, ...)
-  Inline,           // shm all_reduce: the input rides in the control block next to the descriptor
+  Inline,           // shm: the input rides in the control block next to the descriptor
   OneShot,          // shm all_reduce: every rank reads every input and reduces all of it
   TwoShot,          // shm all_reduce: direct reduce-scatter, then direct all-gather
   NetEager,         // across hosts: the data travels with the descriptor, one network round

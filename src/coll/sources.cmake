@@ -10,6 +10,7 @@ target_sources(strata PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/validate.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shm/all_to_all.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shm/exec.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/shm/inline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shm/one_shot.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shm/pipe.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shm/rooted.cpp

@@ -91,10 +91,25 @@ TEST(Select, OneHostAskedAlgorithmWinsOverSize) {
 }
 
 TEST(Select, OneHostOtherKindsHaveOneAlgorithm) {
-  for (OpKind k :
-       {OpKind::Reduce, OpKind::Broadcast, OpKind::AllGather, OpKind::AllGatherV, OpKind::ReduceScatter,
-        OpKind::ReduceScatterV, OpKind::AllToAll, OpKind::AllToAllV, OpKind::Gather, OpKind::Scatter, OpKind::Barrier})
+  for (OpKind k : {OpKind::Reduce, OpKind::Broadcast, OpKind::AllGatherV, OpKind::ReduceScatterV, OpKind::AllToAllV,
+                   OpKind::Gather, OpKind::Scatter, OpKind::Barrier})
     for (size_t bytes : {size_t{8}, size_t{64} << 20}) EXPECT_ALGO(Algo::Single, one_host(4), call(k, bytes));
+  for (OpKind k : {OpKind::AllGather, OpKind::ReduceScatter, OpKind::AllToAll})
+    EXPECT_ALGO(Algo::Single, one_host(4), call(k, size_t{64} << 20));
+}
+
+// all_gather, all_to_all and reduce_scatter go inline while count x n (the bytes a rank reads
+// from the peers' slots) fits kInlineCopyBytes.
+TEST(Select, OneHostSmallBlockKindsGoInline) {
+  for (int n : {2, 4, 8}) {
+    for (OpKind k : {OpKind::AllGather, OpKind::AllToAll, OpKind::ReduceScatter}) {
+      const size_t per_block = detail::kInlineCopyBytes / static_cast<size_t>(n);
+      EXPECT_ALGO(Algo::Inline, one_host(n), call(k, per_block));
+      EXPECT_ALGO(Algo::Single, one_host(n), call(k, per_block + 4));
+    }
+  }
+  // One rank has no peer to meet.
+  EXPECT_ALGO(Algo::Single, one_host(1), call(OpKind::AllGather, 8));
 }
 
 TEST(Select, AcrossHostsEagerUpToTheLimit) {

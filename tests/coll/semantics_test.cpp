@@ -326,6 +326,54 @@ TEST(ZeroCopy, ReductionsOfExternalInputsInRoundsAreExact) {
   }));
 }
 
+// While count x ranks is at most 2 KiB, all_gather, all_to_all and reduce_scatter travel in
+// the control-block slot (coll/shm/inline.cpp): external buffers are not staged, in place
+// works, and the slots alternate correctly with operations that take the direct path between.
+TEST(ZeroCopy, SmallBlockCollectivesGoInlineWithoutStaging) {
+  expect_no_failures(Team::get(3).run([](Communicator& c) {
+    const size_t n = 3, me = static_cast<size_t>(c.rank());
+    auto v = [](size_t rank, size_t i) { return static_cast<int64_t>(rank * 1000003 + i * 11 + 5); };
+    for (int round = 0; round < 3; ++round) {
+      const Stats before = c.stats();
+      // all_gather: 85 elements (680 bytes) per rank.
+      const size_t gc = 85;
+      std::vector<int64_t> gin(gc), gout(n * gc, -1);
+      for (size_t i = 0; i < gc; ++i) gin[i] = v(me + round, i);
+      c.all_gather(gin.data(), gout.data(), gc, DataType::Int64);
+      for (size_t r = 0; r < n; ++r)
+        for (size_t i = 0; i < gc; ++i)
+          STRATA_TEST_REQUIRE(gout[r * gc + i] == v(r + round, i), "all_gather: element " << i << " of rank " << r);
+      // all_to_all in place: blocks of 80 elements (1,920 bytes of input).
+      const size_t ac = 80;
+      std::vector<int64_t> a(n * ac);
+      for (size_t j = 0; j < n; ++j)
+        for (size_t i = 0; i < ac; ++i) a[j * ac + i] = v(me * n + j, i + round);
+      c.all_to_all(a.data(), a.data(), ac, DataType::Int64);
+      for (size_t s = 0; s < n; ++s)
+        for (size_t i = 0; i < ac; ++i)
+          STRATA_TEST_REQUIRE(a[s * ac + i] == v(s * n + me, i + round), "all_to_all: element " << i << " from " << s);
+      // reduce_scatter: blocks of 77 doubles (1,848 bytes of input).
+      const size_t rc = 77;
+      std::vector<double> rin(n * rc), rout(rc, -1);
+      for (size_t i = 0; i < n * rc; ++i) rin[i] = static_cast<double>(v(me, i + round)) * 0.5;
+      c.reduce_scatter(rin.data(), rout.data(), rc, DataType::Float64, ReduceOp::Sum);
+      for (size_t i = 0; i < rc; ++i) {
+        double want = 0;
+        for (size_t r = 0; r < n; ++r) want += static_cast<double>(v(r, me * rc + i + round)) * 0.5;
+        STRATA_TEST_REQUIRE(rout[i] == want, "reduce_scatter: element " << i << " is " << rout[i]);
+      }
+      STRATA_TEST_REQUIRE(c.stats().staged_bytes == before.staged_bytes,
+                          "round " << round << ": staged " << c.stats().staged_bytes - before.staged_bytes
+                                   << " bytes for inline operations");
+      // A direct all_gather in between: its slot use alternates with the inline ones.
+      std::vector<int32_t> big(2000, static_cast<int32_t>(me + round)), bigout(n * 2000, -1);
+      c.all_gather(big.data(), bigout.data(), big.size(), DataType::Int32);
+      for (size_t r = 0; r < n; ++r)
+        STRATA_TEST_REQUIRE(bigout[r * 2000 + 1999] == static_cast<int32_t>(r + round), "direct all_gather");
+    }
+  }));
+}
+
 TEST(Mismatch, CountDiffersNamesBothRanksAndDescriptors) {
   std::mutex mu;
   std::vector<std::string> messages;

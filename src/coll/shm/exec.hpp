@@ -192,9 +192,12 @@ bool any_piped(const Exec& x);
 /// reduce_scatter(v) in rounds, where some rank pipes its input (any_piped).
 Status reduce_scatter_piped(Exec& x);
 
+// inline.cpp
+/// Runs `op` with its input in the control block (coll::Algo::Inline, chosen by select.cpp):
+/// one synchronisation, no buffer of a peer read.
+Status run_inline(CommImpl& c, const Op& op, Deadline deadline);
+
 // one_shot.cpp
-/// all_reduce whose input travels inline in the control block (coll::Algo::Inline).
-Status all_reduce_inline(CommImpl& c, const Op& op, Deadline deadline);
 /// all_reduce: every rank reduces every input; `tmp` holds the result when in place.
 Status all_reduce_one_shot(Exec& x, void* tmp);
 

@@ -56,7 +56,7 @@ bool peers_read_in(OpKind kind) { return kind != OpKind::Gather; }
 
 Status run(CommImpl& c, Op& op, coll::Algo algo) {
   auto timeout = op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout;
-  if (algo == coll::Algo::Inline) return all_reduce_inline(c, op, Deadline::after(timeout));
+  if (algo == coll::Algo::Inline) return run_inline(c, op, Deadline::after(timeout));
   Exec x{c, op, Deadline::after(timeout)};
   x.esz = dtype_size(op.dtype);
   memory::Heap& heap = *c.ctx->heap;
