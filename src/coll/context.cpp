@@ -192,7 +192,8 @@ Status CommImpl::attach_peer(int r, const memory::SegRef& ref, Deadline d) {
   CtrlView v(p.value(), size);
   CtrlHeader* h = v.hdr();
   if (h->magic != kCtrlMagic || h->rank != r || h->size != size)
-    return internal_error("control block of rank " + std::to_string(r) + " is not initialised (magic " +
+    return internal_error("control block of rank " + std::to_string(r) +
+                          " is not initialised or comes from a build with another layout (magic " +
                           std::to_string(h->magic) + ", rank " + std::to_string(h->rank) + ")");
   peers[r] = v;
   // The peer's flight-recorder ring follows its block: map that far too, or never read it.

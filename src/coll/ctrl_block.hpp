@@ -14,7 +14,9 @@
 namespace strata::detail {
 
 /// Written last when a block is initialised: a peer that maps a block without it is too early.
-inline constexpr uint64_t kCtrlMagic = 0x3143544152545353ull;  // "SSTRATC1"
+/// Its last digit is the layout's version: processes of builds with another layout (the slots
+/// grew in version 2) refuse each other's blocks instead of misreading them.
+inline constexpr uint64_t kCtrlMagic = 0x3243544152545353ull;  // "SSTRATC2"
 /// Point-to-point messages in flight per (sender, receiver) pair: the ring of P2pSlot.
 inline constexpr uint32_t kP2pDepth = 8;
 

@@ -36,7 +36,10 @@ Status compare_descriptor(const Op& op, const OpDesc& mine, int me, const OpDesc
   if (same && has_count(kind)) same = d.count == mine.count;
   if (same && reducing(kind)) same = d.rop == mine.rop;
   if (same && rooted(kind)) same = d.root == mine.root;
-  if (same && kind == OpKind::AllReduce) same = d.algo == mine.algo;
+  // all_reduce has several algorithms with different steps; an inline operation takes one step
+  // where the direct forms take two, so ranks that disagree must fail here, not wait.
+  constexpr auto kInline = static_cast<uint8_t>(coll::Algo::Inline);
+  if (same && (kind == OpKind::AllReduce || mine.algo == kInline || d.algo == kInline)) same = d.algo == mine.algo;
   std::string extra;
   if (same && vec && (kind == OpKind::AllGatherV || kind == OpKind::ReduceScatterV)) {
     for (int j = 0; j < n && same; ++j)

@@ -241,9 +241,9 @@ TEST(ZeroCopy, ExternalInputsStagedInRoundsAreExact) {
 
 // reduce_scatter(v) reduces external inputs round by round (coll/shm/pipe.cpp): rank j
 // reduces chunk k of its block from the peers' slots of round k. Two-shot all_reduce stages
-// the peers' slices whole and, for an external output, its reduced slice. Three ranks, each
-// with other kinds of buffers: rank 0 heap in and out, rank 1 external in and out, rank 2 an
-// external input and a heap output (or external in place); 7 rounds of 128 KiB per block.
+// the peers' slices whole and, for an external output, its reduced slice. Three ranks: rank 0
+// has heap buffers throughout, ranks 1 and 2 external inputs, and one of them an external
+// output (which one differs per call); the first reduce_scatter_v takes 7 rounds of 128 KiB.
 TEST(ZeroCopy, ReductionsOfExternalInputsInRoundsAreExact) {
   expect_no_failures(Team::get(3).run([](Communicator& c) {
     const int n = c.size();
@@ -400,20 +400,29 @@ TEST(Mismatch, CountDiffersNamesBothRanksAndDescriptors) {
   }
 }
 
-// Small all_reduce travels inline in the control block (one step), larger ones through the
-// heap (several steps): a mismatch between the two paths is still found by descriptor, and
-// the steps of both paths stay aligned afterwards.
+// Small all_reduce, all_gather, all_to_all and reduce_scatter travel inline in the control
+// block (one step), larger ones through the heap (several steps): a mismatch between the two
+// paths is still found by descriptor, and the steps of both paths stay aligned afterwards.
 TEST(Mismatch, InlineAgainstHeapPathStaysUsable) {
   std::atomic<int> errors{0};
   auto t0 = std::chrono::steady_clock::now();
   auto failures = on_fresh_team(3, 5000ms, [&](Communicator& c) {
     const size_t big = 1 << 16;
     auto buf = c.alloc<float>(big);
-    for (int variant = 0; variant < 3; ++variant) {
+    std::vector<float> ext(3 * big);
+    for (int variant = 0; variant < 5; ++variant) {
       try {
         if (variant == 0) {
           size_t count = c.rank() == 1 ? 8 : big;  // inline on rank 1, two-shot elsewhere
           c.all_reduce(buf.data(), buf.data(), count, DataType::Float32, ReduceOp::Sum);
+        } else if (variant == 3) {
+          // all_to_all, inline on rank 0 (blocks of 16 B), direct elsewhere.
+          size_t count = c.rank() == 0 ? 4 : 4000;
+          c.all_to_all(ext.data(), ext.data() + big, count, DataType::Float32);
+        } else if (variant == 4) {
+          // Two inline kinds against each other.
+          if (c.rank() == 2) c.all_gather(ext.data(), ext.data() + big, 4, DataType::Float32);
+          else c.reduce_scatter(ext.data(), ext.data() + big, 4, DataType::Float32, ReduceOp::Sum);
         } else if (variant == 1) {
           if (c.rank() == 2) c.broadcast(buf.data(), buf.data(), 8, DataType::Float32, 0);
           else c.all_reduce(buf.data(), buf.data(), 8, DataType::Float32, ReduceOp::Sum);
@@ -438,7 +447,7 @@ TEST(Mismatch, InlineAgainstHeapPathStaysUsable) {
     }
   });
   expect_no_failures(failures);
-  EXPECT_EQ(errors.load(), 9);
+  EXPECT_EQ(errors.load(), 15);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5000ms) << "detected by descriptor, not by timeout";
 }
 

@@ -7,11 +7,6 @@
 
 namespace strata::detail::shm {
 
-namespace {
-// CMA reads that feed a reduction land in chunks of this size (fits in L2 with its peers').
-constexpr size_t kCmaChunkBytes = 256 * 1024;
-}  // namespace
-
 // The data a rank writes for its peers to read next (two-shot's reduced slice, and an
 // external input's slices staged for them) is written once and read once by another core.
 // Whether writing it around the cache is faster depends on where the ranks run, not on the

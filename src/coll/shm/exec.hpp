@@ -125,6 +125,9 @@ class StoreChoice {
   std::chrono::steady_clock::time_point start_;
 };
 
+/// CMA reads that feed a reduction land in pieces of this size (fits in L2 with its peers').
+inline constexpr size_t kCmaChunkBytes = 256 * 1024;
+
 inline std::pair<size_t, size_t> slice(size_t count, int n, int i, size_t esz) {
   return coll::balanced_slice(count, n, i, esz);
 }
@@ -167,8 +170,8 @@ Status check_descriptors(const CommImpl& c, const Op& op, const OpDesc& mine);
 // reduce_scatter(v), and reduce_scatter(v) done round by round.
 /// How rank r's piped input is laid out, the same on every rank: each round stages up to
 /// `chunk` bytes of every block, block j at j * stride of the round's slot, slots of `slot`
-/// bytes alternating; `rounds` rounds cover the largest block. Blocks of 16 MiB or more go
-/// in one round, `packed` one after the other (64-byte aligned).
+/// bytes alternating; `rounds` rounds cover the largest block. Blocks of 16 MiB or more (8 MiB
+/// for reduce_scatter) go in one round, `packed` one after the other (64-byte aligned).
 struct PipeShape {
   size_t chunk = 0, stride = 0, slot = 0;
   int rounds = 1;

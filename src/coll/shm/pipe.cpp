@@ -183,9 +183,9 @@ bool any_piped(const Exec& x) {
 }
 
 // Round k reduces chunk k of this rank's block from every input: its own, each piped peer's
-// slot (filled one round ahead), each other peer's buffer. A slot filled in round k is
-// rewritten in round k + 2, after the barrier that ends round k + 1, which every reader
-// passes only once it has read it.
+// slot (filled one round ahead), each other peer's buffer. The slot round k is read from is
+// refilled, with round k + 2, at the end of round k + 1: after the barrier that ends round k,
+// which every reader passes only once it has reduced round k.
 Status reduce_scatter_piped(Exec& x) {
   const int n = x.c.size, me = x.c.rank;
   const size_t e = x.esz;
@@ -201,21 +201,27 @@ Status reduce_scatter_piped(Exec& x) {
   }
   const auto [lo, hi] = reduced_block(x, me);
   const char* own = x.piped_src ? x.piped_src : x.in;
+  bool any_cma = false;
+  for (int r = 0; r < n; ++r) any_cma = any_cma || x.cma(r, OpDesc::kInCma);
+  const size_t step = any_cma ? std::max<size_t>(1, kCmaChunkBytes / e) : std::max<size_t>(1, ce);
   Srcs srcs(n);
   for (int k = 0; k < mine.rounds; ++k) {
     const size_t a = lo + std::min(hi - lo, static_cast<size_t>(k) * ce), b = std::min(hi, a + ce);
-    if (a < b) {
+    // A peer's input read by CMA lands in a buffer of the size read: reduce a whole round
+    // (up to a block of 8 MiB and more) in pieces, as reduce_range does.
+    for (size_t s = a; s < b; s += step) {
+      const size_t t = std::min(b, s + step);
       for (int i = 0; i < n; ++i) {
         const int r = (me + i) % n;
         if (r == me) {
-          srcs[i] = own + a * e;
+          srcs[i] = own + s * e;
           continue;
         }
-        const size_t off = x.piped(r) ? static_cast<size_t>(k % 2) * slot[r] + at[r] : a * e;
-        STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, off, (b - a) * e));
+        const size_t off = x.piped(r) ? static_cast<size_t>(k % 2) * slot[r] + at[r] + (s - a) * e : s * e;
+        STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, off, (t - s) * e));
         srcs[i] = p;
       }
-      kernels::reduce(x.op.dtype, x.op.rop, x.out + (a - lo) * e, srcs.data(), n, b - a, divisor(x));
+      kernels::reduce(x.op.dtype, x.op.rop, x.out + (s - lo) * e, srcs.data(), n, t - s, divisor(x));
     }
     if (x.piped_src) fill_round(x, k + 1);
     STRATA_RETURN_IF_ERROR(x.sync("reduce_scatter"));
