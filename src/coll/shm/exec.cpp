@@ -43,6 +43,12 @@ void StoreChoice::done() {
   trials_ = nullptr;
 }
 
+size_t Exec::reduce_step(size_t whole) const {
+  for (int r = 0; r < c.size; ++r)
+    if (cma(r, OpDesc::kInCma)) return std::max<size_t>(1, kCmaChunkBytes / esz);
+  return std::max<size_t>(1, whole);
+}
+
 /// dst[lo, hi) <- the reduction of every rank's input over [lo, hi) (elements), peers in
 /// rank order starting with this rank. Where a peer's input is reachable only by CMA, its
 /// bytes land in a per-peer buffer first: that is done in chunks small enough to stay in
@@ -50,9 +56,7 @@ void StoreChoice::done() {
 Status reduce_range(Exec& x, char* dst, size_t lo, size_t hi, kernels::Stores stores) {
   const int n = x.c.size, me = x.c.rank;
   const size_t e = x.esz;
-  bool any_cma = false;
-  for (int r = 0; r < n; ++r) any_cma = any_cma || x.cma(r, OpDesc::kInCma);
-  const size_t step = any_cma ? std::max<size_t>(1, kCmaChunkBytes / e) : hi - lo;
+  const size_t step = x.reduce_step(hi - lo);
   Srcs srcs(n);
   for (size_t a = lo; a < hi; a += step) {
     const size_t b = std::min(hi, a + step);

@@ -107,6 +107,9 @@ struct Exec {
     c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
   }
   Status sync(const char* what) { return c.sync(deadline, what); }
+  /// Elements a reduction reads per piece: `whole`, or kCmaChunkBytes' worth when some peer's
+  /// input is read by CMA (it lands in a buffer of the size read, kept small enough for L2).
+  size_t reduce_step(size_t whole) const;
 };
 
 /// Two-shot all_reduce's store mode for this call: forced by STRATA_TWO_SHOT_STORES, or the

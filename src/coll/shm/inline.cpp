@@ -57,9 +57,8 @@ Status run_inline(CommImpl& c, const Op& op, Deadline deadline) {
       break;
     default: return internal_error(std::string(name) + " has no inline form");
   }
-  // Bytes taken from each peer's slot: its whole input (all_reduce, all_gather) or one block.
-  const size_t per_peer = op.kind == OpKind::AllReduce || op.kind == OpKind::AllGather ? block : in_bytes / n;
-  c.direct_bytes.fetch_add(per_peer * static_cast<size_t>(n - 1), std::memory_order_relaxed);
+  // Every kind takes one block (count elements) from each peer's slot.
+  c.direct_bytes.fetch_add(block * static_cast<size_t>(n - 1), std::memory_order_relaxed);
   c.ops.fetch_add(1, std::memory_order_relaxed);
   return Status::ok();
 }

@@ -79,9 +79,12 @@ size_t piped_largest(const Exec& x, int r) {
   size_t m = 0;
   for (int j = 0; j < x.c.size; ++j) {
     // A reduction's rounds must line up on every rank, so its own block counts too.
-    const size_t b =
-        reduces(x.op.kind) ? (reduced_block(x, j).second - reduced_block(x, j).first) * x.esz : piped_block(x, r, j);
-    m = std::max(m, b);
+    if (reduces(x.op.kind)) {
+      const auto [lo, hi] = reduced_block(x, j);
+      m = std::max(m, (hi - lo) * x.esz);
+    } else {
+      m = std::max(m, piped_block(x, r, j));
+    }
   }
   return m;
 }
@@ -201,14 +204,11 @@ Status reduce_scatter_piped(Exec& x) {
   }
   const auto [lo, hi] = reduced_block(x, me);
   const char* own = x.piped_src ? x.piped_src : x.in;
-  bool any_cma = false;
-  for (int r = 0; r < n; ++r) any_cma = any_cma || x.cma(r, OpDesc::kInCma);
-  const size_t step = any_cma ? std::max<size_t>(1, kCmaChunkBytes / e) : std::max<size_t>(1, ce);
+  const size_t step = x.reduce_step(ce);
   Srcs srcs(n);
   for (int k = 0; k < mine.rounds; ++k) {
     const size_t a = lo + std::min(hi - lo, static_cast<size_t>(k) * ce), b = std::min(hi, a + ce);
-    // A peer's input read by CMA lands in a buffer of the size read: reduce a whole round
-    // (up to a block of 8 MiB and more) in pieces, as reduce_range does.
+    // A round can be a whole block of 8 MiB and more: a CMA peer's is read in pieces.
     for (size_t s = a; s < b; s += step) {
       const size_t t = std::min(b, s + step);
       for (int i = 0; i < n; ++i) {
