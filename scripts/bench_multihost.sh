@@ -20,6 +20,7 @@
 #
 # Settings (environment): BUILD_DIR (build), BENCH_OUT ($BUILD_DIR/bench-multihost),
 # DOCS_DIR (docs), QUICK, MIN (4K), MAX (64M), FACTOR (4), REPEATS, TARGET_MS, WARMUP, ROUNDS,
+# PER_HOST (2: ranks per host; 1 leaves a core per rank, no shared memory between ranks),
 # SKIP_STRATA=1 / SKIP_MPI=1 / SKIP_LINK=1, SKIP_BUILD=1, JOBS.
 set -uo pipefail
 
@@ -37,11 +38,12 @@ if [[ $QUICK == 1 ]]; then
 else
   REPEATS=${REPEATS:-5} TARGET_MS=${TARGET_MS:-50} WARMUP=${WARMUP:-3} ROUNDS=${ROUNDS:-2} FACTOR=${FACTOR:-4}
 fi
-HOSTS=2 PER_HOST=2
+HOSTS=2 PER_HOST=${PER_HOST:-2}
+[[ $PER_HOST =~ ^[1-9][0-9]?$ ]] || { echo "bench_multihost: PER_HOST=$PER_HOST is not a rank count from 1 to 99" >&2; exit 2; }
 COLLS=(all_reduce all_to_all)
 # The command as it was given, with the settings that change what is measured.
 COMMAND_LINE="$0 $*"
-for v in QUICK BUILD_DIR MIN MAX FACTOR REPEATS TARGET_MS ROUNDS; do
+for v in QUICK BUILD_DIR MIN MAX FACTOR REPEATS TARGET_MS ROUNDS PER_HOST; do
   [[ -n ${!v+x} && $(env | grep -c "^$v=") -gt 0 ]] && COMMAND_LINE="$v=${!v} $COMMAND_LINE"
 done
 

@@ -332,6 +332,26 @@ struct Runner {
       if (me == 0) c.all_gather(b.p, o.p, 16, DataType::Float32);
       else c.all_to_all(o.p, b.p, 4, DataType::Float32);
     });
+    // Large all_to_all(v) (not eager: descriptors first, then blocks straight into the
+    // receivers' outputs): a disagreement in count, kind or form must fail every rank before
+    // a block moves, so the all_reduce after each case and the exchanges below stay exact.
+    const size_t q = big / n;  // floats per peer: 64 KiB and more, not eager
+    expect_mismatch("a large all_to_all count mismatch",
+                    [&] { c.all_to_all(o.p, b.p, me == n - 1 ? q : q - 1, DataType::Float32); });
+    expect_mismatch("a large all_gather against a large all_to_all", [&] {
+      if (me == 0) c.all_gather(b.p, o.p, q, DataType::Float32);
+      else c.all_to_all(o.p, b.p, q, DataType::Float32);
+    });
+    expect_mismatch("a small all_to_all against a large one",
+                    [&] { c.all_to_all(o.p, b.p, me == 1 % n ? 4 : q, DataType::Float32); });
+    expect_mismatch("a large all_to_all against a large all_to_all_v", [&] {
+      std::vector<size_t> sc(n, q), sd(n), rc(n, q), rd(n);
+      for (int r = 0; r < n; ++r) sd[r] = rd[r] = r * q;
+      if (me == 0) c.all_to_all_v(o.p, sc.data(), sd.data(), b.p, rc.data(), rd.data(), DataType::Float32);
+      else c.all_to_all(o.p, b.p, q, DataType::Float32);
+    });
+    all_to_all(DataType::Float32, q, false, false);
+    all_to_all(DataType::Float32, q, true, true);
   }
 
   void split() {
