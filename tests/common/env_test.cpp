@@ -193,7 +193,7 @@ TEST(EnvParse, BehaviourAndHeapSettings) {
 // Strata picks UCX's rendezvous threshold unless the user tuned UCX itself; its own
 // variable wins over both.
 TEST(EnvParse, UcxRendezvousThresholdDefaultsUnlessUcxIsTuned) {
-  EXPECT_EQ(env_of({}).ucx_rndv_thresh, "256k");
+  EXPECT_EQ(env_of({}).ucx_rndv_thresh, "1m");
   EXPECT_EQ(env_of({{"UCX_RNDV_THRESH", "8k"}}).ucx_rndv_thresh, "");
   EXPECT_EQ(env_of({{"UCX_RNDV_THRESH", "8k"}, {"STRATA_UCX_RNDV_THRESH", "1m"}}).ucx_rndv_thresh, "1m");
   EXPECT_EQ(env_of({{"STRATA_UCX_DATAPATH", "put"}}).ucx_datapath, "put");
