@@ -90,7 +90,7 @@ bench: deps
 	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) QUICK=$(QUICK) scripts/bench_all.sh
 
 # Between hosts (network namespaces, root): strata vs Open MPI, all_reduce + all_to_all, with a
-# TCP link probe; rewrites docs/PERFORMANCE_MULTIHOST.md + its plot (~2 min)
+# TCP link probe, 2 ranks per host and 1; rewrites docs/PERFORMANCE_MULTIHOST.md + its plot
 bench-multihost: build
 	@scripts/install_bench_deps.sh
 	cmake -S . -B $(BUILD_DIR) >/dev/null

@@ -3,11 +3,12 @@
 # one run, then docs/PERFORMANCE_MULTIHOST.md (+ its plot) and the linked section of
 # docs/PERFORMANCE.md.
 #
-#   scripts/bench_multihost.sh           # about 10 minutes on an idle 2-core machine
-#   QUICK=1 scripts/bench_multihost.sh   # 2-3 minutes: fewer sizes, one round
+#   scripts/bench_multihost.sh           # about 15 minutes on an idle 2-core machine
+#   QUICK=1 scripts/bench_multihost.sh   # 3-4 minutes: fewer sizes, one round
 #
-# Setup (tests/multihost/netns_lib.sh): 2 hosts x 2 ranks, each host a namespace with one
-# veth to a bridge (10.77.0.0/24), ranks on one host share memory. Measured:
+# Setup (tests/multihost/netns_lib.sh): 2 hosts, each a namespace with one veth to a bridge
+# (10.77.0.0/24), with 2 ranks each (they share memory, and the 4 ranks share this machine's
+# 2 cores) and with 1 rank each (a core per rank). Measured:
 #   link probe   TCP over the same veth: iperf3, 1 and 2 streams (2 ranks per host send at
 #                once), h1 -> h0, and 2 streams each way at once (two iperf3 pairs), once per round
 #   strata       `strata run --nnodes 2` on each host, ranks running `strata bench --as-rank`
@@ -20,7 +21,8 @@
 #
 # Settings (environment): BUILD_DIR (build), BENCH_OUT ($BUILD_DIR/bench-multihost),
 # DOCS_DIR (docs), QUICK, MIN (4K), MAX (64M), FACTOR (4), REPEATS, TARGET_MS, WARMUP, ROUNDS,
-# PER_HOST (2: ranks per host; 1 leaves a core per rank, no shared memory between ranks),
+# LAYOUTS ("2 1": ranks per host, one layout after the other within each round; 2 puts 4
+# ranks on this 2-core machine, 1 leaves a core per rank and no shared memory between ranks),
 # SKIP_STRATA=1 / SKIP_MPI=1 / SKIP_LINK=1, SKIP_BUILD=1, JOBS.
 set -uo pipefail
 
@@ -38,12 +40,14 @@ if [[ $QUICK == 1 ]]; then
 else
   REPEATS=${REPEATS:-5} TARGET_MS=${TARGET_MS:-50} WARMUP=${WARMUP:-3} ROUNDS=${ROUNDS:-2} FACTOR=${FACTOR:-4}
 fi
-HOSTS=2 PER_HOST=${PER_HOST:-2}
-[[ $PER_HOST =~ ^[1-9][0-9]?$ ]] || { echo "bench_multihost: PER_HOST=$PER_HOST is not a rank count from 1 to 99" >&2; exit 2; }
+HOSTS=2 LAYOUTS=${LAYOUTS:-2 1}
+for ph in $LAYOUTS; do
+  [[ $ph =~ ^[1-9][0-9]?$ ]] || { echo "bench_multihost: LAYOUTS='$LAYOUTS': '$ph' is not a rank count per host from 1 to 99" >&2; exit 2; }
+done
 COLLS=(all_reduce all_to_all)
 # The command as it was given, with the settings that change what is measured.
 COMMAND_LINE="$0 $*"
-for v in QUICK BUILD_DIR MIN MAX FACTOR REPEATS TARGET_MS ROUNDS PER_HOST; do
+for v in QUICK BUILD_DIR MIN MAX FACTOR REPEATS TARGET_MS ROUNDS LAYOUTS; do
   [[ -n ${!v+x} && $(env | grep -c "^$v=") -gt 0 ]] && COMMAND_LINE="$v=${!v} $COMMAND_LINE"
 done
 
@@ -83,21 +87,25 @@ BENCH_OUT=$(cd "$BENCH_OUT" && pwd)
 mh_setup "$HOSTS" || exit 1
 failures=0
 COMMON=(-b "$MIN" -e "$MAX" -f "$FACTOR" --warmup "$WARMUP" --repeats "$REPEATS" --target-ms "$TARGET_MS" -q)
-counts=$(printf "$PER_HOST,%.0s" $(seq "$HOSTS"))
-counts=${counts%,}
 export MH_NETNS_MAP=""
 for ((i = 0; i < HOSTS; i++)); do MH_NETNS_MAP+="$(mh_addr $i)=$(mh_host_ns $i)=h$i "; done
-hostfile=$BENCH_OUT/hostfile
-for ((i = 0; i < HOSTS; i++)); do echo "$(mh_addr $i) slots=$PER_HOST"; done >"$hostfile"
 subnet="${MH_SUBNET}.0/24"
 # The hostfile gives each host PER_HOST slots, so Open MPI does not know that all ranks share
 # this machine's few cores and busy-polls; yield_when_idle tells it (measured here: 4 KiB
 # all_reduce ~12 ms without, ~0.1 ms with). Strata is told the same with
 # STRATA_OVERSUBSCRIBED=1 (its waits then yield at once instead of spinning 500 µs first;
 # measured here: 4 KiB all_reduce ~2.6 ms without, ~0.2 ms with).
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np $((HOSTS * PER_HOST)) --hostfile "$hostfile"
-  --map-by slot --mca plm_rsh_agent "$ROOT/tests/multihost/mpi_rsh_agent.sh" --mca mpi_yield_when_idle 1
-  --mca btl tcp,vader,self --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet")
+# use_layout P: P ranks per host from here on (strata's per-host counts, Open MPI's hostfile).
+use_layout() {
+  PER_HOST=$1
+  counts=$(printf "$PER_HOST,%.0s" $(seq "$HOSTS"))
+  counts=${counts%,}
+  local hostfile=$BENCH_OUT/hostfile_p$PER_HOST
+  for ((i = 0; i < HOSTS; i++)); do echo "$(mh_addr $i) slots=$PER_HOST"; done >"$hostfile"
+  MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np $((HOSTS * PER_HOST)) --hostfile "$hostfile"
+    --map-by slot --mca plm_rsh_agent "$ROOT/tests/multihost/mpi_rsh_agent.sh" --mca mpi_yield_when_idle 1
+    --mca btl tcp,vader,self --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet")
+}
 
 # shellcheck source=scripts/bench_lib.sh
 source "$ROOT/scripts/bench_lib.sh"
@@ -170,7 +178,7 @@ link_probe_both() {
   echo "  \"nproc\": $(nproc),"
   echo "  \"cpu\": \"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//; s/"//g')\","
   echo "  \"kernel\": \"$(uname -r)\","
-  echo "  \"hosts\": $HOSTS, \"per_host\": $PER_HOST,"
+  echo "  \"hosts\": $HOSTS, \"layouts\": [$(echo $LAYOUTS | tr ' ' ',')],"
   echo "  \"loadavg_start\": \"$(cut -d' ' -f1-3 /proc/loadavg)\","
   echo "  \"git\": \"$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo '+dirty')\","
   echo "  \"openmpi\": \"$(mpirun --version 2>/dev/null | head -1 | sed 's/"//g')\","
@@ -190,9 +198,13 @@ for ((round = 1; round <= ROUNDS; round++)); do
     # shares the same cores: this is the probe they are held against.
     run "link_both_r$round" link_probe_both "$BENCH_OUT/link_both_r$round.json"
   fi
-  for coll in "${COLLS[@]}"; do
-    [[ ${SKIP_STRATA:-0} == 1 ]] || run "strata_${coll}_r$round" strata_job "$coll" "$BENCH_OUT/strata_${coll}_r$round.json" "${coll}_r$round"
-    [[ $HAVE_MPI == 1 ]] && run "openmpi_${coll}_r$round" mpi_job "$coll" "$BENCH_OUT/openmpi_${coll}_r$round.json"
+  for ph in $LAYOUTS; do
+    use_layout "$ph"
+    for coll in "${COLLS[@]}"; do
+      id=${coll}_p${ph}_r$round
+      [[ ${SKIP_STRATA:-0} == 1 ]] || run "strata_$id" strata_job "$coll" "$BENCH_OUT/strata_$id.json" "$id"
+      [[ $HAVE_MPI == 1 ]] && run "openmpi_$id" mpi_job "$coll" "$BENCH_OUT/openmpi_$id.json"
+    done
   done
 done
 sed -i "s/\"quick\": $QUICK/\"loadavg_end\": \"$(cut -d' ' -f1-3 /proc/loadavg)\",\n  \"seconds\": $(($(date +%s) - start)),\n  \"quick\": $QUICK/" \
