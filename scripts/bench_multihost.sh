@@ -3,8 +3,8 @@
 # one run, then docs/PERFORMANCE_MULTIHOST.md (+ its plot) and the linked section of
 # docs/PERFORMANCE.md.
 #
-#   scripts/bench_multihost.sh           # about 15 minutes on an idle 2-core machine
-#   QUICK=1 scripts/bench_multihost.sh   # 3-4 minutes: fewer sizes, one round
+#   scripts/bench_multihost.sh           # 2-3 minutes on an idle 2-core machine
+#   QUICK=1 scripts/bench_multihost.sh   # about 1 minute: fewer sizes, one round
 #
 # Setup (tests/multihost/netns_lib.sh): 2 hosts, each a namespace with one veth to a bridge
 # (10.77.0.0/24), with 2 ranks each (they share memory, and the 4 ranks share this machine's

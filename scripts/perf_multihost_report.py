@@ -99,8 +99,8 @@ def link_bound_busbw(coll, link_gbs, hosts, per_host):
 
 
 def layout_tables(o, best, colls, hosts, per_host, link_gbs):
-    """The tables of one layout (hosts x per_host ranks): markdown lines, summary lines, and per
-    collective the sizes that meet ROW_TARGET and the sizes with figures from both systems."""
+    """The tables of one layout (hosts x per_host ranks): its markdown lines and its summary lines
+    (per collective the targets of issues 4 and 19, and the layout's count of rows that meet 19's)."""
     L, summary, row_met, row_all = [], [], {}, {}
     where = "%d hosts × %d rank%s" % (hosts, per_host, "s" if per_host > 1 else "")
     for coll in colls:
