@@ -79,7 +79,7 @@ case $mode in
     [[ $lib == *.a ]] && static=(--static)
     flags=$(pkg-config --cflags --libs "${static[@]}" strata)
     echo "--- pkg-config --cflags --libs ${static[*]} strata: $flags"
-    pkg-config --static --libs strata | grep -q -- -lpthread || fail "Libs.private lacks -lpthread"
+    grep -q -- -lpthread <<<"$(pkg-config --static --libs strata)" || fail "Libs.private lacks -lpthread"
     pc_libdir=$(pkg-config --variable=libdir strata)
     [[ $(cd "$pc_libdir" && pwd -P) == $(cd "$libdir" && pwd -P) ]] ||
       fail "pkg-config libdir $pc_libdir is not where the library is ($libdir)"

@@ -5,7 +5,8 @@ source "$(dirname "$0")/common.sh"
 
 MPIRUN=
 for c in mpirun.openmpi mpirun; do
-  if command -v "$c" >/dev/null && "$c" --version 2>&1 | grep -q "Open MPI"; then
+  # Read whole, then matched: see mpich_test.sh (grep -q in a pipe under pipefail).
+  if command -v "$c" >/dev/null && grep -q "Open MPI" <<<"$("$c" --version 2>&1 || true)"; then
     MPIRUN=$(command -v "$c")
     break
   fi

@@ -62,7 +62,7 @@ slurmd -D -f "$SLURM_CONF" -N "$host" >"$WORK/slurmd.out" 2>&1 &
 SLURMD_PID=$!
 up=0
 for i in $(seq 150); do
-  if sinfo -h -N -o '%T' 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; then
+  if grep -qE '^(idle|mixed|allocated)' <<<"$(sinfo -h -N -o '%T' 2>/dev/null || true)"; then
     up=1
     break
   fi
