@@ -100,7 +100,7 @@ use_layout() {
   PER_HOST=$1
   counts=$(printf "$PER_HOST,%.0s" $(seq "$HOSTS"))
   counts=${counts%,}
-  local hostfile=$BENCH_OUT/hostfile_p$PER_HOST
+  local hostfile=$BENCH_OUT/hostfile_p$PER_HOST i
   for ((i = 0; i < HOSTS; i++)); do echo "$(mh_addr $i) slots=$PER_HOST"; done >"$hostfile"
   MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np $((HOSTS * PER_HOST)) --hostfile "$hostfile"
     --map-by slot --mca plm_rsh_agent "$ROOT/tests/multihost/mpi_rsh_agent.sh" --mca mpi_yield_when_idle 1

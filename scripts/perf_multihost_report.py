@@ -98,6 +98,19 @@ def link_bound_busbw(coll, link_gbs, hosts, per_host):
     return link_gbs / per_host_bytes_per_size * factor
 
 
+def cores_line(hosts, per_host, nproc):
+    """How a layout's ranks sit on this machine's cores (all hosts share them)."""
+    n = hosts * per_host
+    try:
+        cores = int(nproc)
+    except (TypeError, ValueError):
+        return "%d ranks in all with %d per host" % (n, per_host)
+    if n > cores:
+        return ("with %d ranks per host the %d ranks share this machine's %d cores with the kernel's TCP work"
+                % (per_host, n, cores))
+    return "with %d rank%s per host each rank has a core" % (per_host, "s" if per_host > 1 else "")
+
+
 def layout_tables(o, best, colls, hosts, per_host, link_gbs):
     """The tables of one layout (hosts x per_host ranks): its markdown lines and its summary lines
     (per collective the targets of issues 4 and 19, and the layout's count of rows that meet 19's)."""
@@ -193,12 +206,12 @@ def main():
          "on %s (%s CPUs, Linux %s), %s; git %s; load average %s at the start, %s at the end; %s s. "
          "Hosts are network namespaces on this one machine (`tests/multihost/netns_lib.sh`): hosts × ranks "
          "per host %s, one veth per host into a bridge (TCP between hosts, shared memory within a host). "
-         "With 2 ranks per host the 4 ranks share this machine's 2 cores with the kernel's TCP work; with "
-         "1 rank per host each rank has a core. "
+         "%s. "
          "The machine is shared and noisy: compare ratios measured in this run, not absolute figures."
          % (machine.get("cpu", "?"), machine.get("nproc", "?"), machine.get("kernel", "?"),
             machine.get("date", "?"), machine.get("git", "?"), machine.get("loadavg_start", "?"),
-            machine.get("loadavg_end", "?"), machine.get("seconds", "?"), where), "",
+            machine.get("loadavg_end", "?"), machine.get("seconds", "?"), where,
+            "; ".join(cores_line(hosts, p, machine.get("nproc")) for p in layouts).capitalize()), "",
          "Method: fp32, out of place, nccl-tests definitions (all_reduce busbw = algbw × 2(n−1)/n, "
          "all_to_all busbw = algbw × (n−1)/n); per size the median of the repeats, each the slowest "
          "rank's; the best of %s round(s) per system, layout and size, systems and layouts alternating "
