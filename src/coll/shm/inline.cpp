@@ -25,14 +25,15 @@ Status run_inline(CommImpl& c, const Op& op, Deadline deadline) {
   const int n = c.size, me = c.rank;
   const size_t e = dtype_size(op.dtype), block = op.count * e, in_bytes = input_bytes(op, n);
   const char* name = coll::to_string(op.kind);
-  if (in_bytes > sizeof(OpSlot::data)) return internal_error(std::string(name) + ": input too large to go inline");
+  if (in_bytes > kInlineSlotBytes) return internal_error(std::string(name) + ": input too large to go inline");
   const OpDesc d = next_desc(c, op, coll::Algo::Inline);
   OpSlot& mine = c.self.hdr()->slot(c.seq);
-  if (in_bytes) std::memcpy(mine.data, op.in, in_bytes);
-  mine.desc = d;
+  // The head only: the input lies where the buffer references would be.
+  std::memcpy(static_cast<void*>(&mine.desc), &d, kInlineDescBytes);
+  if (in_bytes) std::memcpy(mine.inline_data(), op.in, in_bytes);
   STRATA_RETURN_IF_ERROR(c.sync(deadline, name));
   STRATA_RETURN_IF_ERROR(check_descriptors(c, op, d).with_context(std::string(name) + ": "));
-  auto data = [&](int r) { return c.peers[r].hdr()->slot(c.seq).data; };
+  auto data = [&](int r) { return c.peers[r].hdr()->slot(c.seq).inline_data(); };
   char* out = static_cast<char*>(op.out);
   Srcs srcs(n);
   switch (op.kind) {
