@@ -61,7 +61,7 @@ inline constexpr size_t kInlineDescBytes = offsetof(coll::OpDesc, in_seg);
 struct alignas(64) OpSlot {
   transport::Signal ready;
   coll::OpDesc desc;
-  unsigned char tail[8 + kInlineCopyBytes];
+  unsigned char tail[8 + kInlineCopyBytes];  // the rest of an inline input (see inline_data)
   /// Where an inline operation's input starts: over the descriptor's buffer references, so
   /// that up to 32 bytes share the cache line of `ready` and the descriptor's head, and a
   /// peer's all_reduce of up to 8 floats costs one miss (with the input after the whole

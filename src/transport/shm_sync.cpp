@@ -59,27 +59,23 @@ void publish(Signal& s, uint32_t v) {
 Status wait_reached(const Signal& s, uint32_t target, const WaitPolicy& policy, const char* what) {
   // Spin, then yield, then sleep: the clock is read every 64 polls only (vDSO, ~30 ns here),
   // and not at all by a wait that ends within the first 64 (most waits of a small
-  // collective: the peer's line arrives in about 0.3 us).
-  for (int i = 0; i < 64; ++i) {
+  // collective: the peer's line arrives in about 0.3 us); the spin budget starts there.
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point spin_until{};
+  for (uint32_t polls = 0;; ++polls) {
     if (reached(s.value.load(std::memory_order_acquire), target)) {
-      if (i > 0 && t_missed_spins > 0) --t_missed_spins;
+      if (polls > 0 && t_missed_spins > 0) --t_missed_spins;
       return Status::ok();
     }
     STRATA_CPU_RELAX();
-  }
-  using Clock = std::chrono::steady_clock;
-  const auto t0 = Clock::now();
-  const int shift = ++t_waits % kProbeEvery == 0 ? 0 : t_missed_spins;
-  const auto spin_until = t0 + std::chrono::microseconds(policy.spin_us >> shift);
-  for (;;) {
-    for (int i = 0; i < 64; ++i) {
-      if (reached(s.value.load(std::memory_order_acquire), target)) {
-        if (t_missed_spins > 0) --t_missed_spins;
-        return Status::ok();
-      }
-      STRATA_CPU_RELAX();
+    if (polls % 64 != 63) continue;
+    const auto now = Clock::now();
+    if (polls == 63) {
+      const int shift = ++t_waits % kProbeEvery == 0 ? 0 : t_missed_spins;
+      spin_until = now + std::chrono::microseconds(policy.spin_us >> shift);
+    } else if (now >= spin_until) {
+      break;
     }
-    if (Clock::now() >= spin_until) break;
   }
   if (t_missed_spins < kMaxSpinHalvings) ++t_missed_spins;
   const auto yield_until = Clock::now() + std::chrono::microseconds(policy.yield_us);
