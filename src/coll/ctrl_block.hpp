@@ -15,9 +15,10 @@ namespace strata::detail {
 
 /// Written last when a block is initialised: a peer that maps a block without it is too early.
 /// Its last digit is the layout's version: processes of builds with another layout (the slots
-/// grew in version 2, inline input moved over the descriptor's buffer fields in 3) refuse each other's blocks instead
-/// of misreading them.
-inline constexpr uint64_t kCtrlMagic = 0x3343544152545353ull;  // "SSTRATC3"
+/// grew in version 2, inline input moved over the descriptor's buffer fields in 3, the slots
+/// grew to hold a small external input in 4) refuse each other's blocks instead of misreading
+/// them.
+inline constexpr uint64_t kCtrlMagic = 0x3443544152545353ull;  // "SSTRATC4"
 /// Point-to-point messages in flight per (sender, receiver) pair: the ring of P2pSlot.
 inline constexpr uint32_t kP2pDepth = 8;
 
@@ -47,6 +48,13 @@ inline constexpr size_t kInlineBytes = 512;
 /// 1.1-1.2 against 1.3-1.5 us).
 inline constexpr size_t kInlineCopyBytes = 2048;
 static_assert(kInlineCopyBytes >= kInlineBytes);
+/// An external (or registered but staged) input of at most this many bytes rides in its
+/// owner's slot in the direct forms too (shm/run.cpp): each rank decides for its own input and
+/// flags it (OpDesc::kInSlot), so heap and external buffers can meet in one call. That
+/// replaces a copy into heap scratch, which the peers would read just as soon after it was
+/// written, and when every rank's input rides so, the closing synchronisation as well.
+inline constexpr size_t kSlotInputBytes = 8192;
+static_assert(kSlotInputBytes >= kInlineCopyBytes);
 
 /// The fields of an OpDesc that an inline operation publishes: everything up to the buffer
 /// references, which it has none of (its input travels in the slot).
@@ -61,7 +69,7 @@ inline constexpr size_t kInlineDescBytes = offsetof(coll::OpDesc, in_seg);
 struct alignas(64) OpSlot {
   transport::Signal ready;
   coll::OpDesc desc;
-  unsigned char tail[8 + kInlineCopyBytes];  // the rest of an inline input (see inline_data)
+  unsigned char tail[8 + kSlotInputBytes];  // the rest of an inline input (see inline_data)
   /// Where an inline operation's input starts: over the descriptor's buffer references, so
   /// that up to 32 bytes share the cache line of `ready` and the descriptor's head, and a
   /// peer's all_reduce of up to 8 floats costs one miss (with the input after the whole
@@ -72,7 +80,7 @@ struct alignas(64) OpSlot {
 /// Bytes of inline input a slot holds.
 inline constexpr size_t kInlineSlotBytes = sizeof(OpSlot) - offsetof(OpSlot, desc) - kInlineDescBytes;
 static_assert(offsetof(OpSlot, desc) + kInlineDescBytes == 32, "32 bytes of inline input share the first line");
-static_assert(kInlineSlotBytes >= kInlineCopyBytes);
+static_assert(kInlineSlotBytes >= kSlotInputBytes);
 
 /// The start of a control block: who owns it, and the two operation slots.
 struct alignas(64) CtrlHeader {

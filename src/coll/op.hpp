@@ -77,6 +77,9 @@ struct OpDesc {
   // Within a host: the input is staged in rounds (coll/shm/pipe.cpp); in_seg/in_off name
   // the slots. (16 is descriptor.hpp's kOutHeap, used between hosts.)
   static constexpr uint32_t kInPiped = 32;
+  // Within a host: the input lies in the owner's operation slot (OpSlot::inline_data), over
+  // in_seg and the fields after it, which the owner then does not publish.
+  static constexpr uint32_t kInSlot = 64;
 };
 static_assert(sizeof(OpDesc) == 48);
 

@@ -44,7 +44,15 @@ std::string hex(const void* p) {
 struct Registry {
   std::shared_mutex mu;
   std::map<uintptr_t, std::pair<uintptr_t, const Heap*>> ranges;  // base -> (end, heap)
+  // Every address any range ever covered lies in [lo, hi): find_owner answers an address
+  // outside without the lock (a collective on an external buffer asks on every call).
+  std::atomic<uintptr_t> lo{UINTPTR_MAX}, hi{0};
 };
+/// Widens [lo, hi) to cover [b, e). Under the lock that guards the ranges.
+void widen(std::atomic<uintptr_t>& lo, std::atomic<uintptr_t>& hi, uintptr_t b, uintptr_t e) {
+  if (b < lo.load(std::memory_order_relaxed)) lo.store(b, std::memory_order_release);
+  if (e > hi.load(std::memory_order_relaxed)) hi.store(e, std::memory_order_release);
+}
 Registry& registry() {
   static Registry* r = new Registry;
   return *r;
@@ -118,6 +126,9 @@ struct Heap::Impl {
   // nearly always hit the same segment; OwnSeg objects live as long as the heap, so the
   // hint can be read without the lock.
   mutable std::atomic<const OwnSeg*> locate_hint{nullptr};
+  // Every own segment lies in [span_lo, span_hi) (written under seg_mu, never narrowed): an
+  // external buffer's address usually lies outside, and locate() then needs no lock.
+  std::atomic<uintptr_t> span_lo{UINTPTR_MAX}, span_hi{0};
   uint32_t next_id = 1;
   Heap::SegmentListener listener;  // under seg_mu
   size_t reserved = 0;             // includes segments being created, so that the limit holds
@@ -206,6 +217,8 @@ Result<OwnSeg*> Heap::Impl::create_own_segment(size_t size, SegKind kind, size_t
   }
   auto* s = new OwnSeg{std::move(*made), is_symmetric};
   by_base.emplace(reinterpret_cast<uintptr_t>(s->seg.base), s);
+  widen(span_lo, span_hi, reinterpret_cast<uintptr_t>(s->seg.base),
+        reinterpret_cast<uintptr_t>(s->seg.base) + s->seg.size);
   ++segment_count;
   published_bytes.fetch_add(s->seg.size, std::memory_order_relaxed);
   own[spec.id].store(s, std::memory_order_release);
@@ -215,6 +228,7 @@ Result<OwnSeg*> Heap::Impl::create_own_segment(size_t size, SegKind kind, size_t
     std::unique_lock rl(reg.mu);
     const uintptr_t b = reinterpret_cast<uintptr_t>(s->seg.base);
     reg.ranges[b] = {b + s->seg.size, self};
+    widen(reg.lo, reg.hi, b, b + s->seg.size);
   }
   return s;
 }
@@ -508,6 +522,9 @@ std::optional<SegRef> Heap::locate(const void* p, size_t bytes) const {
     const uintptr_t base = reinterpret_cast<uintptr_t>(h->seg.base);
     if (a >= base && a - base < h->seg.size && bytes <= h->seg.size - (a - base)) return SegRef{h->seg.id, a - base};
   }
+  // A segment that holds p was added before p was handed out, so it is within the span.
+  if (a < im.span_lo.load(std::memory_order_acquire) || a >= im.span_hi.load(std::memory_order_acquire))
+    return std::nullopt;
   std::shared_lock lk(im.seg_mu);
   auto it = im.by_base.upper_bound(a);
   if (it == im.by_base.begin()) return std::nullopt;
@@ -575,6 +592,7 @@ size_t Heap::reserved_bytes() const { return impl_->published_bytes.load(std::me
 const Heap* Heap::find_owner(const void* p) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   Registry& reg = registry();
+  if (a < reg.lo.load(std::memory_order_acquire) || a >= reg.hi.load(std::memory_order_acquire)) return nullptr;
   std::shared_lock lk(reg.mu);
   auto it = reg.ranges.upper_bound(a);
   if (it == reg.ranges.begin()) return nullptr;

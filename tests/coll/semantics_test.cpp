@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "coll/comm_impl.hpp"
 #include "coll/counts.hpp"
 #include "coll/harness.hpp"
 
@@ -128,6 +129,108 @@ TEST(ZeroCopy, ExternalBuffersAreStagedAndCorrect) {
     }
     if (c.stats().staged_bytes - before.staged_bytes != sc[1 - me] * sizeof(int64_t))
       throw std::runtime_error("all_to_all_v: expected staging of the block sent to the peer only");
+  }));
+}
+
+// An external input of at most kSlotInputBytes rides in its owner's control-block slot in the
+// direct forms (coll/shm/run.cpp): it is not staged in the heap, and when every rank's input
+// rides so the call takes one synchronisation step instead of two. Ranks decide alone, so a
+// call can mix heap inputs (read in place, closing step kept) and slot inputs. Values are
+// distinct per (rank, element), so a block read from the wrong rank, offset or slot shows.
+TEST(ZeroCopy, SmallExternalInputsRideInTheSlot) {
+  expect_no_failures(Team::get(3).run([](Communicator& c) {
+    const int n = c.size();
+    const size_t me = static_cast<size_t>(c.rank());
+    auto value = [](size_t rank, size_t i) { return static_cast<int32_t>(rank * 1000003u + i * 7u + 1u); };
+    detail::CommImpl& impl = *c.impl();
+    // Mixed: rank 0's inputs come from the heap, the others' are malloc'd.
+    for (bool mixed : {false, true}) {
+      const bool heap_in = mixed && me == 0;
+      std::vector<int32_t> ext(2048);
+      Buffer<int32_t> heap = c.alloc<int32_t>(2048);
+      int32_t* in = heap_in ? heap.data() : ext.data();
+      const std::string mode = mixed ? "mixed: " : "external: ";
+      // One step per call when every input rides in a slot, two when rank 0's is on the heap.
+      auto check_steps = [&](uint64_t waits0, const char* what) {
+        const uint64_t steps = (impl.peer_waits.load() - waits0) / static_cast<uint64_t>(n - 1);
+        STRATA_TEST_REQUIRE(steps == (mixed ? 2u : 1u), mode << what << " took " << steps << " steps");
+      };
+      auto fill = [&](size_t count) {
+        for (size_t i = 0; i < count; ++i) in[i] = value(me, i);
+      };
+
+      // all_reduce of 1,000 elements (above the inline limit: one-shot), out of place and in place.
+      const size_t ar = 1000;
+      fill(ar);
+      std::vector<int32_t> ar_out(ar, -1);
+      Stats before = c.stats();
+      uint64_t waits0 = impl.peer_waits.load();
+      c.all_reduce(in, ar_out.data(), ar, DataType::Int32, ReduceOp::Sum);
+      check_steps(waits0, "all_reduce");
+      STRATA_TEST_REQUIRE(c.stats().staged_bytes - before.staged_bytes == (heap_in ? 0 : ar * 4),
+                          mode << "all_reduce staged " << c.stats().staged_bytes - before.staged_bytes);
+      for (size_t i = 0; i < ar; ++i)
+        STRATA_TEST_REQUIRE(ar_out[i] == value(0, i) + value(1, i) + value(2, i),
+                            mode << "all_reduce: element " << i << " is " << ar_out[i]);
+      c.all_reduce(in, in, ar, DataType::Int32, ReduceOp::Sum);
+      for (size_t i = 0; i < ar; ++i)
+        STRATA_TEST_REQUIRE(in[i] == ar_out[i], mode << "all_reduce in place: element " << i << " is " << in[i]);
+
+      // all_gather of 500 elements per rank (6,000 bytes read: above the inline form's 2 KiB).
+      const size_t ag = 500;
+      fill(ag);
+      std::vector<int32_t> ag_out(n * ag, -1);
+      waits0 = impl.peer_waits.load();
+      c.all_gather(in, ag_out.data(), ag, DataType::Int32);
+      check_steps(waits0, "all_gather");
+      for (size_t r = 0; r < 3; ++r)
+        for (size_t i = 0; i < ag; ++i)
+          STRATA_TEST_REQUIRE(ag_out[r * ag + i] == value(r, i), mode << "all_gather: element " << i << " of rank " << r);
+
+      // all_to_all and reduce_scatter of 300 elements per block: only the blocks peers read are copied.
+      const size_t b = 300;
+      fill(n * b);
+      std::vector<int32_t> a_out(n * b, -1), rs_out(b, -1);
+      before = c.stats();
+      waits0 = impl.peer_waits.load();
+      c.all_to_all(in, a_out.data(), b, DataType::Int32);
+      check_steps(waits0, "all_to_all");
+      STRATA_TEST_REQUIRE(c.stats().staged_bytes - before.staged_bytes == (heap_in ? 0 : (n - 1) * b * 4),
+                          mode << "all_to_all staged " << c.stats().staged_bytes - before.staged_bytes);
+      for (size_t r = 0; r < 3; ++r)
+        for (size_t i = 0; i < b; ++i)
+          STRATA_TEST_REQUIRE(a_out[r * b + i] == value(r, me * b + i),
+                              mode << "all_to_all: element " << i << " from rank " << r);
+      c.reduce_scatter(in, rs_out.data(), b, DataType::Int32, ReduceOp::Sum);
+      for (size_t i = 0; i < b; ++i)
+        STRATA_TEST_REQUIRE(rs_out[i] == value(0, me * b + i) + value(1, me * b + i) + value(2, me * b + i),
+                            mode << "reduce_scatter: element " << i << " is " << rs_out[i]);
+
+      // broadcast from rank 1 of 2,000 elements (8,000 bytes) and scatter from rank 2.
+      const size_t bc = 2000;
+      fill(bc);
+      std::vector<int32_t> bc_buf(in, in + bc);
+      int32_t* bc_p = me == 1 ? in : bc_buf.data();
+      c.broadcast(bc_p, bc_p, bc, DataType::Int32, 1);
+      for (size_t i = 0; i < bc; ++i)
+        STRATA_TEST_REQUIRE(bc_p[i] == value(1, i), mode << "broadcast: element " << i << " is " << bc_p[i]);
+      fill(n * b);
+      std::vector<int32_t> sc_out(b, -1);
+      c.scatter(in, sc_out.data(), b, DataType::Int32, 2);
+      for (size_t i = 0; i < b; ++i)
+        STRATA_TEST_REQUIRE(sc_out[i] == value(2, me * b + i), mode << "scatter: element " << i << " is " << sc_out[i]);
+
+      // Back to back, each rank rewriting its input as soon as a call returns: a peer that is
+      // still reading must be reading the slot's copy, never the buffer.
+      for (int it = 0; it < 200; ++it) {
+        for (size_t i = 0; i < ag; ++i) in[i] = value(me, i) + it;
+        c.all_gather(in, ag_out.data(), ag, DataType::Int32);
+        for (size_t r = 0; r < 3; ++r)
+          for (size_t i = 0; i < ag; i += 37)
+            STRATA_TEST_REQUIRE(ag_out[r * ag + i] == value(r, i) + it,
+                                mode << "all_gather #" << it << ": element " << i << " of rank " << r);
+      }
+    }
   }));
 }
 

@@ -47,7 +47,7 @@ Status all_to_all(Exec& x, void* tmp) {
       STRATA_RETURN_IF_ERROR(x.sync("all_to_all"));
     }
   }
-  STRATA_RETURN_IF_ERROR(x.sync("all_to_all"));
+  STRATA_RETURN_IF_ERROR(x.close("all_to_all"));
   if (dst != x.out) {
     kernels::copy(x.out, dst, out_bytes);
     x.c.temp_bytes.fetch_add(out_bytes, std::memory_order_relaxed);

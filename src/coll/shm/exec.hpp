@@ -35,6 +35,11 @@ struct Exec {
   // An external input staged in rounds (pipe.cpp): `in` is then the two slots peers read,
   // `piped_src` the input itself.
   const char* piped_src = nullptr;
+  // This rank's input rides in its slot (OpDesc::kInSlot): peers read that copy, not `in`.
+  bool in_slot = false;
+  // Whether the operation ends with a synchronisation: not when no rank's buffer is read or
+  // written by a peer (every input in its slot), as all ranks see from the descriptors.
+  bool close_sync = true;
 
   const OpDesc& desc(int r) const { return c.peers[r].hdr()->slot(c.seq).desc; }
 
@@ -49,6 +54,14 @@ struct Exec {
     if (!bytes) return static_cast<char*>(nullptr);
     const OpDesc& d = desc(r);
     if (!(d.flags & OpDesc::kHasIn)) return internal_error("rank " + std::to_string(r) + " published no input buffer");
+    if (d.flags & OpDesc::kInSlot) {
+      // The peer's slot is all it can point at: a range past its end is refused, not read.
+      if (offset > kSlotInputBytes || bytes > kSlotInputBytes - offset)
+        return internal_error("rank " + std::to_string(r) + " put its input in its slot, but bytes [" +
+                              std::to_string(offset) + ", +" + std::to_string(bytes) + ") lie past the slot's " +
+                              std::to_string(kSlotInputBytes));
+      return reinterpret_cast<char*>(c.peers[r].hdr()->slot(c.seq).inline_data()) + offset;
+    }
     if (d.flags & OpDesc::kInCma) {
       auto& tmp = c.cma_tmp[r];
       if (tmp.size() < bytes) tmp.resize(bytes);
@@ -107,6 +120,9 @@ struct Exec {
     c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
   }
   Status sync(const char* what) { return c.sync(deadline, what); }
+  /// The operation's last step: the synchronisation after which peers no longer touch this
+  /// rank's buffers, when there is one (close_sync).
+  Status close(const char* what) { return close_sync ? c.sync(deadline, what) : Status::ok(); }
   /// Elements a reduction reads per piece: `whole`, or kCmaChunkBytes' worth when some peer's
   /// input is read by CMA (it lands in a buffer of the size read, kept small enough for L2).
   size_t reduce_step(size_t whole) const;

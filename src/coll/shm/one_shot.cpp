@@ -15,10 +15,11 @@ Status all_reduce_one_shot(Exec& x, void* tmp) {
     STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, 0, count * e));
     srcs[r] = p;
   }
-  // In place, peers still read our buffer: reduce into a temporary, write after they finish.
-  char* dst = x.in == x.out ? static_cast<char*>(tmp) : x.out;
+  // In place, peers still read our buffer (unless it rides in our slot): reduce into a
+  // temporary, write after they finish.
+  char* dst = x.in == x.out && !x.in_slot ? static_cast<char*>(tmp) : x.out;
   kernels::reduce(x.op.dtype, x.op.rop, dst, srcs.data(), n, count, divisor(x));
-  STRATA_RETURN_IF_ERROR(x.sync("all_reduce"));
+  STRATA_RETURN_IF_ERROR(x.close("all_reduce"));
   if (dst != x.out) {
     kernels::copy(x.out, dst, count * e);
     x.c.temp_bytes.fetch_add(count * e, std::memory_order_relaxed);

@@ -31,7 +31,7 @@ Status broadcast(Exec& x) {
   if (bytes) {
     STRATA_RETURN_IF_ERROR(x.copy_from(x.op.root, false, 0, x.out, bytes));
   }
-  return x.sync("broadcast");
+  return x.close("broadcast");
 }
 
 Status gather(Exec& x) {
@@ -48,7 +48,7 @@ Status scatter(Exec& x) {
   if (bytes) {
     STRATA_RETURN_IF_ERROR(x.copy_from(x.op.root, false, x.c.rank * bytes, x.out, bytes));
   }
-  return x.sync("scatter");
+  return x.close("scatter");
 }
 
 }  // namespace strata::detail::shm

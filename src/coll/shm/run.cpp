@@ -4,6 +4,7 @@
 // buffers.
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "coll/shm/exec.hpp"
@@ -52,6 +53,35 @@ bool peers_touch_out(OpKind kind, coll::Algo algo) {
 /// Whether peers read this rank's input during `kind` (gather pushes it instead).
 bool peers_read_in(OpKind kind) { return kind != OpKind::Gather; }
 
+/// Copies into `slot` (at the input's own offsets) the bytes of this rank's input `in` that
+/// peers read: the blocks for the other ranks where each peer reads its own block, else all
+/// of it. Returns the bytes copied.
+size_t fill_slot(const CommImpl& c, const Op& op, const char* in, size_t in_bytes, unsigned char* slot) {
+  const int n = c.size;
+  const size_t e = dtype_size(op.dtype);
+  auto block = [&](size_t lo, size_t count) {
+    std::memcpy(slot + lo * e, in + lo * e, count * e);
+    return count * e;
+  };
+  size_t copied = 0, displ = 0;
+  switch (op.kind) {
+    case OpKind::AllToAll:
+    case OpKind::ReduceScatter:
+      for (int j = 0; j < n; ++j)
+        if (j != c.rank) copied += block(static_cast<size_t>(j) * op.count, op.count);
+      return copied;
+    case OpKind::AllToAllV:
+      for (int j = 0; j < n; ++j)
+        if (j != c.rank) copied += block(op.sdispls[j], op.counts[j]);
+      return copied;
+    case OpKind::ReduceScatterV:
+      for (int j = 0; j < n; displ += op.counts[j], ++j)
+        if (j != c.rank) copied += block(displ, op.counts[j]);
+      return copied;
+    default: std::memcpy(slot, in, in_bytes); return in_bytes;
+  }
+}
+
 }  // namespace
 
 Status run(CommImpl& c, Op& op, coll::Algo algo) {
@@ -81,6 +111,13 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   const bool in_local = in_ext && !peers_read_in(op.kind);
   if (out_local) out_ext = false;
   if (in_local) in_ext = false;
+  // A small external input rides in this rank's operation slot, as an inline operation's
+  // does: the peers read it there, so it is neither staged nor read by CMA, and the call has
+  // no closing synchronisation when every rank's input rides so. Only where peers do not
+  // touch this rank's output: the input lies over the descriptor's buffer references.
+  const bool slot_in = n > 1 && in_ext && ext.in <= kSlotInputBytes && !peers_touch_out(op.kind, algo);
+  if (slot_in) in_ext = false;
+  x.in_slot = slot_in;
   // External buffers large enough that a copy through the heap costs more than CMA's fixed
   // cost per call (system call, peer lookup, page pinning: several µs) are read and written
   // in place by peers with CMA (single copy) when every member can; otherwise they are
@@ -196,7 +233,9 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
 
   // Publish the descriptor.
   OpDesc d = next_desc(c, op, algo);
-  if (ext.in) {
+  if (slot_in) {
+    d.flags |= OpDesc::kHasIn | OpDesc::kInSlot;
+  } else if (ext.in) {
     d.flags |= OpDesc::kHasIn;
     if (piped) d.flags |= OpDesc::kInPiped;
     if (in_cma) {
@@ -207,7 +246,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
       d.in_off = in_ref->offset;
     }
   }
-  if (ext.out) {
+  if (ext.out && !slot_in) {
     d.flags |= OpDesc::kHasOut;
     if (out_cma) {
       d.flags |= OpDesc::kOutCma;
@@ -218,7 +257,9 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     }
   }
   uint64_t* vec = c.self.vec();
-  if (op.kind == OpKind::AllGatherV || op.kind == OpKind::ReduceScatterV || op.kind == OpKind::AllToAllV) {
+  const bool has_vec =
+      op.kind == OpKind::AllGatherV || op.kind == OpKind::ReduceScatterV || op.kind == OpKind::AllToAllV;
+  if (has_vec) {
     for (int j = 0; j < n; ++j) vec[j] = op.counts[j];
   }
   if (op.kind == OpKind::AllToAllV) {
@@ -228,7 +269,13 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
       vec[3 * n + j] = op.rdispls[j];
     }
   }
-  c.self.hdr()->slot(c.seq).desc = d;
+  OpSlot& slot = c.self.hdr()->slot(c.seq);
+  if (slot_in) {
+    std::memcpy(static_cast<void*>(&slot.desc), &d, kInlineDescBytes);
+    c.staged_bytes.fetch_add(fill_slot(c, op, in, ext.in, slot.inline_data()), std::memory_order_relaxed);
+  } else {
+    slot.desc = d;
+  }
   const char* name = coll::to_string(op.kind);
   STRATA_RETURN_IF_ERROR(c.sync(x.deadline, name));
 
@@ -236,6 +283,17 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   // usable (slots alternate, so nobody overwrites a descriptor a peer is still checking).
   Status st = check_descriptors(c, op, d);
   if (!st.is_ok()) return st;
+  // The closing step is needed while a peer may still read some rank's buffer or write into
+  // it, and for the v-collectives, whose counts lie in one array per rank (not per slot) that
+  // the rank's next operation rewrites. Every rank reaches the same answer from the same
+  // descriptors. Without it, the slots stay valid until every rank has returned: slot s % 2
+  // is rewritten at operation s + 2, after every peer has passed the first step of s + 1
+  // (ctrl_block.hpp).
+  x.close_sync = peers_touch_out(op.kind, algo) || has_vec;
+  for (int r = 0; r < n && !x.close_sync; ++r) {
+    const uint32_t f = r == c.rank ? d.flags : x.desc(r).flags;
+    x.close_sync = (f & OpDesc::kHasIn) && !(f & OpDesc::kInSlot);
+  }
 
   std::vector<size_t> counts;
   switch (op.kind) {

@@ -45,7 +45,7 @@ Status reduce_scatter(Exec& x, const std::vector<size_t>& counts) {
   size_t mine = counts[me];
   // In place, out is our own block of in, which no peer reads: safe to write directly.
   if (mine) STRATA_RETURN_IF_ERROR(reduce_range(x, x.out, displ[me], displ[me] + mine));
-  return x.sync("reduce_scatter");
+  return x.close("reduce_scatter");
 }
 
 Status all_gather(Exec& x, const std::vector<size_t>& counts) {
@@ -72,7 +72,7 @@ Status all_gather(Exec& x, const std::vector<size_t>& counts) {
       STRATA_RETURN_IF_ERROR(x.sync("all_gather"));
     }
   }
-  return x.sync("all_gather");
+  return x.close("all_gather");
 }
 
 }  // namespace strata::detail::shm
