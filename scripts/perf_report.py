@@ -460,7 +460,13 @@ def main():
           "reduce_scatter, all_to_all, × 1 for broadcast and reduce (GB/s = 10⁹ B/s).",
           "- **Rounds**: the machine is shared, so every system but gloo is measured in %s rounds, the systems "
           "alternating within a round; each figure below is the best round for that system and size (the same "
-          "rule for every system). gloo runs once." % _rounds(runs),
+          "rule for every system). gloo runs once. Small sizes depend on which state of this VM a round met: "
+          "its two vCPUs switch within seconds between one where a cache line passes between them in about "
+          "0.05 µs and one where that takes about 0.3 µs (`build/bench/handshake_probe`, run a few seconds "
+          "apart: 512 B 0.64, 0.15, 0.51 µs). A system whose round met the fast state wins its small rows, so "
+          "two full runs of the same code ten minutes apart met the issue 19 targets in 103 and in 118 of 183 "
+          "rows; to compare two builds at small sizes, alternate them many times (medians), as the A/B figures "
+          "in docs/SEMANTICS.md were." % _rounds(runs),
           "- Buffers are allocated once at the largest size and touched before timing (first touch of a page "
           "costs ~10 µs on these VMs); every size's result is checked once against the expected values.",
           "- Systems: **strata heap** (`comm.alloc`, zero-copy), **strata external** (malloc'd, unregistered: "

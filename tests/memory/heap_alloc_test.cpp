@@ -211,6 +211,10 @@ TEST(HeapAlloc, LargeRequestGetsADedicatedSegmentThatIsRecycled) {
   ASSERT_TRUE(rs && rb);
   EXPECT_NE(rs->seg, rb->seg);
   EXPECT_EQ(rb->offset, 0u);
+  // Found in a segment made after the first (locate and find_owner skip the lock for
+  // addresses outside every segment made so far: the span must have grown).
+  EXPECT_EQ(Heap::find_owner(static_cast<char*>(*b) + big - 1), h.get());
+  EXPECT_TRUE(h->locate(static_cast<char*>(*b) + big - 1, 1).has_value());
   const size_t dedicated = h->reserved_bytes() - before;
   EXPECT_GE(dedicated, big);
   EXPECT_LT(dedicated, big + 2 * kMiB) << "a dedicated segment is the request rounded up, not a multiple of segments";
