@@ -185,7 +185,8 @@ TEST(ZeroCopy, SmallExternalInputsRideInTheSlot) {
       check_steps(waits0, "all_gather");
       for (size_t r = 0; r < 3; ++r)
         for (size_t i = 0; i < ag; ++i)
-          STRATA_TEST_REQUIRE(ag_out[r * ag + i] == value(r, i), mode << "all_gather: element " << i << " of rank " << r);
+          STRATA_TEST_REQUIRE(ag_out[r * ag + i] == value(r, i),
+                              mode << "all_gather: element " << i << " of rank " << r);
 
       // all_to_all and reduce_scatter of 300 elements per block: only the blocks peers read are copied.
       const size_t b = 300;
