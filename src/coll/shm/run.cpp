@@ -72,7 +72,7 @@ size_t fill_slot(const CommImpl& c, const Op& op, const char* in, size_t in_byte
       return copied;
     case OpKind::AllToAllV:
       for (int j = 0; j < n; ++j)
-        if (j != c.rank) copied += block(op.sdispls[j], op.counts[j]);
+        if (j != c.rank && op.counts[j]) copied += block(op.sdispls[j], op.counts[j]);
       return copied;
     case OpKind::ReduceScatterV:
       for (int j = 0; j < n; displ += op.counts[j], ++j)
@@ -222,9 +222,9 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   x.out = out;
 
   // In place, one-shot all_reduce and all_to_all land in a temporary (peers still read the
-  // bytes they would overwrite).
+  // bytes they would overwrite; all_reduce not when its input rides in the slot).
   bool need_tmp = in == out && ext.out &&
-                  ((op.kind == OpKind::AllReduce && algo == coll::Algo::OneShot && n > 1) ||
+                  ((op.kind == OpKind::AllReduce && algo == coll::Algo::OneShot && n > 1 && !slot_in) ||
                    op.kind == OpKind::AllToAll || op.kind == OpKind::AllToAllV);
   void* tmp = nullptr;
   if (need_tmp) {
