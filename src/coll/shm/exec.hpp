@@ -35,8 +35,6 @@ struct Exec {
   // An external input staged in rounds (pipe.cpp): `in` is then the two slots peers read,
   // `piped_src` the input itself.
   const char* piped_src = nullptr;
-  // This rank's input rides in its slot (OpDesc::kInSlot): peers read that copy, not `in`.
-  bool in_slot = false;
   // Whether the operation ends with a synchronisation: not when no rank's buffer is read or
   // written by a peer (every input in its slot), as all ranks see from the descriptors.
   bool close_sync = true;
@@ -200,6 +198,9 @@ PipeShape pipe_shape(const Exec& x, int r);
 /// Bytes of rank r's input that rank j reads (all_gather: its whole input, whatever j; a
 /// reduction: the block j reduces, none of its own).
 size_t piped_block(const Exec& x, int r, int j);
+/// Where this rank's block for rank j starts in its input, in bytes (all_to_all(v),
+/// reduce_scatter(v); 0 for the kinds whose peers read the whole input).
+size_t own_displ(const Exec& x, int j);
 /// Rounds of this operation: the most any piped rank needs (1 when none pipes).
 int pipe_rounds(const Exec& x);
 /// Makes `src` this rank's piped input: heap slots in x.in, round 0 staged. Before the

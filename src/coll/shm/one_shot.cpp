@@ -15,9 +15,9 @@ Status all_reduce_one_shot(Exec& x, void* tmp) {
     STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, 0, count * e));
     srcs[r] = p;
   }
-  // In place, peers still read our buffer (unless it rides in our slot): reduce into a
-  // temporary, write after they finish.
-  char* dst = x.in == x.out && !x.in_slot ? static_cast<char*>(tmp) : x.out;
+  // In place, peers still read our buffer (unless it rides in our slot, and run() then gives
+  // no temporary): reduce into the temporary, write after they finish.
+  char* dst = tmp ? static_cast<char*>(tmp) : x.out;
   kernels::reduce(x.op.dtype, x.op.rop, dst, srcs.data(), n, count, divisor(x));
   STRATA_RETURN_IF_ERROR(x.close("all_reduce"));
   if (dst != x.out) {

@@ -89,7 +89,8 @@ size_t piped_largest(const Exec& x, int r) {
   return m;
 }
 
-// Where this rank's block for rank j starts in its input, in bytes.
+}  // namespace
+
 size_t own_displ(const Exec& x, int j) {
   switch (x.op.kind) {
     case OpKind::AllToAll: return j * x.op.count * x.esz;
@@ -99,8 +100,6 @@ size_t own_displ(const Exec& x, int j) {
     default: return 0;
   }
 }
-
-}  // namespace
 
 PipeShape pipe_shape(const Exec& x, int r) {
   const int n = x.c.size;

@@ -54,30 +54,24 @@ bool peers_touch_out(OpKind kind, coll::Algo algo) {
 bool peers_read_in(OpKind kind) { return kind != OpKind::Gather; }
 
 /// Copies into `slot` (at the input's own offsets) the bytes of this rank's input `in` that
-/// peers read: the blocks for the other ranks where each peer reads its own block, else all
-/// of it. Returns the bytes copied.
-size_t fill_slot(const CommImpl& c, const Op& op, const char* in, size_t in_bytes, unsigned char* slot) {
-  const int n = c.size;
-  const size_t e = dtype_size(op.dtype);
-  auto block = [&](size_t lo, size_t count) {
-    std::memcpy(slot + lo * e, in + lo * e, count * e);
-    return count * e;
-  };
-  size_t copied = 0, displ = 0;
-  switch (op.kind) {
+/// peers read: where each peer reads its own block, the other ranks' blocks (as pipe.cpp
+/// stages them), else all of it. Returns the bytes copied.
+size_t fill_slot(const Exec& x, const char* in, size_t in_bytes, unsigned char* slot) {
+  switch (x.op.kind) {
     case OpKind::AllToAll:
-    case OpKind::ReduceScatter:
-      for (int j = 0; j < n; ++j)
-        if (j != c.rank) copied += block(static_cast<size_t>(j) * op.count, op.count);
-      return copied;
     case OpKind::AllToAllV:
-      for (int j = 0; j < n; ++j)
-        if (j != c.rank && op.counts[j]) copied += block(op.sdispls[j], op.counts[j]);
+    case OpKind::ReduceScatter:
+    case OpKind::ReduceScatterV: {
+      size_t copied = 0;
+      for (int j = 0; j < x.c.size; ++j) {
+        const size_t bytes = piped_block(x, x.c.rank, j);  // 0 for this rank's own block
+        if (!bytes) continue;
+        const size_t at = own_displ(x, j);
+        std::memcpy(slot + at, in + at, bytes);
+        copied += bytes;
+      }
       return copied;
-    case OpKind::ReduceScatterV:
-      for (int j = 0; j < n; displ += op.counts[j], ++j)
-        if (j != c.rank) copied += block(displ, op.counts[j]);
-      return copied;
+    }
     default: std::memcpy(slot, in, in_bytes); return in_bytes;
   }
 }
@@ -117,7 +111,6 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   // touch this rank's output: the input lies over the descriptor's buffer references.
   const bool slot_in = n > 1 && in_ext && ext.in <= kSlotInputBytes && !peers_touch_out(op.kind, algo);
   if (slot_in) in_ext = false;
-  x.in_slot = slot_in;
   // External buffers large enough that a copy through the heap costs more than CMA's fixed
   // cost per call (system call, peer lookup, page pinning: several µs) are read and written
   // in place by peers with CMA (single copy) when every member can; otherwise they are
@@ -272,7 +265,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   OpSlot& slot = c.self.hdr()->slot(c.seq);
   if (slot_in) {
     std::memcpy(static_cast<void*>(&slot.desc), &d, kInlineDescBytes);
-    c.staged_bytes.fetch_add(fill_slot(c, op, in, ext.in, slot.inline_data()), std::memory_order_relaxed);
+    c.staged_bytes.fetch_add(fill_slot(x, in, ext.in, slot.inline_data()), std::memory_order_relaxed);
   } else {
     slot.desc = d;
   }
