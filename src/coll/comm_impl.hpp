@@ -97,7 +97,8 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
 
   // ---- counters (Communicator::stats) ------------------------------------------------------
   std::atomic<uint64_t> ops{0}, staged_bytes{0}, direct_bytes{0}, cma_bytes{0}, temp_bytes{0};
-  std::atomic<uint64_t> peer_waits{0};  // peer signals waited for in sync() (recovery's cost accounting)
+  std::atomic<uint64_t> peer_waits{0};     // peer signals waited for in sync() (recovery's cost accounting)
+  std::atomic<uint64_t> desc_messages{0};  // first-round messages sent to other members across hosts
 
   // ---- single copy and scratch --------------------------------------------------------------
   bool cma_all = false;                    // every member can CMA-read every other member

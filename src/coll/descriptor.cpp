@@ -78,6 +78,14 @@ Result<OpDesc> read_first_message(const Op& op, const OpDesc& mine, int me, int 
                " (expected at least " + std::to_string(sizeof(OpDesc)) + ")");
   OpDesc d;
   std::memcpy(&d, record, sizeof d);
+  if (d.flags & kHostMismatch) {
+    // The pair's numbers are only printed.
+    const auto a = static_cast<int32_t>(d.in_seg), b = static_cast<int32_t>(d.in_off);
+    return bad("collective mismatch on " + op_no + ": ranks on rank " + std::to_string(r) +
+               "'s host called different operations" +
+               (a >= 0 && b >= 0 ? " (ranks " + std::to_string(a) + " and " + std::to_string(b) + ")" : std::string()) +
+               "; rank " + std::to_string(me) + " called " + coll::describe(mine));
+  }
   // The record area is only 8-byte aligned by convention: copy the counts out.
   std::vector<uint64_t> vec;
   if (len >= head && has_vec(kind)) {

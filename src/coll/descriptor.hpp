@@ -17,6 +17,11 @@ namespace strata::detail {
 /// is in its heap at (out_seg, out_off), so peers may put into it.
 inline constexpr uint32_t kOutHeap = 16;
 
+/// Set in a descriptor exchanged between hosts: the ranks on the sender's host called
+/// different operations (found by the host round, coll/net/run.cpp); in_seg and in_off then
+/// hold two of them (comm ranks, or -1 when the check could not tell which).
+inline constexpr uint32_t kHostMismatch = 128;
+
 /// Compares peer r's descriptor `d` (and its count vector `vec` for v-collectives, when
 /// known) with this rank's (`me`, `mine`, `op`) in a communicator of n ranks: ok, or
 /// InvalidArgument naming both ranks and both calls.

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -901,6 +902,85 @@ TEST(PointToPoint, RecvAnyAcrossHosts) {
     }
   }));
   EXPECT_EQ(mismatch.load(), 1);
+}
+
+// Several ranks on each of several hosts, as many on each (coll/net/run.cpp, the host round):
+// an operation first compares this host's descriptors through shared memory; all_reduce then
+// sends one first message per rail peer (here 1 per rank) where the other operations send one
+// per member (3). Ranks that disagree, within a host or across hosts that chose different
+// rounds, all fail with InvalidArgument and the communicator stays usable.
+TEST(HostRound, AllReduceMeetsOnlyItsRails) {
+  std::unique_ptr<Team> team;
+  try {
+    team = std::make_unique<Team>(std::vector<std::string>{"hr-a", "hr-a", "hr-b", "hr-b"}, 20000ms);
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << "no transport between hosts in this build: " << e.what();
+  }
+  expect_no_failures(team->run([](Communicator& c) {
+    const int n = c.size(), me = c.rank();
+    std::atomic<uint64_t>& msgs = c.impl()->desc_messages;
+    auto value = [](int rank, size_t i) { return static_cast<int32_t>(rank * 100003 + static_cast<int>(i % 1000)); };
+    // Eager (4 KiB) and hierarchical (256 KiB); heap and malloc'd buffers; in and out of place.
+    for (size_t count : {size_t{1024}, size_t{65536}}) {
+      for (bool heap : {true, false}) {
+        for (bool in_place : {false, true}) {
+          Buffer<int32_t> hb = c.alloc<int32_t>(2 * count);
+          std::vector<int32_t> eb(2 * count);
+          int32_t* in = heap ? hb.data() : eb.data();
+          int32_t* out = in_place ? in : in + count;
+          for (size_t i = 0; i < count; ++i) in[i] = value(me, i);
+          const uint64_t m0 = msgs.load();
+          c.all_reduce(in, out, count, DataType::Int32, ReduceOp::Sum);
+          if (msgs.load() - m0 != 1)
+            throw std::runtime_error("all_reduce of " + std::to_string(count) + " sent " +
+                                     std::to_string(msgs.load() - m0) + " first messages, expected 1 (the rail peer)");
+          for (size_t i = 0; i < count; ++i) {
+            int32_t want = 0;
+            for (int r = 0; r < n; ++r) want += value(r, i);
+            if (out[i] != want)
+              throw std::runtime_error("all_reduce of " + std::to_string(count) + ": element " + std::to_string(i) +
+                                       " is " + std::to_string(out[i]) + ", expected " + std::to_string(want));
+          }
+        }
+      }
+    }
+    std::vector<int32_t> a(4 * n), b(4 * n);
+    const uint64_t m0 = msgs.load();
+    c.all_to_all(a.data(), b.data(), 4, DataType::Int32);
+    if (msgs.load() - m0 != static_cast<uint64_t>(n - 1))
+      throw std::runtime_error("all_to_all sent " + std::to_string(msgs.load() - m0) + " first messages, expected " +
+                               std::to_string(n - 1));
+    // Mismatches: within host a; across hosts where host a meets its rails and host b every
+    // member (small and large); each followed by a correct all_reduce.
+    const bool host_a = me < 2;
+    auto expect_mismatch = [&](const char* what, const std::function<void()>& call) {
+      std::string got = "no error";
+      try {
+        call();
+      } catch (const Error& e) {
+        got = e.what();
+        if (e.code() == Code::InvalidArgument && got.find("mismatch") != std::string::npos) got.clear();
+      }
+      if (!got.empty()) throw std::runtime_error(std::string(what) + ": " + got);
+      int32_t one = 1, sum = 0;
+      c.all_reduce(&one, &sum, 1, DataType::Int32, ReduceOp::Sum);
+      if (sum != n) throw std::runtime_error(std::string("after ") + what + ": all_reduce gave " + std::to_string(sum));
+    };
+    Buffer<int32_t> big = c.alloc<int32_t>(65536 * 2);
+    expect_mismatch("a count mismatch within a host",
+                    [&] { c.all_reduce(big.data(), big.data(), me == 0 ? 8 : 9, DataType::Int32, ReduceOp::Sum); });
+    expect_mismatch("an all_reduce on one host against an all_to_all on the other", [&] {
+      if (host_a) c.all_reduce(a.data(), b.data(), 16, DataType::Int32, ReduceOp::Sum);
+      else c.all_to_all(a.data(), b.data(), 4, DataType::Int32);
+    });
+    expect_mismatch("a large all_reduce on one host against a large all_gather on the other", [&] {
+      if (host_a) c.all_reduce(big.data(), big.data(), 65536, DataType::Int32, ReduceOp::Sum);
+      else c.all_gather(big.data(), big.data() + 16384, 16384, DataType::Int32);
+    });
+    expect_mismatch("an eager all_reduce on one host against a hierarchical one on the other", [&] {
+      c.all_reduce(big.data(), big.data(), host_a ? 1024 : 65536, DataType::Int32, ReduceOp::Sum);
+    });
+  }));
 }
 
 TEST(Symmetric, SameOffsetsEverywhere) {

@@ -61,6 +61,7 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
     STRATA_ASSIGN_OR_RETURN(auto t, x.net().send2(x.g(r), make_tag(c, kDesc, x.seq, me), out_head.data(), head,
                                                   data ? eager->to[r] : nullptr, data ? eager->to_bytes[r] : 0));
     if (data) c.direct_bytes.fetch_add(eager->to_bytes[r], std::memory_order_relaxed);
+    c.desc_messages.fetch_add(1, std::memory_order_relaxed);
     x.xs.push_back(std::move(t));
   }
   Status ws = x.wait(coll::to_string(kind));
@@ -81,6 +82,212 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
                                                            eager ? eager->from_bytes[r] : 0));
   }
   return Status::ok();
+}
+
+// ---- the host round -----------------------------------------------------------------------
+// With several ranks on every host and as many on each, an operation first compares the
+// descriptors of this host's ranks through shared memory (an intra-host all_gather of one
+// record per rank). all_reduce then meets the other hosts on its rails only: one message to
+// and from the rank of equal local index on each other host, instead of one per member (2
+// hosts x 2 ranks: one message per rank instead of three, the one to the host's other rank
+// included). The eager all_reduce sends each rail peer the inputs of its whole host, gathered
+// in the same intra-host step, so every rank still reduces all n inputs in rank order: the
+// same bits as the all-pairs round, and as many bytes between hosts. The other operations keep
+// the all-pairs round, whose descriptors (count vectors, output offsets) every pair needs.
+//
+// Why a mismatch cannot leave a rank waiting: whether a rank meets its rails only is a function
+// of its descriptor, so the ranks of a host, once they agree, choose alike. A rank that finds a
+// mismatch (on its host, or in a rail peer's message) sends its descriptor to every member on
+// the other hosts it has not sent to, and waits for one message from each. Every rank finds
+// it: a rail peer whose descriptor equals this rank's and which reports no mismatch on its own
+// host speaks for that whole host, so if every rail peer does, every member called the same.
+// Ranks of the all-pairs round send to every member anyway. So each pair of ranks on different
+// hosts exchanges exactly one message and no receive is left posted.
+
+/// Whether operations on `c` open with the host round.
+bool host_round(const CommImpl& c) {
+  if (!c.local || c.local->size < 2 || c.host_members.size() < 2) return false;
+  for (const auto& m : c.host_members)
+    if (m.size() != c.host_members[0].size()) return false;
+  return true;
+}
+
+/// Whether an operation described by `d` meets the other hosts on its rails only.
+bool rails_only(const OpDesc& d) {
+  const auto algo = static_cast<coll::Algo>(d.algo);
+  return static_cast<OpKind>(d.kind) == OpKind::AllReduce &&
+         (algo == coll::Algo::NetEager || algo == coll::Algo::NetHierarchical);
+}
+
+/// What the intra-host step of the host round found.
+struct HostRound {
+  char* recs = nullptr;  // one record per rank of this host, in local rank order: its
+  size_t rec = 0;        // descriptor, then its input (eager all_reduce)
+  Status mismatch;       // InvalidArgument when this host's ranks called different operations
+  int a = -1, b = -1;    // two of them (comm ranks), when known
+};
+
+Result<HostRound> host_gather(NetExec& x, const OpDesc& mine, const void* data, size_t data_bytes) {
+  CommImpl& c = x.c;
+  const size_t L = static_cast<size_t>(c.local->size);
+  HostRound h;
+  h.rec = (sizeof(OpDesc) + data_bytes + 63) & ~size_t{63};
+  STRATA_ASSIGN_OR_RETURN(void* s, c.scratch_block(0, h.rec * (L + 1)));
+  char* in = static_cast<char*>(s);
+  h.recs = in + h.rec;
+  std::memcpy(in, &mine, sizeof mine);
+  if (data_bytes) std::memcpy(in + sizeof mine, data, data_bytes);
+  Op g = local_op(x, OpKind::AllGather, in, h.recs, {}, ReduceOp::Sum);
+  g.dtype = DataType::UInt8;
+  g.count = h.rec;
+  Status st = run_collective(*c.local, g);
+  if (st.code() == Code::InvalidArgument) {
+    // The records differ in size, and so do the calls; every rank of the host sees it.
+    h.mismatch =
+        Status(Code::InvalidArgument, "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " +
+                                          std::to_string(c.rank) + " called " + coll::describe(mine) +
+                                          " and another rank on its host a different operation (" + st.message() + ")");
+    return h;
+  }
+  STRATA_RETURN_IF_ERROR(st.with_context("intra-host descriptor check: "));
+  const std::vector<int>& lm = c.host_members[c.host_of[c.rank]];
+  for (size_t j = 0; j < L && h.mismatch.is_ok(); ++j) {
+    const int r = lm[j];
+    if (r == c.rank) continue;
+    OpDesc d;
+    std::memcpy(&d, h.recs + j * h.rec, sizeof d);
+    Status cmp = compare_descriptor(x.op, mine, c.rank, d, nullptr, r, c.size);
+    if (cmp.is_ok() && d.kind == mine.kind && d.algo != mine.algo)
+      cmp = Status(Code::InvalidArgument, "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " +
+                                              std::to_string(c.rank) + " runs " + coll::describe(mine) + " with the " +
+                                              coll::to_string(static_cast<coll::Algo>(mine.algo)) +
+                                              " pattern but rank " + std::to_string(r) + " with the " +
+                                              coll::to_string(static_cast<coll::Algo>(d.algo)) + " pattern");
+    if (!cmp.is_ok()) h.mismatch = cmp, h.a = c.rank, h.b = r;
+  }
+  return h;
+}
+
+/// After a mismatch: `d` to every member on another host that `sent` does not mark, one
+/// message from each that `got` does not mark (each sends one, see above), then `why`.
+Status settle_mismatch(NetExec& x, const OpDesc& d, std::vector<char> sent, std::vector<char> got, Status why) {
+  CommImpl& c = x.c;
+  const int n = c.size, me = c.rank, hm = c.host_of[me];
+  const size_t L = c.host_members[hm].size();
+  // Room for the longest first message of any operation, so that every one is read whole.
+  const size_t room = sizeof(OpDesc) + std::max(L * kEagerBytes, n * sizeof(uint64_t) + kEagerBytes);
+  std::vector<char> area(static_cast<size_t>(n) * room);
+  std::vector<transport::TransferPtr> xs;
+  Status st;
+  for (int r = 0; r < n && st.is_ok(); ++r) {
+    if (c.host_of[r] == hm || got[r]) continue;
+    auto t = x.net().recv(x.g(r), make_tag(c, kDesc, x.seq, r), area.data() + r * room, room);
+    if (t.is_ok()) xs.push_back(std::move(t.value()));
+    else st = t.status();
+  }
+  for (int r = 0; r < n && st.is_ok(); ++r) {
+    if (c.host_of[r] == hm || sent[r]) continue;
+    auto t = x.net().send(x.g(r), make_tag(c, kDesc, x.seq, me), &d, sizeof d);
+    c.desc_messages.fetch_add(1, std::memory_order_relaxed);
+    if (t.is_ok()) xs.push_back(std::move(t.value()));
+    else st = t.status();
+  }
+  if (!xs.empty()) {
+    Status ws = x.net().wait(xs, c.policy(x.deadline), "mismatch notice");
+    // A message longer than any first message is a mismatch too: only a failure is news.
+    if (!ws.is_ok() && ws.code() != Code::InvalidArgument) return ws;
+  }
+  if (!st.is_ok()) return st;
+  return why;
+}
+
+/// The all_reduce round between rail peers (after host_gather): each sends the others its
+/// descriptor and, eager, its host's inputs; the eager form is then finished here (`done`).
+Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager, bool& done) {
+  CommImpl& c = x.c;
+  const int n = c.size, me = c.rank, hm = c.host_of[me], li = c.local_of[me];
+  const int H = static_cast<int>(c.host_members.size());
+  const size_t L = c.host_members[hm].size();
+  const size_t b = eager ? x.op.count * x.esz : 0, body = L * b;
+  auto align = [](size_t v) { return (v + 63) & ~size_t{63}; };
+  const size_t head_al = align(sizeof(OpDesc)), body_al = align(body);
+  const size_t spill = align(sizeof(OpDesc) + std::max(L * kEagerBytes, n * sizeof(uint64_t) + kEagerBytes));
+  STRATA_ASSIGN_OR_RETURN(void* rv, c.scratch_block(2, H * (head_al + body_al) + spill));
+  char* heads = static_cast<char*>(rv);
+  char* bodies = heads + H * head_al;
+  char* spill_at = bodies + H * body_al;
+  char* out_body = nullptr;
+  if (body) {
+    STRATA_ASSIGN_OR_RETURN(void* ob, c.scratch_block(1, body));
+    out_body = static_cast<char*>(ob);
+    for (size_t j = 0; j < L; ++j) std::memcpy(out_body + j * b, h.recs + j * h.rec + sizeof(OpDesc), b);
+  }
+  std::vector<transport::TransferPtr> rx(H);
+  std::vector<char> sent(n, 0), got(n, 0);
+  for (int k = 1; k < H; ++k) {
+    const int g = (hm + k) % H, r = c.host_members[g][li];
+    transport::Part parts[3] = {{heads + g * head_al, sizeof(OpDesc)}, {bodies + g * body_al, body}, {spill_at, spill}};
+    STRATA_ASSIGN_OR_RETURN(rx[g], x.net().recv_parts(x.g(r), make_tag(c, kDesc, x.seq, r), parts));
+    x.xs.push_back(rx[g]);
+    got[r] = 1;
+  }
+  for (int k = 1; k < H; ++k) {
+    const int r = c.host_members[(hm + k) % H][li];
+    STRATA_ASSIGN_OR_RETURN(auto t,
+                            x.net().send2(x.g(r), make_tag(c, kDesc, x.seq, me), &mine, sizeof mine, out_body, body));
+    if (body) c.direct_bytes.fetch_add(body, std::memory_order_relaxed);
+    c.desc_messages.fetch_add(1, std::memory_order_relaxed);
+    x.xs.push_back(std::move(t));
+    sent[r] = 1;
+  }
+  Status ws = x.wait(coll::to_string(x.op.kind));
+  Status why;
+  if (!ws.is_ok()) {
+    if (ws.code() != Code::InvalidArgument) return ws;
+    why = Status(Code::InvalidArgument,
+                 "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(me) +
+                     " called " + coll::describe(mine) + " (" + ws.message() + ")",
+                 ws.peer());
+  }
+  x.descs.assign(n, mine);
+  for (auto& d : x.descs) d.flags &= ~kOutHeap;  // members not met: never written to
+  for (size_t j = 0; j < L; ++j) std::memcpy(&x.descs[c.host_members[hm][j]], h.recs + j * h.rec, sizeof(OpDesc));
+  for (int k = 1; k < H && why.is_ok(); ++k) {
+    const int g = (hm + k) % H, r = c.host_members[g][li];
+    auto d = read_first_message(x.op, mine, me, n, r, heads + g * head_al, rx[g]->received, body);
+    if (d.is_ok()) x.descs[r] = d.value();
+    else why = d.status();
+  }
+  if (!why.is_ok()) return settle_mismatch(x, mine, sent, got, why);
+  if (!eager) return Status::ok();
+  // Every rank reduces the same n inputs in rank order: identical results everywhere.
+  done = true;
+  if (!b) return Status::ok();
+  std::vector<const void*> srcs(n);
+  for (int r = 0; r < n; ++r) {
+    const int g = c.host_of[r];
+    const size_t at = static_cast<size_t>(c.local_of[r]);
+    srcs[r] = g == hm ? h.recs + at * h.rec + sizeof(OpDesc) : bodies + g * body_al + at * b;
+  }
+  kernels::reduce(x.op.dtype, x.op.rop, x.out, srcs.data(), n, x.op.count, n);
+  return Status::ok();
+}
+
+/// The first round of a communicator with the host round (see above).
+Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& done) {
+  CommImpl& c = x.c;
+  const bool rails = rails_only(mine), eager_ar = rails && eager;
+  STRATA_ASSIGN_OR_RETURN(HostRound h,
+                          host_gather(x, mine, eager_ar ? x.in : nullptr, eager_ar ? x.op.count * x.esz : 0));
+  if (!h.mismatch.is_ok()) {
+    OpDesc flagged = mine;
+    flagged.flags |= kHostMismatch;
+    flagged.in_seg = static_cast<uint32_t>(h.a);
+    flagged.in_off = static_cast<uint64_t>(static_cast<int64_t>(h.b));
+    return settle_mismatch(x, flagged, std::vector<char>(c.size, 0), std::vector<char>(c.size, 0), h.mismatch);
+  }
+  if (!rails) return first_round(x, mine, eager);
+  return rail_round(x, mine, h, eager_ar, done);
 }
 
 }  // namespace
@@ -120,8 +327,12 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   // The algorithm, which depends on CollOptions::algorithm too, is published: ranks that
   // would run different ones fail as a mismatch instead of waiting for messages that never come.
   d.algo = static_cast<uint8_t>(algo);
-  Status st = first_round(x, d, eager ? &*eager : nullptr);
-  if (st.is_ok() && eager) {
+  bool done = false;  // the operation completed in its first round
+  Status st =
+      host_round(c) ? hosts_first(x, d, eager ? &*eager : nullptr, done) : first_round(x, d, eager ? &*eager : nullptr);
+  if (st.is_ok() && done) {
+    // Finished in its first round (the eager all_reduce between rails).
+  } else if (st.is_ok() && eager) {
     st = finish_eager(x);
   } else if (st.is_ok()) {
     switch (op.kind) {
