@@ -905,10 +905,10 @@ TEST(PointToPoint, RecvAnyAcrossHosts) {
 }
 
 // Several ranks on each of several hosts, as many on each (coll/net/run.cpp, the host round):
-// an operation first compares this host's descriptors through shared memory; all_reduce then
-// sends one first message per rail peer (here 1 per rank) where the other operations send one
-// per member (3). Ranks that disagree, within a host or across hosts that chose different
-// rounds, all fail with InvalidArgument and the communicator stays usable.
+// an operation first compares this host's descriptors through shared memory; all_reduce and the
+// hierarchical all_gather and reduce_scatter then send one first message per rail peer (here 1
+// per rank) where the other operations send one per member (3). Ranks that disagree, within a host or across hosts that
+// chose different rounds, all fail with InvalidArgument and the communicator stays usable.
 TEST(HostRound, AllReduceMeetsOnlyItsRails) {
   std::unique_ptr<Team> team;
   try {
@@ -942,6 +942,30 @@ TEST(HostRound, AllReduceMeetsOnlyItsRails) {
                                        " is " + std::to_string(out[i]) + ", expected " + std::to_string(want));
           }
         }
+      }
+    }
+    // The hierarchical all_gather and reduce_scatter (64 KiB per block) meet their rails only too.
+    {
+      const size_t q = 16384;
+      std::vector<int32_t> in(q * n), out(q * n);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = value(me, i);
+      uint64_t m1 = msgs.load();
+      c.all_gather(in.data(), out.data(), q, DataType::Int32);
+      if (msgs.load() - m1 != 1)
+        throw std::runtime_error("all_gather sent " + std::to_string(msgs.load() - m1) + " first messages, expected 1");
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < q; i += 997)
+          if (out[r * q + i] != value(r, i))
+            throw std::runtime_error("all_gather: wrong block from rank " + std::to_string(r));
+      m1 = msgs.load();
+      c.reduce_scatter(in.data(), out.data(), q, DataType::Int32, ReduceOp::Sum);
+      if (msgs.load() - m1 != 1)
+        throw std::runtime_error("reduce_scatter sent " + std::to_string(msgs.load() - m1) +
+                                 " first messages, expected 1");
+      for (size_t i = 0; i < q; i += 997) {
+        int32_t want = 0;
+        for (int r = 0; r < n; ++r) want += value(r, me * q + i);
+        if (out[i] != want) throw std::runtime_error("reduce_scatter: element " + std::to_string(i) + " is wrong");
       }
     }
     std::vector<int32_t> a(4 * n), b(4 * n);

@@ -87,11 +87,11 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
 // ---- the host round -----------------------------------------------------------------------
 // With several ranks on every host and as many on each, an operation first compares the
 // descriptors of this host's ranks through shared memory (an intra-host all_gather of one
-// record per rank). all_reduce then meets the other hosts on its rails only: one message to
-// and from the rank of equal local index on each other host, instead of one per member (2
-// hosts x 2 ranks: one message per rank instead of three, the one to the host's other rank
-// included). The eager all_reduce sends each rail peer the inputs of its whole host, gathered
-// in the same intra-host step, so every rank still reduces all n inputs in rank order: the
+// record per rank). all_reduce, and the hierarchical all_gather and reduce_scatter, then meet
+// the other hosts on their rails only: one message to and from the rank of equal local index
+// on each other host, instead of one per member (2 hosts x 2 ranks: one message per rank
+// instead of three, the one to the host's other rank included). The eager all_reduce sends each rail peer the inputs of
+// its whole host, gathered in the same intra-host step, so every rank still reduces all n inputs in rank order: the
 // same bits as the all-pairs round, and as many bytes between hosts. The other operations keep
 // the all-pairs round, whose descriptors (count vectors, output offsets) every pair needs.
 //
@@ -112,11 +112,15 @@ bool host_round(const CommImpl& c) {
   return true;
 }
 
-/// Whether an operation described by `d` meets the other hosts on its rails only.
+/// Whether an operation described by `d` meets the other hosts on its rails only: all_reduce,
+/// and the hierarchical all_gather and reduce_scatter (their network steps are rail steps).
+/// Not the v-forms: their count vectors are compared pair by pair, which the intra-host step
+/// does not do.
 bool rails_only(const OpDesc& d) {
   const auto algo = static_cast<coll::Algo>(d.algo);
-  return static_cast<OpKind>(d.kind) == OpKind::AllReduce &&
-         (algo == coll::Algo::NetEager || algo == coll::Algo::NetHierarchical);
+  const auto kind = static_cast<OpKind>(d.kind);
+  if (kind == OpKind::AllReduce) return algo == coll::Algo::NetEager || algo == coll::Algo::NetHierarchical;
+  return (kind == OpKind::AllGather || kind == OpKind::ReduceScatter) && algo == coll::Algo::NetHierarchical;
 }
 
 /// What the intra-host step of the host round found.
@@ -276,7 +280,7 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
 /// The first round of a communicator with the host round (see above).
 Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& done) {
   CommImpl& c = x.c;
-  const bool rails = rails_only(mine), eager_ar = rails && eager;
+  const bool rails = rails_only(mine), eager_ar = rails && eager != nullptr;
   STRATA_ASSIGN_OR_RETURN(HostRound h,
                           host_gather(x, mine, eager_ar ? x.in : nullptr, eager_ar ? x.op.count * x.esz : 0));
   if (!h.mismatch.is_ok()) {
