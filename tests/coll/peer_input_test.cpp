@@ -165,6 +165,24 @@ TEST(NetFirstMessage, FieldsOnlyThePeerKnowsAreChecked) {
   expect_invalid(read(c, 2, record(d), 48), 2, {"400-byte output at offset", "past the end"});
 }
 
+TEST(NetFirstMessage, HostMismatchNoticeIsAMismatchWhateverItsLength) {
+  // The notice a rank sends after its host's ranks disagreed (coll/net/run.cpp, the host
+  // round): its descriptor may equal this rank's and its length fit an eager message, but it
+  // carries no data and must never pass for one.
+  Call c = all_reduce(4, 4);
+  OpDesc d = c.mine;
+  d.flags = detail::kHostMismatch;
+  d.in_seg = 2;
+  d.in_off = 3;
+  auto rec = record(d);
+  rec.resize(48 + 16);
+  expect_invalid(read(c, 2, rec, 64, 16), 2,
+                 {"mismatch on operation #12", "rank 2's host called different operations", "(ranks 2 and 3)"});
+  d.in_seg = static_cast<uint32_t>(-1);
+  d.in_off = static_cast<uint64_t>(-1);
+  expect_invalid(read(c, 3, record(d), 48), 3, {"rank 3's host called different operations; rank 0 called"});
+}
+
 TEST(NetFirstMessage, CountVectorIsComparedAndBounded) {
   Call c;
   c.n = 3;

@@ -328,6 +328,18 @@ struct Runner {
         o.algorithm = me == n - 1 ? Algorithm::OneShot : Algorithm::Auto;
         c.broadcast(b.p, b.p, big, DataType::Float32, 0, o);
       });
+    // Hosts that agree within but differ between them, where one host's call meets its rails
+    // only (all_reduce, coll/net/run.cpp's host round) and the other's every member.
+    int first_host = c.local_size();  // rank 0's host holds ranks 0 .. first_host - 1
+    c.broadcast(&first_host, &first_host, 1, DataType::Int32, 0);
+    expect_mismatch("an all_reduce on the first host against an all_to_all on the others", [&] {
+      if (me < first_host) c.all_reduce(b.p, b.p, 4 * n, DataType::Float32, ReduceOp::Sum);
+      else c.all_to_all(b.p, o.p, 4, DataType::Float32);
+    });
+    expect_mismatch("a large all_reduce on the first host against a large all_gather on the others", [&] {
+      if (me < first_host) c.all_reduce(b.p, b.p, big, DataType::Float32, ReduceOp::Sum);
+      else c.all_gather(b.p, o.p, big, DataType::Float32);
+    });
     expect_mismatch("an all_gather against an all_to_all", [&] {
       if (me == 0) c.all_gather(b.p, o.p, 16, DataType::Float32);
       else c.all_to_all(o.p, b.p, 4, DataType::Float32);

@@ -174,35 +174,40 @@ Result<HostRound> host_gather(NetExec& x, const OpDesc& mine, const void* data, 
 
 /// After a mismatch: `d` to every member on another host that `sent` does not mark, one
 /// message from each that `got` does not mark (each sends one, see above), then `why`.
-Status settle_mismatch(NetExec& x, const OpDesc& d, std::vector<char> sent, std::vector<char> got, Status why) {
+Status settle_mismatch(NetExec& x, const OpDesc& d, const std::vector<char>& sent, const std::vector<char>& got,
+                       Status why) {
   CommImpl& c = x.c;
   const int n = c.size, me = c.rank, hm = c.host_of[me];
-  const size_t L = c.host_members[hm].size();
-  // Room for the longest first message of any operation, so that every one is read whole.
-  const size_t room = sizeof(OpDesc) + std::max(L * kEagerBytes, n * sizeof(uint64_t) + kEagerBytes);
-  std::vector<char> area(static_cast<size_t>(n) * room);
-  std::vector<transport::TransferPtr> xs;
-  Status st;
-  for (int r = 0; r < n && st.is_ok(); ++r) {
-    if (c.host_of[r] == hm || got[r]) continue;
-    auto t = x.net().recv(x.g(r), make_tag(c, kDesc, x.seq, r), area.data() + r * room, room);
-    if (t.is_ok()) xs.push_back(std::move(t.value()));
-    else st = t.status();
-  }
-  for (int r = 0; r < n && st.is_ok(); ++r) {
+  const transport::WaitPolicy pol = c.policy(x.deadline);
+  Status failed;  // a failure (not a mismatch) on the way: reported instead of `why`
+  std::vector<transport::TransferPtr> sends;
+  for (int r = 0; r < n && failed.is_ok(); ++r) {
     if (c.host_of[r] == hm || sent[r]) continue;
     auto t = x.net().send(x.g(r), make_tag(c, kDesc, x.seq, me), &d, sizeof d);
+    if (!t.is_ok()) {
+      failed = t.status();
+      break;
+    }
     c.desc_messages.fetch_add(1, std::memory_order_relaxed);
-    if (t.is_ok()) xs.push_back(std::move(t.value()));
-    else st = t.status();
+    sends.push_back(std::move(t.value()));
   }
-  if (!xs.empty()) {
-    Status ws = x.net().wait(xs, c.policy(x.deadline), "mismatch notice");
+  // The messages are read one at a time into one area with room for the longest first message
+  // of any operation (they are only drained): memory for one, not for every member.
+  const size_t L = c.host_members[hm].size();
+  std::vector<char> area(sizeof(OpDesc) + std::max(L * kEagerBytes, n * sizeof(uint64_t) + kEagerBytes));
+  for (int r = 0; r < n && failed.is_ok(); ++r) {
+    if (c.host_of[r] == hm || got[r]) continue;
+    auto t = x.net().recv(x.g(r), make_tag(c, kDesc, x.seq, r), area.data(), area.size());
+    Status ws = t.is_ok() ? x.net().wait({t.value()}, pol, "mismatch notice") : t.status();
     // A message longer than any first message is a mismatch too: only a failure is news.
-    if (!ws.is_ok() && ws.code() != Code::InvalidArgument) return ws;
+    if (!ws.is_ok() && ws.code() != Code::InvalidArgument) failed = ws;
   }
-  if (!st.is_ok()) return st;
-  return why;
+  // `d` is read until every send completed, whatever happened above.
+  if (!sends.empty()) {
+    Status ws = x.net().wait(sends, pol, "mismatch notice");
+    if (failed.is_ok() && !ws.is_ok()) failed = ws;
+  }
+  return failed.is_ok() ? why : failed;
 }
 
 /// The all_reduce round between rail peers (after host_gather): each sends the others its
