@@ -90,10 +90,11 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
 // record per rank). all_reduce, and the hierarchical all_gather and reduce_scatter, then meet
 // the other hosts on their rails only: one message to and from the rank of equal local index
 // on each other host, instead of one per member (2 hosts x 2 ranks: one message per rank
-// instead of three, the one to the host's other rank included). The eager all_reduce sends each rail peer the inputs of
-// its whole host, gathered in the same intra-host step, so every rank still reduces all n inputs in rank order: the
-// same bits as the all-pairs round, and as many bytes between hosts. The other operations keep
-// the all-pairs round, whose descriptors (count vectors, output offsets) every pair needs.
+// instead of three, the one to the host's other rank included). The eager all_reduce sends
+// each rail peer the inputs of its whole host, gathered in the same intra-host step, so every
+// rank still reduces all n inputs in rank order: the same bits as the all-pairs round, and as
+// many bytes between hosts. The other operations keep the all-pairs round, whose descriptors
+// (count vectors, output offsets) every pair needs.
 //
 // Why a mismatch cannot leave a rank waiting: whether a rank meets its rails only is a function
 // of its descriptor, so the ranks of a host, once they agree, choose alike. A rank that finds a
