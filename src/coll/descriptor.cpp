@@ -3,6 +3,7 @@
 
 #include "coll/descriptor.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -63,6 +64,22 @@ Status compare_descriptor(const Op& op, const OpDesc& mine, int me, const OpDesc
                 r);
 }
 
+Status compare_algorithm(const OpDesc& mine, int me, const OpDesc& d, int r) {
+  if (d.kind != mine.kind || d.seq != mine.seq || d.algo == mine.algo) return Status::ok();
+  return Status(Code::InvalidArgument,
+                "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(me) +
+                    " runs " + coll::describe(mine) + " with the " +
+                    coll::to_string(static_cast<coll::Algo>(mine.algo)) + " pattern but rank " + std::to_string(r) +
+                    " with the " + coll::to_string(static_cast<coll::Algo>(d.algo)) +
+                    " pattern (CollOptions::algorithm or the size differs between them)",
+                r);
+}
+
+size_t longest_first_message(int n, int local_size) {
+  return sizeof(OpDesc) +
+         std::max(static_cast<size_t>(local_size) * coll::kEagerBytes, static_cast<size_t>(n) * sizeof(uint64_t));
+}
+
 size_t first_message_head(OpKind kind, int n) {
   return sizeof(OpDesc) + (has_vec(kind) ? static_cast<size_t>(n) * sizeof(uint64_t) : 0);
 }
@@ -92,11 +109,7 @@ Result<OpDesc> read_first_message(const Op& op, const OpDesc& mine, int me, int 
     vec.resize(static_cast<size_t>(n));
     std::memcpy(vec.data(), static_cast<const char*>(record) + sizeof(OpDesc), vec.size() * sizeof(uint64_t));
   }
-  if (d.kind == mine.kind && d.seq == mine.seq && d.algo != mine.algo)
-    return bad("collective mismatch on " + op_no + ": rank " + std::to_string(me) + " runs " + coll::describe(mine) +
-               " with the " + coll::to_string(static_cast<coll::Algo>(mine.algo)) + " pattern but rank " +
-               std::to_string(r) + " with the " + coll::to_string(static_cast<coll::Algo>(d.algo)) +
-               " pattern (CollOptions::algorithm or the size differs between them)");
+  STRATA_RETURN_IF_ERROR(compare_algorithm(mine, me, d, r));
   STRATA_RETURN_IF_ERROR(compare_descriptor(op, mine, me, d, vec.empty() ? nullptr : vec.data(), r, n));
   const size_t want = head + eager_bytes;
   if (len != want)

@@ -28,6 +28,16 @@ inline constexpr uint32_t kHostMismatch = 128;
 Status compare_descriptor(const coll::Op& op, const coll::OpDesc& mine, int me, const coll::OpDesc& d,
                           const uint64_t* vec, int r, int n);
 
+/// InvalidArgument naming both ranks and patterns when peer r runs this rank's operation (same
+/// kind and sequence, as in `d`) with another algorithm than `mine`, else ok.
+Status compare_algorithm(const coll::OpDesc& mine, int me, const coll::OpDesc& d, int r);
+
+/// Bytes of the longest first message any member of a communicator of n ranks, `local_size` on
+/// each host, may send: a descriptor with n counts (the v-forms, never eager), or with eager
+/// data for one peer or a whole host's inputs (coll/net/run.cpp's host round). A receive area
+/// of this size reads any of them whole.
+size_t longest_first_message(int n, int local_size);
+
 /// Bytes of the record that opens every first message of `kind` in a communicator of n
 /// ranks: the descriptor, then n counts for the v-collectives.
 size_t first_message_head(coll::OpKind kind, int n);

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <numeric>
 #include <set>
+#include <string>
 #include <thread>
 
 #include "coll/comm_impl.hpp"
@@ -24,6 +25,18 @@ using namespace std::chrono_literals;
 
 void expect_no_failures(const std::vector<std::string>& f) {
   for (auto& s : f) ADD_FAILURE() << s;
+}
+
+/// Two faked hosts of 2 ranks each (ranks 0, 1 on `name`-a, 2, 3 on `name`-b), or nullptr
+/// with the reason in `why` when this build has no transport between hosts.
+std::unique_ptr<Team> two_host_team(const std::string& name, std::chrono::milliseconds timeout, std::string& why) {
+  try {
+    return std::make_unique<Team>(std::vector<std::string>{name + "-a", name + "-a", name + "-b", name + "-b"},
+                                  timeout);
+  } catch (const std::exception& e) {
+    why = e.what();
+    return nullptr;
+  }
 }
 
 /// Runs fn on every rank of a fresh team whose communicators time out after `timeout`.
@@ -834,12 +847,9 @@ TEST(PointToPoint, RecvAnyAcrossHosts) {
   // Two faked hosts (ranks 0,1 and 2,3): a communicator that spans hosts sends everything,
   // same-host pairs included, over UCX, where the receiver learns a message's tag only by
   // taking its header.
-  std::unique_ptr<Team> team;
-  try {
-    team = std::make_unique<Team>(std::vector<std::string>{"any-a", "any-a", "any-b", "any-b"}, 10000ms);
-  } catch (const std::exception& e) {
-    GTEST_SKIP() << "no transport between hosts in this build: " << e.what();
-  }
+  std::string why;
+  std::unique_ptr<Team> team = two_host_team("any", 10000ms, why);
+  if (!team) GTEST_SKIP() << "no transport between hosts in this build: " << why;
   constexpr size_t kLarge = 6000;   // floats: past the eager size, so the data follows the header
   constexpr size_t kMedium = 4000;  // floats: just within it, riding with the header
   std::atomic<int> mismatch{0};
@@ -907,15 +917,13 @@ TEST(PointToPoint, RecvAnyAcrossHosts) {
 // Several ranks on each of several hosts, as many on each (coll/net/run.cpp, the host round):
 // an operation first compares this host's descriptors through shared memory; all_reduce and the
 // hierarchical all_gather and reduce_scatter then send one first message per rail peer (here 1
-// per rank) where the other operations send one per member (3). Ranks that disagree, within a host or across hosts that
-// chose different rounds, all fail with InvalidArgument and the communicator stays usable.
+// per rank) where the other operations send one per member (3). Ranks that disagree, within a
+// host or across hosts that chose different rounds, all fail with InvalidArgument and the
+// communicator stays usable.
 TEST(HostRound, AllReduceMeetsOnlyItsRails) {
-  std::unique_ptr<Team> team;
-  try {
-    team = std::make_unique<Team>(std::vector<std::string>{"hr-a", "hr-a", "hr-b", "hr-b"}, 20000ms);
-  } catch (const std::exception& e) {
-    GTEST_SKIP() << "no transport between hosts in this build: " << e.what();
-  }
+  std::string why;
+  std::unique_ptr<Team> team = two_host_team("hr", 20000ms, why);
+  if (!team) GTEST_SKIP() << "no transport between hosts in this build: " << why;
   expect_no_failures(team->run([](Communicator& c) {
     const int n = c.size(), me = c.rank();
     std::atomic<uint64_t>& msgs = c.impl()->desc_messages;

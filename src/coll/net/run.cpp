@@ -33,8 +33,7 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
   // area with room for the largest first message of any operation, so that a peer that
   // called something else is read and named rather than cut off (only a mismatch reaches it).
   auto align = [](size_t v) { return (v + 63) & ~size_t{63}; };
-  const size_t head_al = align(head),
-               spill = align(std::max(sizeof(OpDesc) + kEagerBytes, head + n * sizeof(uint64_t)));
+  const size_t head_al = align(head), spill = align(longest_first_message(n, c.local ? c.local->size : 1));
   size_t body_al = 0;
   if (eager)
     for (int r = 0; r < n; ++r)
@@ -161,13 +160,8 @@ Result<HostRound> host_gather(NetExec& x, const OpDesc& mine, const void* data, 
     if (r == c.rank) continue;
     OpDesc d;
     std::memcpy(&d, h.recs + j * h.rec, sizeof d);
-    Status cmp = compare_descriptor(x.op, mine, c.rank, d, nullptr, r, c.size);
-    if (cmp.is_ok() && d.kind == mine.kind && d.algo != mine.algo)
-      cmp = Status(Code::InvalidArgument, "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " +
-                                              std::to_string(c.rank) + " runs " + coll::describe(mine) + " with the " +
-                                              coll::to_string(static_cast<coll::Algo>(mine.algo)) +
-                                              " pattern but rank " + std::to_string(r) + " with the " +
-                                              coll::to_string(static_cast<coll::Algo>(d.algo)) + " pattern");
+    Status cmp = compare_algorithm(mine, c.rank, d, r);
+    if (cmp.is_ok()) cmp = compare_descriptor(x.op, mine, c.rank, d, nullptr, r, c.size);
     if (!cmp.is_ok()) h.mismatch = cmp, h.a = c.rank, h.b = r;
   }
   return h;
@@ -194,8 +188,7 @@ Status settle_mismatch(NetExec& x, const OpDesc& d, const std::vector<char>& sen
   }
   // The messages are read one at a time into one area with room for the longest first message
   // of any operation (they are only drained): memory for one, not for every member.
-  const size_t L = c.host_members[hm].size();
-  std::vector<char> area(sizeof(OpDesc) + std::max(L * kEagerBytes, n * sizeof(uint64_t) + kEagerBytes));
+  std::vector<char> area(longest_first_message(n, c.local->size));
   for (int r = 0; r < n && failed.is_ok(); ++r) {
     if (c.host_of[r] == hm || got[r]) continue;
     auto t = x.net().recv(x.g(r), make_tag(c, kDesc, x.seq, r), area.data(), area.size());
@@ -221,7 +214,7 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   const size_t b = eager ? x.op.count * x.esz : 0, body = L * b;
   auto align = [](size_t v) { return (v + 63) & ~size_t{63}; };
   const size_t head_al = align(sizeof(OpDesc)), body_al = align(body);
-  const size_t spill = align(sizeof(OpDesc) + std::max(L * kEagerBytes, n * sizeof(uint64_t) + kEagerBytes));
+  const size_t spill = align(longest_first_message(n, static_cast<int>(L)));
   STRATA_ASSIGN_OR_RETURN(void* rv, c.scratch_block(2, H * (head_al + body_al) + spill));
   char* heads = static_cast<char*>(rv);
   char* bodies = heads + H * head_al;
