@@ -365,6 +365,42 @@ Result<std::optional<std::string>> StoreClient::try_get(const std::string& key) 
   return std::optional<std::string>(std::move(value));
 }
 
+Result<std::vector<std::string>> StoreClient::get_many(const std::vector<std::string>& keys,
+                                                       std::chrono::milliseconds timeout) {
+  if (keys.empty()) return std::vector<std::string>();
+  Deadline until = wait_deadline(timeout);
+  auto build = [&](uint64_t seq) {
+    wire::Writer w = wire::request(Op::GetMany, seq);
+    w.u32(static_cast<uint32_t>(keys.size()));
+    for (const auto& k : keys) w.str(k);
+    return w.i64(remaining_ms(until)).frame();
+  };
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::string reply;
+  auto what = [&](const std::vector<std::string>& missing) {
+    return "timed out after " + std::to_string(timeout.count()) + " ms waiting for key(s) " + join_keys(missing) +
+           " in the " + impl_->where();
+  };
+  Status st = impl_->call(build, until, reply);
+  if (st.code() == Code::Timeout) return timeout_error(what(keys) + " (" + st.message() + ")");
+  STRATA_RETURN_IF_ERROR(st);
+  wire::Reader r(reply);
+  auto code = static_cast<ReplyCode>(r.u8());
+  std::vector<std::string> out(r.count(4));
+  for (auto& v : out) v = r.str();
+  if (!r.ok() || (code != ReplyCode::Ok && code != ReplyCode::Timeout))
+    return impl_->unexpected(reply, "store get_many");
+  if (code == ReplyCode::Timeout) {
+    // As for get: a wait polled in slices counts once, when answered.
+    --impl_->counted.ops;
+    impl_->counted.bytes -= impl_->last_bytes;
+    ++impl_->counted.polls;
+    return timeout_error(what(out));
+  }
+  if (out.size() != keys.size()) return impl_->unexpected(reply, "store get_many");
+  return out;
+}
+
 Status StoreClient::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   if (keys.empty()) return Status::ok();
   Deadline until = wait_deadline(timeout);

@@ -122,6 +122,9 @@ class StoreClient {
   Result<std::string> get(const std::string& key, std::chrono::milliseconds timeout);
   /// Returns the value, or nullopt when the key does not exist (no wait).
   Result<std::optional<std::string>> try_get(const std::string& key);
+  /// Waits until every key exists (Timeout after `timeout`, naming the missing ones) and
+  /// returns their values in the order of `keys`: one request however many keys.
+  Result<std::vector<std::string>> get_many(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
   /// Waits until every key exists.
   Status wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
   /// Atomically adds `delta` to the integer stored at key (missing = 0); returns the new value.

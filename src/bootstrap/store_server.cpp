@@ -150,6 +150,8 @@ struct StoreServer::Impl {
   void register_waiter(const Conn& c);
   void unregister_waiter(const Conn& c);
   bool all_present(const Conn& c) const;
+  /// Ok with the value of every key, in order (all present).
+  std::string values_reply(const std::vector<std::string>& keys) const;
   void answer_parked(Conn& c, bool timed_out);
   void key_created(const std::string& key);
   void process_ready();
@@ -558,6 +560,20 @@ std::string StoreServer::Impl::execute(Conn& c, Op op, wire::Reader& r, bool& pa
       parked = true;
       return {};
     }
+    case Op::GetMany: {
+      uint32_t n = r.count(4);
+      std::vector<std::string> keys;
+      for (uint32_t i = 0; i < n && r.ok(); ++i) keys.push_back(r.str());
+      int64_t timeout_ms = r.i64();
+      if (!r.ok()) return malformed();
+      // Parked with every key, present or not: the answer carries all the values, read when
+      // the last one appears (one that was deleted meanwhile is waited for again).
+      if (std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return data.count(k) > 0; }))
+        return values_reply(keys);
+      park(c, op, std::move(keys), timeout_ms);
+      parked = true;
+      return {};
+    }
     case Op::Add: {
       std::string key = r.str();
       int64_t delta = r.i64();
@@ -665,6 +681,13 @@ bool StoreServer::Impl::all_present(const Conn& c) const {
                      [&](const std::string& k) { return data.count(k) > 0; });
 }
 
+std::string StoreServer::Impl::values_reply(const std::vector<std::string>& keys) const {
+  wire::Writer w;
+  w.u8(static_cast<uint8_t>(ReplyCode::Ok)).u32(static_cast<uint32_t>(keys.size()));
+  for (const auto& k : keys) w.str(data.at(k));
+  return w.frame();
+}
+
 void StoreServer::Impl::answer_parked(Conn& c, bool timed_out) {
   c.parked = false;
   unregister_waiter(c);
@@ -679,6 +702,8 @@ void StoreServer::Impl::answer_parked(Conn& c, bool timed_out) {
     send(c, w.frame());
   } else if (c.parked_op == Op::Get) {
     send(c, wire::Writer().u8(static_cast<uint8_t>(ReplyCode::Ok)).str(data.at(c.parked_keys[0])).frame());
+  } else if (c.parked_op == Op::GetMany) {
+    send(c, values_reply(c.parked_keys));
   } else {
     send(c, reply_ok());
   }

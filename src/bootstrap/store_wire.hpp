@@ -35,7 +35,8 @@ namespace strata::bootstrap::wire {
 
 inline constexpr uint32_t kMagic = 0x31525453;  // "STR1" on the wire
 // 2: challenge-response instead of the token in clear, and the server's incarnation.
-inline constexpr uint32_t kVersion = 2;
+// 3: GetMany.
+inline constexpr uint32_t kVersion = 3;
 /// Bytes of each side's nonce.
 inline constexpr size_t kNonceBytes = 32;
 // Before the token is checked a peer may be anything (a port scanner, an HTTP client):
@@ -53,7 +54,8 @@ inline constexpr uint32_t kMaxFrameBytes = 1u << 30;
 //   Del(str key)                           -> Ok(u8 existed)
 //   List(str prefix)                       -> Ok(u32 n, str keys...)
 //   DeletePrefix(str prefix)               -> Ok(i64 count)
-enum class Op : uint8_t { Set = 1, Get, TryGet, Wait, Add, CompareSet, Del, List, DeletePrefix };
+//   GetMany(u32 n, str keys..., i64 timeout) -> Ok(u32 n, str values...) | Timeout(u32 n, str missing keys...)
+enum class Op : uint8_t { Set = 1, Get, TryGet, Wait, Add, CompareSet, Del, List, DeletePrefix, GetMany };
 enum class ReplyCode : uint8_t { Ok = 0, NotFound, Timeout, Error };
 
 /// Ops whose effect must not be applied twice when a request is re-sent after a broken

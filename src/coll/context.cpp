@@ -54,6 +54,33 @@ int open_pidfd(int pid) {
 
 std::string world_key(const ContextImpl& ctx, int rank) { return ctx.key("world/" + std::to_string(rank)); }
 
+namespace {
+
+/// The records of `ranks` (world_key + `suffix`) in one store request, not one per rank: a
+/// replacement joining a job of N ranks otherwise waits N - 1 store round trips, each for the
+/// store's thread to be scheduled on a busy host. A timeout names the ranks that never
+/// published `what` names.
+Result<std::vector<std::string>> read_records(ContextImpl& ctx, const std::vector<int>& ranks,
+                                              const std::string& suffix, const std::string& what) {
+  std::vector<std::string> keys;
+  keys.reserve(ranks.size());
+  for (int r : ranks) keys.push_back(world_key(ctx, r) + suffix);
+  auto v = ctx.store->get_many(keys, ctx.timeout);
+  if (v.is_ok() || v.status().code() != Code::Timeout) return v;
+  std::string missing;
+  int listed = 0;
+  for (size_t i = 0; i < ranks.size() && listed < 16; ++i) {
+    auto t = ctx.store->try_get(keys[i]);
+    if (!t.is_ok() || t.value()) continue;
+    missing += (listed++ ? ", " : "") + std::to_string(ranks[i]);
+  }
+  return timeout_error("rank " + std::to_string(ctx.job.rank) + " waited " + std::to_string(ctx.timeout.count()) +
+                       " ms for " + what + " of rank(s) " + (missing.empty() ? "?" : missing) + " (" +
+                       v.status().message() + ")");
+}
+
+}  // namespace
+
 void CommImpl::set_broken(const Status& s) {
   bool first = false;
   {
@@ -429,20 +456,21 @@ Result<std::shared_ptr<CommImpl>> new_world(const std::shared_ptr<ContextImpl>& 
   // Where every rank lives: the job's records (a replaced rank's predecessor ran on the same
   // host, so an older record says as much as a new one), but for the ranks of a lost host.
   ctx->hosts.assign(n, ctx->job.host_id);
-  bool spans = false;
+  std::vector<int> to_read;
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
     auto m = std::find_if(moved.begin(), moved.end(), [r](const auto& mv) { return mv.first == r; });
-    if (m != moved.end()) {
-      ctx->hosts[r] = m->second;
-    } else {
-      auto v = ctx->store->get(world_key(*ctx, r), ctx->timeout);
-      if (!v.is_ok()) return v.status().with_context("reading the world record of rank " + std::to_string(r) + ": ");
-      STRATA_ASSIGN_OR_RETURN(WorldRecord w, parse_world_record(v.value()));
-      ctx->hosts[r] = w.host;
-    }
-    spans = spans || ctx->hosts[r] != ctx->job.host_id;
+    if (m != moved.end()) ctx->hosts[r] = m->second;
+    else to_read.push_back(r);
   }
+  STRATA_ASSIGN_OR_RETURN(auto records, read_records(*ctx, to_read, "", "the world record"));
+  for (size_t i = 0; i < to_read.size(); ++i) {
+    auto w = parse_world_record(records[i]);
+    if (!w.is_ok()) return w.status().with_context("the world record of rank " + std::to_string(to_read[i]) + ": ");
+    ctx->hosts[to_read[i]] = w.value().host;
+  }
+  const bool spans =
+      std::any_of(ctx->hosts.begin(), ctx->hosts.end(), [&](const std::string& h) { return h != ctx->job.host_id; });
   if (!spans) {
     STRATA_ASSIGN_OR_RETURN(void* ctrl, new_ctrl_block(*ctx, me, n));
     if (!ctx->heap->locate(ctrl, 1)) return internal_error("control block is not in the heap");
@@ -475,11 +503,15 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
   bool spans = false;
   if (n > 1) {
     STRATA_RETURN_IF_ERROR(ctx->store->set(world_key(*ctx, me), world_record(*ctx, *ref)));
-    for (int r = 0; r < n; ++r) {
-      if (r == me) continue;
-      auto v = ctx->store->get(world_key(*ctx, r), ctx->timeout);
-      if (!v.is_ok()) return v.status().with_context("waiting for rank " + std::to_string(r) + " to join the job: ");
-      STRATA_ASSIGN_OR_RETURN(WorldRecord w, parse_world_record(v.value()));
+    std::vector<int> others;
+    for (int r = 0; r < n; ++r)
+      if (r != me) others.push_back(r);
+    STRATA_ASSIGN_OR_RETURN(auto records, read_records(*ctx, others, "", "the world record (joining the job)"));
+    for (size_t i = 0; i < others.size(); ++i) {
+      const int r = others[i];
+      auto parsed = parse_world_record(records[i]);
+      if (!parsed.is_ok()) return parsed.status().with_context("the world record of rank " + std::to_string(r) + ": ");
+      const WorldRecord& w = parsed.value();
       refs[r] = w.ctrl;
       ctx->hosts[r] = w.host;
       epochs[r] = w.epoch;
@@ -527,12 +559,13 @@ Result<std::shared_ptr<CommImpl>> make_world(const std::shared_ptr<ContextImpl>&
   // The record a rebuild reads names the block that is in use (a reader that still finds the
   // first version here takes only its host and pid).
   STRATA_RETURN_IF_ERROR(ctx->store->set(world_key(*ctx, me), world_record(*ctx, *lref)));
-  for (size_t i = 0; i < local.size(); ++i) {
+  std::vector<int> neighbours;
+  for (size_t i = 0; i < local.size(); ++i)
+    if (static_cast<int>(i) != li) neighbours.push_back(local[i]);
+  STRATA_ASSIGN_OR_RETURN(auto blocks, read_records(*ctx, neighbours, "/host", "the host block (same host)"));
+  for (size_t i = 0, j = 0; i < local.size(); ++i) {
     if (static_cast<int>(i) == li) continue;
-    auto v = ctx->store->get(world_key(*ctx, local[i]) + "/host", ctx->timeout);
-    if (!v.is_ok())
-      return v.status().with_context("waiting for rank " + std::to_string(local[i]) + " (same host) to join: ");
-    std::istringstream is(v.value());
+    std::istringstream is(blocks[j++]);
     is >> lrefs[i].seg >> lrefs[i].offset;
   }
   return make_net_comm(ctx, "world", std::move(members), me, lctrl, &lrefs, d);

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -43,6 +44,24 @@ struct EpochState {
   uint64_t joined = 0;              // epoch the world communicator was last built for
   std::mutex mu;
   recovery::Report report;  // the last recovery, for recovery::last_report
+  /// Raises `latest` to `e` and wakes the threads in wait_newer.
+  void announce(uint64_t e) {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      latest.store(e, std::memory_order_release);
+    }
+    newer.notify_all();
+  }
+  /// Waits until `latest` is past `e` or `d` expires; whether it is. A rank that saw a
+  /// failure before the controller's notice sleeps here instead of polling: at 64 ranks
+  /// on 2 cores, 63 survivors waking every millisecond slowed the controller they wait for.
+  bool wait_newer(uint64_t e, Deadline d) {
+    std::unique_lock<std::mutex> lk(mu);
+    return newer.wait_until(lk, d.at(), [&] { return latest.load(std::memory_order_acquire) > e; });
+  }
+
+ private:
+  std::condition_variable newer;
 };
 
 /// A rank's record for the world communicator in the store: where its control block is.

@@ -62,7 +62,7 @@ struct MonitorLoop {
     if (!alive) return;
     const ContextRef c(std::move(alive));
     c.epochs().seen_ns.store(recovery::now_ns(), std::memory_order_relaxed);
-    c.epochs().latest.store(e, std::memory_order_release);
+    c.epochs().announce(e);
     if (!failed.empty() && failed[0] == recovery::keys::kFatal) {
       STRATA_LOG(Info, "rank " << rank << ": the job cannot recover: " << failed.substr(1));
       c.revoke_all(

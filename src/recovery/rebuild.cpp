@@ -15,7 +15,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "coll/membership.hpp"
 #include "common/log.hpp"
@@ -27,19 +30,30 @@ namespace {
 
 constexpr auto kSlice = std::chrono::milliseconds(20);
 
-// Waits for `key` while the job stays in epoch `e`: the value, nullopt when a newer epoch
-// was announced meanwhile, or Timeout at the deadline.
-Result<std::optional<std::string>> wait_in_epoch(const ContextRef& ctx, const std::string& key, uint64_t e, Deadline d,
-                                                 const std::string& what) {
+// Waits for every key of `keys` while the job stays in epoch `e`, in one store request per
+// slice: their values, nullopt when a newer epoch was announced meanwhile, or Timeout at the
+// deadline.
+Result<std::optional<std::vector<std::string>>> wait_all_in_epoch(const ContextRef& ctx,
+                                                                  const std::vector<std::string>& keys, uint64_t e,
+                                                                  Deadline d, const std::string& what) {
+  using Values = std::optional<std::vector<std::string>>;
   for (;;) {
-    auto v = ctx.store()->get(key, kSlice);
-    if (v.is_ok()) return std::optional<std::string>(std::move(v.value()));
+    auto v = ctx.store()->get_many(keys, kSlice);
+    if (v.is_ok()) return Values(std::move(v.value()));
     if (v.status().code() != Code::Timeout) return v.status();
-    if (ctx.epochs().latest.load(std::memory_order_acquire) > e) return std::optional<std::string>();
+    if (ctx.epochs().latest.load(std::memory_order_acquire) > e) return Values();
     if (d.expired())
       return timeout_error("recovery of epoch " + std::to_string(e) + " on rank " + std::to_string(ctx.job().rank) +
-                           " timed out waiting for " + what);
+                           " timed out waiting for " + what + " (" + v.status().message() + ")");
   }
+}
+
+// wait_all_in_epoch for one key.
+Result<std::optional<std::string>> wait_in_epoch(const ContextRef& ctx, const std::string& key, uint64_t e, Deadline d,
+                                                 const std::string& what) {
+  STRATA_ASSIGN_OR_RETURN(auto v, wait_all_in_epoch(ctx, {key}, e, d, what));
+  if (!v) return std::optional<std::string>();
+  return std::optional<std::string>(std::move(v->front()));
 }
 
 bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
@@ -71,10 +85,9 @@ Status rebuild_world(Membership& m, bool fresh) {
     if (!fresh && e == epochs.joined) {
       // The failure was seen locally (a pidfd, a deadline) before the controller's notice
       // arrived: wait for the notice.
-      if (d.expired())
+      if (!epochs.wait_newer(e, d))
         return timeout_error("recover() on rank " + std::to_string(me) + ": no new epoch was announced within " +
                              std::to_string(m.timeout().count()) + " ms (is the controller alive?)");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
       continue;
     }
     STRATA_ASSIGN_OR_RETURN(auto notice, wait_in_epoch(ctx, recovery::keys::epoch(job, e), e, d, "the epoch notice"));
@@ -88,7 +101,6 @@ Status rebuild_world(Membership& m, bool fresh) {
       if (r >= 0 && r < n && r != me) m.move_host(r, host);
     STRATA_LOG(Info, "rank " << me << ": rebuilding the world communicator in epoch " << e << " (replacing " << *notice
                              << ")");
-
     m.reset_sync_state(e);
     for (int f : failed) {
       if (f == me || f < 0 || f >= n) continue;
@@ -104,19 +116,28 @@ Status rebuild_world(Membership& m, bool fresh) {
     // Records first, then the mappings in parallel: a replacement attaches every peer, and
     // each mapping waits for that peer's fd server to be scheduled, which on a busy host is
     // the bulk of its join. Survivors attach only the replaced ranks.
-    bool moved = false;
+    // One store request for all of them (a replacement reads N - 1).
+    std::vector<int> to_read;
+    std::vector<std::string> keys;
+    for (int r = 0; r < n; ++r) {
+      if (attached[r]) continue;
+      to_read.push_back(r);
+      keys.push_back(contains(failed, r) ? recovery::keys::join(job, e, r) : ctx.world_key(m.global_rank(r)));
+    }
+    std::optional<std::vector<std::string>> values(std::in_place);
+    if (!keys.empty()) {
+      const std::string what = to_read.size() == 1 ? "rank " + std::to_string(to_read[0]) + " to join"
+                                                   : std::to_string(to_read.size()) + " ranks to join";
+      STRATA_ASSIGN_OR_RETURN(values, wait_all_in_epoch(ctx, keys, e, d, what));
+    }
+    if (!values) continue;
     std::vector<int> to_attach;
     std::vector<WorldRecord> recs(static_cast<size_t>(n));
-    for (int r = 0; r < n && !moved; ++r) {
-      if (attached[r]) continue;
-      bool replaced = contains(failed, r);
-      std::string key = replaced ? recovery::keys::join(job, e, r) : ctx.world_key(m.global_rank(r));
-      STRATA_ASSIGN_OR_RETURN(auto v, wait_in_epoch(ctx, key, e, d, "rank " + std::to_string(r) + " to join"));
-      if (!v) {
-        moved = true;
-        break;
-      }
-      STRATA_ASSIGN_OR_RETURN(recs[r], parse_world_record(*v));
+    for (size_t i = 0; i < to_read.size(); ++i) {
+      const int r = to_read[i];
+      auto parsed = parse_world_record((*values)[i]);
+      if (!parsed.is_ok()) return parsed.status().with_context("the record of rank " + std::to_string(r) + ": ");
+      recs[r] = std::move(parsed.value());
       if (recs[r].host != m.host_of(r))
         return unavailable("rank " + std::to_string(r) + " rejoined on host '" + recs[r].host + "' but ran on '" +
                            m.host_of(r) +
@@ -133,7 +154,7 @@ Status rebuild_world(Membership& m, bool fresh) {
       m.expect_pid(r, recs[r].pid);
       to_attach.push_back(r);
     }
-    if (moved) continue;
+    bool moved = false;
     if (to_attach.size() > 1) {
       std::atomic<size_t> next{0};
       auto map_some = [&] {

@@ -179,6 +179,51 @@ TEST_F(StoreTest, WaitOnAKeyThatIsCreatedDeletedAndCreatedAgain) {
   t.join();
 }
 
+TEST_F(StoreTest, GetManyReturnsEveryValueInOrderOnceTheLastIsSet) {
+  auto c = client();
+  auto other = client();
+  STRATA_ASSERT_OK(c->set("m/2", std::string("two\0bytes", 9)));
+  STRATA_ASSERT_OK(c->set("m/0", ""));
+  std::thread t([&] {
+    std::this_thread::sleep_for(100ms);
+    STRATA_ASSERT_OK(other->set("m/1", "1"));
+    STRATA_ASSERT_OK(other->del("m/0"));  // waited for again, then set anew
+    std::this_thread::sleep_for(50ms);
+    STRATA_ASSERT_OK(other->set("m/0", "zero"));
+  });
+  auto v = c->get_many({"m/0", "m/1", "m/2", "m/1"}, 5s);
+  t.join();
+  STRATA_ASSERT_OK(v);
+  ASSERT_EQ(v.value().size(), 4u);
+  EXPECT_TRUE(v.value()[0] == "" || v.value()[0] == "zero") << v.value()[0];
+  EXPECT_EQ(v.value()[1], "1");
+  EXPECT_EQ(v.value()[2], std::string("two\0bytes", 9));
+  EXPECT_EQ(v.value()[3], "1");
+
+  // All present: answered at once, as one request.
+  const uint64_t ops0 = c->counters().ops;
+  auto again = c->get_many({"m/2", "m/1"}, 5s);
+  STRATA_ASSERT_OK(again);
+  EXPECT_EQ(again.value()[0], std::string("two\0bytes", 9));
+  EXPECT_EQ(c->counters().ops, ops0 + 1);
+  auto none = c->get_many({}, 0ms);
+  STRATA_ASSERT_OK(none);
+  EXPECT_TRUE(none.value().empty());
+
+  auto start = Clock::now();
+  auto missing = c->get_many({"m/1", "m/7", "m/9"}, 200ms);
+  long ms = elapsed_ms(start);
+  ASSERT_EQ(missing.status().code(), Code::Timeout);
+  EXPECT_NE(missing.status().message().find("'m/7', 'm/9'"), std::string::npos) << missing.status().message();
+  EXPECT_EQ(missing.status().message().find("'m/1'"), std::string::npos) << missing.status().message();
+  EXPECT_GE(ms, 190);
+  EXPECT_LT(ms, 1500);
+  // The connection is still in step: the next request gets its own answer.
+  auto after = c->get("m/1", 1s);
+  STRATA_ASSERT_OK(after);
+  EXPECT_EQ(after.value(), "1");
+}
+
 TEST_F(StoreTest, AddCountsFromZeroAndRejectsNonIntegers) {
   auto c = client();
   EXPECT_EQ(c->add("n", 5).value(), 5);
