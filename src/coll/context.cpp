@@ -428,12 +428,16 @@ Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImp
   return c;
 }
 
-Result<ContextRef> make_context(const Env& env, const bootstrap::JobInfo& job, std::chrono::milliseconds timeout) {
+Result<ContextRef> make_context(const Env& env, const bootstrap::JobInfo& job, std::chrono::milliseconds timeout,
+                                std::unique_ptr<bootstrap::StoreClient> store) {
   auto ctx = std::make_shared<ContextImpl>();
   ctx->env = env;
   ctx->job = job;
   ctx->timeout = timeout.count() > 0 ? timeout : env.timeout;
-  if (!job.store.empty()) {
+  if (store && !job.store.empty()) {
+    ctx->store = std::shared_ptr<bootstrap::StoreClient>(std::move(store));
+    ctx->store->set_reconnect_timeout(env.store_connect_timeout);
+  } else if (!job.store.empty()) {
     STRATA_ASSIGN_OR_RETURN(auto addr, bootstrap::StoreAddress::parse(job.store));
     STRATA_ASSIGN_OR_RETURN(
         auto client, bootstrap::StoreClient::connect(addr, job.token, Deadline::after(env.store_connect_timeout)));

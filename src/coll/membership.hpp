@@ -185,9 +185,11 @@ class Membership {
 // Building a rank's context and its world communicator (context.cpp); the recovery layer's
 // strata::init() (recovery/init.cpp) puts them together.
 
-/// The process context of rank `job.rank`: connects to the store and creates the heap.
-/// `timeout` is the default deadline of operations (0: the Env's).
-Result<ContextRef> make_context(const Env& env, const bootstrap::JobInfo& job, std::chrono::milliseconds timeout);
+/// The process context of rank `job.rank`: connects to the store (or takes `store`, a
+/// connection to job.store made beforehand) and creates the heap. `timeout` is the default
+/// deadline of operations (0: the Env's).
+Result<ContextRef> make_context(const Env& env, const bootstrap::JobInfo& job, std::chrono::milliseconds timeout,
+                                std::unique_ptr<bootstrap::StoreClient> store = nullptr);
 /// Builds the world communicator of a job in its first epoch: every rank publishes its
 /// control block in the store and attaches every other rank's. When that fails once this
 /// rank's block is published (within one host), `*published` is the communicator of that

@@ -66,7 +66,8 @@ Communicator init(const InitOptions& opts) {
   bootstrap::JobOverrides ov;
   ov.rank = opts.rank;
   // A hot spare stops here until a rank fails; it then goes on exactly as a replacement.
-  if (auto spare = value_or_throw(detail::wait_as_spare(env))) ov.rank = spare->rank;
+  std::optional<detail::SpareAssignment> spare = value_or_throw(detail::wait_as_spare(env));
+  if (spare) ov.rank = spare->rank;
   ov.world_size = opts.size;
   ov.store = opts.store;
   ov.token = opts.token;
@@ -78,8 +79,12 @@ Communicator init(const InitOptions& opts) {
   // it (the transport publishes this process's address under it, see world records).
   Env ctx_env = env;
   ctx_env.epoch = detail::start_epoch();
-  detail::ContextRef ctx = value_or_throw(detail::make_context(ctx_env, job, opts.timeout), rank);
-  throw_if_error(detail::start_recovery_services(ctx), rank);
+  // The spare's connections lead to the store and token it was started with; options that name
+  // another store (or token) get connections of their own.
+  const bool spare_store = spare && job.store == env.store && job.token == env.job_token;
+  detail::ContextRef ctx = value_or_throw(
+      detail::make_context(ctx_env, job, opts.timeout, spare_store ? std::move(spare->store) : nullptr), rank);
+  throw_if_error(detail::start_recovery_services(ctx, spare_store ? std::move(spare->monitor_store) : nullptr), rank);
   if (detail::start_epoch() > 0 && job.world_size > 1)
     return Communicator(value_or_throw(detail::join_world(ctx), rank));
   return Communicator(value_or_throw(detail::start_world(ctx), rank));

@@ -101,13 +101,15 @@ class Monitor final : public ContextService {
 
 }  // namespace
 
-Status start_recovery_services(const ContextRef& ctx) {
+Status start_recovery_services(const ContextRef& ctx, std::unique_ptr<bootstrap::StoreClient> client) {
   const Env& env = ctx.env();
   if (!env.ft || !ctx.store()) return Status::ok();
   // A connection of its own: the monitor's long waits must not hold up the rank's requests.
-  STRATA_ASSIGN_OR_RETURN(auto addr, bootstrap::StoreAddress::parse(ctx.job().store));
-  STRATA_ASSIGN_OR_RETURN(
-      auto client, bootstrap::StoreClient::connect(addr, ctx.job().token, Deadline::after(env.store_connect_timeout)));
+  if (!client) {
+    STRATA_ASSIGN_OR_RETURN(auto addr, bootstrap::StoreAddress::parse(ctx.job().store));
+    STRATA_ASSIGN_OR_RETURN(
+        client, bootstrap::StoreClient::connect(addr, ctx.job().token, Deadline::after(env.store_connect_timeout)));
+  }
   client->set_reconnect_timeout(env.store_connect_timeout);
   const uint64_t epoch = start_epoch();
   EpochState& epochs = ctx.epochs();

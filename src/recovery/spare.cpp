@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <sstream>
+#include <utility>
 
 #include "bootstrap/store.hpp"
 #include "common/log.hpp"
@@ -43,9 +44,11 @@ Result<std::optional<SpareAssignment>> wait_as_spare(const Env& env) {
                             ": only `strata run --ft --spares K` starts spares; STRATA_FT, STRATA_STORE, "
                             "STRATA_JOB_ID and STRATA_WORLD_SIZE must be set with it");
   STRATA_ASSIGN_OR_RETURN(auto addr, bootstrap::StoreAddress::parse(env.store));
-  STRATA_ASSIGN_OR_RETURN(
-      auto client, bootstrap::StoreClient::connect(addr, env.job_token, Deadline::after(env.store_connect_timeout)));
+  const Deadline connect_by = Deadline::after(env.store_connect_timeout);
+  STRATA_ASSIGN_OR_RETURN(auto client, bootstrap::StoreClient::connect(addr, env.job_token, connect_by));
+  STRATA_ASSIGN_OR_RETURN(auto monitor, bootstrap::StoreClient::connect(addr, env.job_token, connect_by));
   client->set_reconnect_timeout(kReconnect);
+  monitor->set_reconnect_timeout(kReconnect);
   STRATA_RETURN_IF_ERROR(client->set(recovery::keys::spare(env.job_id, id), std::to_string(::getpid())));
   const std::string key = recovery::keys::assign(env.job_id, id);
   for (;;) {
@@ -53,12 +56,14 @@ Result<std::optional<SpareAssignment>> wait_as_spare(const Env& env) {
     if (v.status().code() == Code::Timeout) continue;
     if (!v.is_ok()) return v.status().with_context(who + ": the job's store went away before this spare was needed: ");
     SpareAssignment a;
+    a.store = std::move(client);
+    a.monitor_store = std::move(monitor);
     std::istringstream in(v.value());
     if (!(in >> a.rank >> a.epoch) || a.rank < 0 || a.rank >= *env.world_size || a.epoch == 0)
       return invalid_argument(who + ": malformed assignment '" + v.value() + "' under " + key);
     g_assigned_epoch.store(a.epoch, std::memory_order_release);
     STRATA_LOG(Info, who << " takes rank " << a.rank << " in epoch " << a.epoch);
-    return std::optional<SpareAssignment>(a);
+    return std::optional<SpareAssignment>(std::move(a));
   }
 }
 
