@@ -372,10 +372,10 @@ int train(int argc, char** argv) {
                     " spawned=%" PRId64 " seen=%" PRId64 " rebuild_start=%" PRId64 " joined=%" PRId64
                     " rebuilt=%" PRId64 " restored=%" PRId64 " step_done=%" PRId64 " bytes=%" PRIu64
                     " store_ops=%" PRIu64 " store_bytes=%" PRIu64 " peer_waits=%" PRIu64 " agree_bytes=%" PRIu64
-                    " agree_rounds=%u\n",
+                    " agree_rounds=%u premapped=%u\n",
                     rank, r.epoch, r.replacement ? 1 : 0, r.injected_ns, r.detected_ns, r.spawned_ns, r.seen_ns,
                     r.rebuild_start_ns, r.joined_ns, r.rebuilt_ns, r.restored_ns, t, r.restored_bytes, r.store_ops,
-                    r.store_bytes, r.peer_waits, r.agree_bytes, r.agree_rounds);
+                    r.store_bytes, r.peer_waits, r.agree_bytes, r.agree_rounds, r.premapped);
       if (rank == 0) {
         std::string failed;
         for (int f : r.failed) failed += (failed.empty() ? "" : ",") + std::to_string(f);

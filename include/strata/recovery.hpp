@@ -41,6 +41,7 @@ struct Report {
   uint64_t peer_waits = 0;    ///< peer signals waited for (one per peer per barrier step) and state messages
   uint64_t agree_bytes = 0;   ///< bytes of the restore's agreement (who donates to whom) sent plus received
   uint32_t agree_rounds = 0;  ///< rounds of that agreement: 2 when some survivor was a step behind its group
+  uint32_t premapped = 0;     ///< peers whose memory a hot spare had mapped before it took this rank
 };
 
 /// The report of the last recovery of `comm`'s job as seen by this process.

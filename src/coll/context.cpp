@@ -52,7 +52,7 @@ int open_pidfd(int pid) {
 
 }  // namespace
 
-std::string world_key(const ContextImpl& ctx, int rank) { return ctx.key("world/" + std::to_string(rank)); }
+std::string world_key(const ContextImpl& ctx, int rank) { return world_record_key(ctx.job.job_id, rank); }
 
 namespace {
 

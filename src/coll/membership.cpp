@@ -20,6 +20,10 @@ Result<WorldRecord> parse_world_record(const std::string& v) {
   return w;
 }
 
+std::string world_record_key(const std::string& job_id, int rank) {
+  return "strata/" + job_id + "/world/" + std::to_string(rank);
+}
+
 // ---- ContextRef ------------------------------------------------------------------------------
 
 ContextRef::ContextRef(std::shared_ptr<ContextImpl> ctx) : ctx_(std::move(ctx)) {}
@@ -97,6 +101,10 @@ void Membership::move_host(int r, const std::string& host) { c_->ctx->hosts[c_->
 
 void Membership::expect_pid(int r, long pid) {
   c_->ctx->heap->expect_peer_pid(c_->members[r], static_cast<pid_t>(pid));
+}
+
+Status Membership::adopt_peer_segment(int r, uint32_t seg, char* base, size_t size, long pid) {
+  return c_->ctx->heap->adopt_peer_segment(c_->members[r], seg, base, size, static_cast<pid_t>(pid));
 }
 
 Status Membership::map_peer(int r, const memory::SegRef& ref, Deadline d) {

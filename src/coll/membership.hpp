@@ -73,6 +73,8 @@ struct WorldRecord {
 };
 /// Reads a record written by Membership::world_record (or world_record in comm_impl.hpp).
 Result<WorldRecord> parse_world_record(const std::string& v);
+/// The store key of rank `rank`'s world record in job `job_id`.
+std::string world_record_key(const std::string& job_id, int rank);
 
 /// What the recovery layer may use of a rank's process context: where the rank sits in the
 /// job, the store, the failure epochs, the monitor slot and the revoke of every communicator.
@@ -155,6 +157,9 @@ class Membership {
   /// rank that joins many peers wait for their fd servers in parallel. Safe from several
   /// threads at once.
   Status map_peer(int r, const memory::SegRef& ref, Deadline d);
+  /// Takes [base, base + size) as the mapping of segment `seg` of member r's process `pid`,
+  /// made beforehand (a hot spare's, while it waited): see memory::Heap::adopt_peer_segment.
+  Status adopt_peer_segment(int r, uint32_t seg, char* base, size_t size, long pid);
   /// Attaches member r's (new) control block at `ref` and watches its (new) process.
   Status attach_peer(int r, const memory::SegRef& ref, Deadline d);
   /// Restarts this rank's sequence counters and its control block's signals at zero for

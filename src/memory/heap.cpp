@@ -81,8 +81,16 @@ struct PeerSeg {
   std::atomic<size_t> size{0};
 };
 
+// A peer's segment entries, in chunks made on first use. A view holding all kMaxSegments
+// entries is 64 KiB, which a rank paid for each peer in first-touch faults (about 10 us a
+// page here): 10-25 ms for 63 peers on a replacement's join, and on every rank's start.
+constexpr uint32_t kSegChunk = 64;
+struct PeerSegChunk {
+  std::array<PeerSeg, kSegChunk> segs;
+};
+
 struct PeerView {
-  std::array<PeerSeg, kMaxSegments> segs;
+  std::array<std::atomic<PeerSegChunk*>, kMaxSegments / kSegChunk> chunks{};
   std::atomic<pid_t> pid{0};       // learned from the first fetch
   std::atomic<pid_t> expected{0};  // published in the store (expect_peer_pid)
   // Serialises only the bookkeeping of misses; the fetch itself runs unlocked so that
@@ -90,6 +98,31 @@ struct PeerView {
   std::mutex mu;
   std::condition_variable cv;
   std::unordered_set<uint32_t> fetching;
+
+  PeerView() = default;
+  PeerView(const PeerView&) = delete;
+  PeerView& operator=(const PeerView&) = delete;
+  ~PeerView() {
+    for (auto& c : chunks) delete c.load(std::memory_order_relaxed);
+  }
+  /// The entry of segment `id` (< kMaxSegments), its chunk made when missing.
+  PeerSeg& seg(uint32_t id) {
+    auto& slot = chunks[id / kSegChunk];
+    PeerSegChunk* c = slot.load(std::memory_order_acquire);
+    if (c == nullptr) {
+      auto* fresh = new PeerSegChunk;
+      if (slot.compare_exchange_strong(c, fresh, std::memory_order_acq_rel)) c = fresh;
+      else delete fresh;
+    }
+    return c->segs[id % kSegChunk];
+  }
+  /// Calls f(entry) for every entry made so far.
+  template <class F>
+  void for_each_seg(F&& f) {
+    for (auto& slot : chunks)
+      if (PeerSegChunk* c = slot.load(std::memory_order_acquire))
+        for (auto& ps : c->segs) f(ps);
+  }
 };
 
 struct PeerChunk {
@@ -290,7 +323,7 @@ Result<void*> Heap::Impl::in_range(int peer, char* base, size_t size, SegRef ref
 }
 
 Result<void*> Heap::Impl::peer_miss(int peer, PeerView& v, SegRef ref, size_t bytes, Deadline deadline) {
-  PeerSeg& ps = v.segs[ref.seg];
+  PeerSeg& ps = v.seg(ref.seg);
   {
     std::unique_lock lk(v.mu);
     for (;;) {
@@ -434,8 +467,9 @@ Heap::~Heap() {
     for (auto& vs : chunk->views) {
       PeerView* v = vs.load(std::memory_order_acquire);
       if (v == nullptr) continue;
-      for (auto& ps : v->segs)
+      v->for_each_seg([](PeerSeg& ps) {
         if (char* b = ps.base.load(std::memory_order_acquire)) munmap(b, ps.size.load(std::memory_order_relaxed));
+      });
       delete v;
     }
     delete chunk;
@@ -554,10 +588,41 @@ Result<void*> Heap::peer_ptr(int peer, SegRef ref, size_t bytes, Deadline deadli
     return im.in_range(peer, s->seg.base, s->seg.size, ref, bytes);
   }
   PeerView* v = im.view(peer, true);
-  PeerSeg& ps = v->segs[ref.seg];
+  PeerSeg& ps = v->seg(ref.seg);
   if (char* b = ps.base.load(std::memory_order_acquire))
     return im.in_range(peer, b, ps.size.load(std::memory_order_relaxed), ref, bytes);
   return im.peer_miss(peer, *v, ref, bytes, deadline);
+}
+
+Status Heap::adopt_peer_segment(int peer, uint32_t seg, char* base, size_t size, pid_t pid) {
+  Impl& im = *impl_;
+  struct Unmapper {
+    char* base;
+    size_t size;
+    ~Unmapper() {
+      if (base) munmap(base, size);
+    }
+  } owned{base, size};
+  if (peer < 0 || peer >= kMaxPeers || peer == im.rank || seg >= kMaxSegments)
+    return invalid_argument("adopt_peer_segment on " + im.rank_str() + ": peer rank " + std::to_string(peer) +
+                            ", segment " + std::to_string(seg) + " is not a peer's segment");
+  PeerView* v = im.view(peer, true);
+  PeerSeg& ps = v->seg(seg);
+  std::lock_guard lk(v->mu);
+  if (ps.base.load(std::memory_order_acquire) != nullptr || v->fetching.count(seg)) return Status::ok();
+  const pid_t expected = v->expected.load(std::memory_order_relaxed);
+  const pid_t known = v->pid.load(std::memory_order_relaxed);
+  if ((expected != 0 && pid != expected) || (known != 0 && pid != known))
+    return Status(Code::PeerFailed,
+                  "adopt_peer_segment on " + im.rank_str() + ": segment " + std::to_string(seg) + " of peer rank " +
+                      std::to_string(peer) + " came from pid " + std::to_string(pid) + ", not from rank " +
+                      std::to_string(peer) + "'s process " + std::to_string(expected != 0 ? expected : known),
+                  peer);
+  owned.base = nullptr;
+  ps.size.store(size, std::memory_order_relaxed);
+  ps.base.store(base, std::memory_order_release);
+  v->pid.store(pid, std::memory_order_relaxed);
+  return Status::ok();
 }
 
 pid_t Heap::peer_pid(int peer) const {
@@ -572,11 +637,11 @@ void Heap::drop_peer(int peer) {
   PeerView* v = impl_->view(peer, false);
   if (v == nullptr) return;
   std::lock_guard lk(v->mu);
-  for (auto& ps : v->segs) {
+  v->for_each_seg([](PeerSeg& ps) {
     char* b = ps.base.exchange(nullptr, std::memory_order_acq_rel);
     if (b != nullptr) munmap(b, ps.size.load(std::memory_order_relaxed));
     ps.size.store(0, std::memory_order_relaxed);
-  }
+  });
   v->pid.store(0, std::memory_order_relaxed);
   v->expected.store(0, std::memory_order_relaxed);
 }

@@ -96,6 +96,13 @@ class Heap {
   /// in this heap's own segments, so callers may treat every rank alike.
   Result<void*> peer_ptr(int peer, SegRef ref, size_t bytes, Deadline deadline);
 
+  /// Takes [base, base + size) as the mapping of segment `seg` of `peer`, made beforehand
+  /// (map_peer_segment of a descriptor fetched from the process `pid`), so that its first
+  /// peer_ptr needs neither a fetch nor the mapping's population. The heap owns the mapping
+  /// from then on, and unmaps it here when refused: when the segment is mapped already, or
+  /// (PeerFailed) when `pid` is not the process expect_peer_pid named for `peer`.
+  Status adopt_peer_segment(int peer, uint32_t seg, char* base, size_t size, pid_t pid);
+
   /// Process id of a peer, learned when its first segment was fetched (0 before).
   pid_t peer_pid(int peer) const;
 

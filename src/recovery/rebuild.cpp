@@ -13,6 +13,8 @@
 
 #include "recovery/rebuild.hpp"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <optional>
@@ -23,6 +25,7 @@
 #include "coll/membership.hpp"
 #include "common/log.hpp"
 #include "recovery/keys.hpp"
+#include "recovery/spare.hpp"
 
 namespace strata {
 namespace detail {
@@ -78,6 +81,7 @@ Status rebuild_world(Membership& m, bool fresh) {
   const uint64_t waits0 = m.peer_waits();
   const uint64_t prev_joined = fresh ? 0 : epochs.joined;
   std::vector<bool> attached(n, !fresh);
+  uint32_t premapped = 0;
   attached[me] = true;
 
   for (;;) {
@@ -154,6 +158,19 @@ Status rebuild_world(Membership& m, bool fresh) {
       m.expect_pid(r, recs[r].pid);
       to_attach.push_back(r);
     }
+    // A hot spare mapped most of these before the failure: its mappings of processes the
+    // records still name need no fetch now.
+    if (fresh) {
+      for (const PrefetchedSegment& p : take_prefetched_segments()) {
+        const bool wanted = p.rank >= 0 && p.rank < n && contains(to_attach, p.rank) && recs[p.rank].pid == p.pid &&
+                            recs[p.rank].ctrl.seg == p.seg;
+        if (!wanted) {
+          ::munmap(p.base, p.size);
+          continue;
+        }
+        if (m.adopt_peer_segment(p.rank, p.seg, p.base, p.size, p.pid).is_ok()) ++premapped;  // else fetched below
+      }
+    }
     bool moved = false;
     if (to_attach.size() > 1) {
       std::atomic<size_t> next{0};
@@ -219,6 +236,7 @@ Status rebuild_world(Membership& m, bool fresh) {
     rep.epoch = e;
     rep.failed = failed;
     rep.replacement = contains(failed, me);
+    rep.premapped = premapped;
     // Several epochs may have passed since the last rebuild (failures during this one):
     // the failure that started it is the first of them.
     for (uint64_t k = e; k > prev_joined; --k) {

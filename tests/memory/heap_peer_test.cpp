@@ -11,6 +11,7 @@
 
 #include "memory/fd_channel.hpp"
 #include "memory/heap.hpp"
+#include "memory/segment.hpp"
 #include "memory/test_util.hpp"
 #include "test_status.hpp"
 
@@ -303,6 +304,54 @@ TEST(HeapPeer, DropPeerUnmapsAndALaterAccessMapsAgain) {
   auto again = h1->peer_ptr(0, ref, 4096, soon());
   STRATA_ASSERT_OK(again);
   EXPECT_EQ(static_cast<char*>(*again)[0], 42);
+}
+
+// A mapping made beforehand (a hot spare's) is taken as the peer's segment: peer_ptr then
+// answers from it, with the owner's data. One from a process the store does not name is
+// refused, as is a second mapping of a segment already mapped; both are unmapped.
+TEST(HeapPeer, AdoptedMappingServesPeerPtrAndAWrongPidIsRefused) {
+  const std::string key = unique_key("adopt");
+  auto h0 = make_heap(key, 0);
+  auto h1 = make_heap(key, 1);
+  auto h2 = make_heap(key, 2);
+  ASSERT_TRUE(h0 && h1 && h2);
+  auto p = h0->alloc(4096);
+  STRATA_ASSERT_OK(p);
+  static_cast<char*>(*p)[7] = 42;
+  const SegRef ref = *h0->locate(*p, 4096);
+  auto premap = [&] {
+    auto f = fetch_segment_fd(socket_path(key, 0), 0, ref.seg, soon());
+    EXPECT_TRUE(f.is_ok()) << f.status().message();
+    auto m = map_peer_segment(f->fd, f->size);
+    ::close(f->fd);
+    EXPECT_TRUE(m.is_ok()) << m.status().message();
+    return std::make_pair(*m, f->size);
+  };
+  const pid_t me = ::getpid();
+
+  auto [base, size] = premap();
+  STRATA_ASSERT_OK(h1->adopt_peer_segment(0, ref.seg, base, size, me));
+  auto v = h1->peer_ptr(0, ref, 4096, soon());
+  STRATA_ASSERT_OK(v);
+  EXPECT_EQ(*v, base + ref.offset) << "peer_ptr must answer from the adopted mapping";
+  EXPECT_EQ(static_cast<char*>(*v)[7], 42);
+  EXPECT_EQ(h1->peer_pid(0), me);
+  // Already mapped: a second mapping is not taken (and is unmapped).
+  auto [again, again_size] = premap();
+  STRATA_EXPECT_OK(h1->adopt_peer_segment(0, ref.seg, again, again_size, me));
+  EXPECT_EQ(*h1->peer_ptr(0, ref, 4096, soon()), base + ref.offset);
+
+  // The store names another process for rank 0: the mapping is refused and the segment is
+  // fetched as usual later (here the fetch itself refuses the server's pid).
+  h2->expect_peer_pid(0, me + 1);
+  auto [other, other_size] = premap();
+  Status refused = h2->adopt_peer_segment(0, ref.seg, other, other_size, me);
+  EXPECT_EQ(refused.code(), Code::PeerFailed) << refused.message();
+  EXPECT_NE(refused.message().find("peer rank 0"), std::string::npos) << refused.message();
+  EXPECT_EQ(h2->peer_ptr(0, ref, 4096, soon()).status().code(), Code::PeerFailed);
+  // Not a peer's segment: this heap's own rank.
+  auto [own, own_size] = premap();
+  EXPECT_EQ(h0->adopt_peer_segment(0, ref.seg, own, own_size, me).code(), Code::InvalidArgument);
 }
 
 // Two heaps with 64 MiB segments; rank 0 touches 1 MiB of its first segment and rank 1 maps

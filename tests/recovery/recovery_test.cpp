@@ -335,6 +335,22 @@ TEST(Recovery, SpareTakesTheKilledRank) {
   expect_nothing_left(socket_env, dir.path() + "/sockets");
 }
 
+// A hot spare maps its peers' memory while it waits, so that a replacement's join maps
+// nothing: the rank it takes reports every peer premapped. The paced steps (50 ms) leave the
+// spare 600 ms after the ranks' start to map 3 peers.
+TEST(Recovery, SpareMapsItsPeersBeforeTheFailure) {
+  STRATA_REQUIRE_BIN();
+  cli_test::TempDir dir;
+  const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
+  Job j = run_job({"run", "--ft", "--spares", "1"}, {"--pace", "50", "--fail", "2:12:kill"}, {socket_env});
+  expect_recovered(j, {2}, 1);
+  static const std::regex rec(R"(RECOVERY rank=2 .*replacement=1 .*premapped=(\d+))");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(j.o.out, m, rec)) << "no RECOVERY line of the replacement\n" << j.o.out;
+  EXPECT_EQ(std::stoi(m[1]), kRanks - 1) << "the spare had not mapped every peer's control block\n" << j.o.out;
+  expect_nothing_left(socket_env, dir.path() + "/sockets");
+}
+
 // Two failures in a row with one spare: the first goes to the spare started with the job,
 // the second to the one started in the background after the first recovery (its rebuild,
 // then 250 ms: 12 paced steps of 40 ms leave room for it).
