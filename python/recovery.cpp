@@ -85,6 +85,7 @@ py::dict report_dict(const recovery::Report& r) {
   d["rebuilt_ns"] = r.rebuilt_ns;
   d["restored_ns"] = r.restored_ns;
   d["restored_bytes"] = r.restored_bytes;
+  d["premapped"] = r.premapped;
   return d;
 }
 
@@ -108,6 +109,8 @@ void bind_recovery(py::module_& m) {
       .def_readonly("restored_ns", &recovery::Report::restored_ns, "When State.restore() finished on this rank.")
       .def_readonly("restored_bytes", &recovery::Report::restored_bytes,
                     "State bytes this rank sent or received in restore().")
+      .def_readonly("premapped", &recovery::Report::premapped,
+                    "Peers whose memory a hot spare had mapped before it took this rank.")
       .def("to_dict", &report_dict, "The fields as a dict.")
       .def("__repr__", [](const recovery::Report& r) {
         std::string failed;

@@ -12,8 +12,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include <strata/recovery.hpp>
@@ -44,13 +46,29 @@ struct EpochState {
   uint64_t joined = 0;              // epoch the world communicator was last built for
   std::mutex mu;
   recovery::Report report;  // the last recovery, for recovery::last_report
-  /// Raises `latest` to `e` and wakes the threads in wait_newer.
-  void announce(uint64_t e) {
+  /// The report's controller timestamps are read from the store when first asked for
+  /// (last_report), not in the rebuild: from epoch `times_from` to report.epoch.
+  uint64_t times_from = 0;
+  bool times_pending = false;
+  /// Raises `latest` to `e`, whose notice (the value of the epoch key) is `notice`, and wakes
+  /// the threads in wait_newer.
+  void announce(uint64_t e, std::string notice) {
     {
       std::lock_guard<std::mutex> g(mu);
       latest.store(e, std::memory_order_release);
+      notices[e] = std::move(notice);
+      // A rebuild reads only the newest epochs; keep a few in case several came at once.
+      while (notices.size() > 8) notices.erase(notices.begin());
     }
     newer.notify_all();
+  }
+  /// The notice of epoch `e` as the monitor received it, if it did: the rebuild then needs
+  /// no store request for it (at 64 ranks, 63 of them queued at the store at once).
+  std::optional<std::string> notice(uint64_t e) {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = notices.find(e);
+    if (it == notices.end()) return std::nullopt;
+    return it->second;
   }
   /// Waits until `latest` is past `e` or `d` expires; whether it is. A rank that saw a
   /// failure before the controller's notice sleeps here instead of polling: at 64 ranks
@@ -62,6 +80,7 @@ struct EpochState {
 
  private:
   std::condition_variable newer;
+  std::map<uint64_t, std::string> notices;
 };
 
 /// A rank's record for the world communicator in the store: where its control block is.

@@ -62,7 +62,7 @@ struct MonitorLoop {
     if (!alive) return;
     const ContextRef c(std::move(alive));
     c.epochs().seen_ns.store(recovery::now_ns(), std::memory_order_relaxed);
-    c.epochs().announce(e);
+    c.epochs().announce(e, failed);
     if (!failed.empty() && failed[0] == recovery::keys::kFatal) {
       STRATA_LOG(Info, "rank " << rank << ": the job cannot recover: " << failed.substr(1));
       c.revoke_all(

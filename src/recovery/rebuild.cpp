@@ -94,8 +94,11 @@ Status rebuild_world(Membership& m, bool fresh) {
                              std::to_string(m.timeout().count()) + " ms (is the controller alive?)");
       continue;
     }
-    STRATA_ASSIGN_OR_RETURN(auto notice, wait_in_epoch(ctx, recovery::keys::epoch(job, e), e, d, "the epoch notice"));
-    if (!notice) continue;
+    std::optional<std::string> notice = epochs.notice(e);
+    if (!notice) {
+      STRATA_ASSIGN_OR_RETURN(notice, wait_in_epoch(ctx, recovery::keys::epoch(job, e), e, d, "the epoch notice"));
+      if (!notice) continue;
+    }
     if (!notice->empty() && (*notice)[0] == recovery::keys::kFatal)
       return unavailable("recover() on rank " + std::to_string(me) + ": the job cannot recover: " + notice->substr(1));
     const std::vector<int> failed = recovery::keys::parse_ranks(*notice);
@@ -221,15 +224,6 @@ Status rebuild_world(Membership& m, bool fresh) {
     // restore's agreement (recoverable like any other).
     epochs.joined = e;
 
-    auto get_ns = [&](const std::string& key) -> int64_t {
-      auto v = store.try_get(key);
-      if (!v.is_ok() || !v.value()) return 0;
-      try {
-        return std::stoll(*v.value());
-      } catch (...) {
-        return 0;
-      }
-    };
     std::lock_guard<std::mutex> g(epochs.mu);
     recovery::Report& rep = epochs.report;
     rep = recovery::Report{};
@@ -238,12 +232,10 @@ Status rebuild_world(Membership& m, bool fresh) {
     rep.replacement = contains(failed, me);
     rep.premapped = premapped;
     // Several epochs may have passed since the last rebuild (failures during this one):
-    // the failure that started it is the first of them.
-    for (uint64_t k = e; k > prev_joined; --k) {
-      if (int64_t t = get_ns(recovery::keys::injected(job, k))) rep.injected_ns = t;
-      if (int64_t t = get_ns(recovery::keys::detected(job, k))) rep.detected_ns = t;
-      if (int64_t t = get_ns(recovery::keys::spawned(job, k))) rep.spawned_ns = t;
-    }
+    // the failure that started it is the first of them. Its timestamps are read when the
+    // report is asked for: 3 store requests per epoch and rank, on nobody's critical path.
+    epochs.times_from = prev_joined + 1;
+    epochs.times_pending = true;
     rep.seen_ns = epochs.seen_ns.load();
     rep.rebuild_start_ns = start_ns;
     rep.joined_ns = joined_ns;
@@ -283,8 +275,39 @@ uint64_t Communicator::epoch() const { return membership_or_throw(impl_).context
 namespace recovery {
 
 Report last_report(const Communicator& comm) {
-  detail::EpochState& epochs = membership_or_throw(comm.impl()).context().epochs();
+  const detail::ContextRef ctx = membership_or_throw(comm.impl()).context();
+  detail::EpochState& epochs = ctx.epochs();
+  uint64_t from = 0, to = 0;
+  {
+    std::lock_guard<std::mutex> g(epochs.mu);
+    if (!epochs.times_pending || !ctx.store()) return epochs.report;
+    from = epochs.times_from;
+    to = epochs.report.epoch;
+  }
+  auto get_ns = [&](const std::string& key) -> int64_t {
+    auto v = ctx.store()->try_get(key);
+    if (!v.is_ok() || !v.value()) return 0;
+    try {
+      return std::stoll(*v.value());
+    } catch (...) {
+      return 0;
+    }
+  };
+  // The failure that started the rebuild is the first of the epochs it went through.
+  int64_t injected = 0, detected = 0, spawned = 0;
+  const std::string& job = ctx.job().job_id;
+  for (uint64_t k = to; k >= from && k > 0; --k) {
+    if (int64_t t = get_ns(keys::injected(job, k))) injected = t;
+    if (int64_t t = get_ns(keys::detected(job, k))) detected = t;
+    if (int64_t t = get_ns(keys::spawned(job, k))) spawned = t;
+  }
   std::lock_guard<std::mutex> g(epochs.mu);
+  if (epochs.times_pending && epochs.report.epoch == to) {
+    epochs.report.injected_ns = injected;
+    epochs.report.detected_ns = detected;
+    epochs.report.spawned_ns = spawned;
+    epochs.times_pending = false;
+  }
   return epochs.report;
 }
 
