@@ -306,6 +306,14 @@ namespace {
 // Remaining time of a wait, as sent on the wire.
 int64_t remaining_ms(const Deadline& d) { return d.remaining().count(); }
 
+// A request naming `keys` and the time left until `until` (Wait, GetMany).
+std::string keys_request(Op op, uint64_t seq, const std::vector<std::string>& keys, const Deadline& until) {
+  wire::Writer w = wire::request(op, seq);
+  w.u32(static_cast<uint32_t>(keys.size()));
+  for (const auto& k : keys) w.str(k);
+  return w.i64(remaining_ms(until)).frame();
+}
+
 // Waits longer than a year are "forever"; this also keeps now + timeout from overflowing.
 Deadline wait_deadline(milliseconds timeout) {
   if (timeout > std::chrono::hours(24 * 365)) return Deadline::never();
@@ -369,12 +377,7 @@ Result<std::vector<std::string>> StoreClient::get_many(const std::vector<std::st
                                                        std::chrono::milliseconds timeout) {
   if (keys.empty()) return std::vector<std::string>();
   Deadline until = wait_deadline(timeout);
-  auto build = [&](uint64_t seq) {
-    wire::Writer w = wire::request(Op::GetMany, seq);
-    w.u32(static_cast<uint32_t>(keys.size()));
-    for (const auto& k : keys) w.str(k);
-    return w.i64(remaining_ms(until)).frame();
-  };
+  auto build = [&](uint64_t seq) { return keys_request(Op::GetMany, seq, keys, until); };
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::string reply;
   auto what = [&](const std::vector<std::string>& missing) {
@@ -404,12 +407,7 @@ Result<std::vector<std::string>> StoreClient::get_many(const std::vector<std::st
 Status StoreClient::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   if (keys.empty()) return Status::ok();
   Deadline until = wait_deadline(timeout);
-  auto build = [&](uint64_t seq) {
-    wire::Writer w = wire::request(Op::Wait, seq);
-    w.u32(static_cast<uint32_t>(keys.size()));
-    for (const auto& k : keys) w.str(k);
-    return w.i64(remaining_ms(until)).frame();
-  };
+  auto build = [&](uint64_t seq) { return keys_request(Op::Wait, seq, keys, until); };
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::string reply;
   Status st = impl_->call(build, until, reply);

@@ -77,6 +77,15 @@ struct LastReply {
 // How long binding waits for its address to resolve.
 constexpr std::chrono::seconds kBindResolveTimeout{30};
 
+// The fields of a Wait or GetMany request: its keys and timeout (check r.ok() after).
+std::pair<std::vector<std::string>, int64_t> read_keys(wire::Reader& r) {
+  uint32_t n = r.count(4);
+  std::vector<std::string> keys;
+  for (uint32_t i = 0; i < n && r.ok(); ++i) keys.push_back(r.str());
+  const int64_t timeout_ms = r.i64();
+  return {std::move(keys), timeout_ms};
+}
+
 std::string reply_ok() { return wire::Writer().u8(static_cast<uint8_t>(ReplyCode::Ok)).frame(); }
 
 std::string reply_error(const std::string& msg) {
@@ -547,10 +556,7 @@ std::string StoreServer::Impl::execute(Conn& c, Op op, wire::Reader& r, bool& pa
       return wire::Writer().u8(static_cast<uint8_t>(ReplyCode::Ok)).str(it->second).frame();
     }
     case Op::Wait: {
-      uint32_t n = r.count(4);
-      std::vector<std::string> keys;
-      for (uint32_t i = 0; i < n && r.ok(); ++i) keys.push_back(r.str());
-      int64_t timeout_ms = r.i64();
+      auto [keys, timeout_ms] = read_keys(r);
       if (!r.ok()) return malformed();
       std::vector<std::string> missing;
       for (auto& k : keys)
@@ -561,10 +567,7 @@ std::string StoreServer::Impl::execute(Conn& c, Op op, wire::Reader& r, bool& pa
       return {};
     }
     case Op::GetMany: {
-      uint32_t n = r.count(4);
-      std::vector<std::string> keys;
-      for (uint32_t i = 0; i < n && r.ok(); ++i) keys.push_back(r.str());
-      int64_t timeout_ms = r.i64();
+      auto [keys, timeout_ms] = read_keys(r);
       if (!r.ok()) return malformed();
       // Parked with every key, present or not: the answer carries all the values, read when
       // the last one appears (one that was deleted meanwhile is waited for again).
