@@ -93,7 +93,8 @@ def test_recover_outside_ft_is_unavailable(comm):
     assert report.epoch == 0 and report.failed == [] and not report.replacement
     assert set(report.to_dict()) == {
         "epoch", "failed", "replacement", "injected_ns", "detected_ns", "spawned_ns", "seen_ns",
-        "rebuild_start_ns", "joined_ns", "rebuilt_ns", "restored_ns", "restored_bytes"}
+        "rebuild_start_ns", "joined_ns", "rebuilt_ns", "restored_ns", "restored_bytes", "premapped"}
+    assert report.premapped == 0
     assert strata.now_ns() > 1_600_000_000 * 10**9
     # The communicator still works after the refused recover().
     a = np.ones(3, np.float32)
