@@ -58,25 +58,17 @@ namespace {
 
 /// The records of `ranks` (world_key + `suffix`) in one store request, not one per rank: a
 /// replacement joining a job of N ranks otherwise waits N - 1 store round trips, each for the
-/// store's thread to be scheduled on a busy host. A timeout names the ranks that never
-/// published `what` names.
+/// store's thread to be scheduled on a busy host. A timeout names the missing keys, which
+/// end in the ranks that never published `what` names.
 Result<std::vector<std::string>> read_records(ContextImpl& ctx, const std::vector<int>& ranks,
                                               const std::string& suffix, const std::string& what) {
   std::vector<std::string> keys;
   keys.reserve(ranks.size());
   for (int r : ranks) keys.push_back(world_key(ctx, r) + suffix);
   auto v = ctx.store->get_many(keys, ctx.timeout);
-  if (v.is_ok() || v.status().code() != Code::Timeout) return v;
-  std::string missing;
-  int listed = 0;
-  for (size_t i = 0; i < ranks.size() && listed < 16; ++i) {
-    auto t = ctx.store->try_get(keys[i]);
-    if (!t.is_ok() || t.value()) continue;
-    missing += (listed++ ? ", " : "") + std::to_string(ranks[i]);
-  }
-  return timeout_error("rank " + std::to_string(ctx.job.rank) + " waited " + std::to_string(ctx.timeout.count()) +
-                       " ms for " + what + " of rank(s) " + (missing.empty() ? "?" : missing) + " (" +
-                       v.status().message() + ")");
+  if (!v.is_ok())
+    return v.status().with_context("rank " + std::to_string(ctx.job.rank) + " waiting for " + what + ": ");
+  return v;
 }
 
 }  // namespace

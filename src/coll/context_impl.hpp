@@ -45,7 +45,7 @@ struct ContextImpl {
   /// Fails every pending and later operation of every communicator with `why` (sticky).
   void revoke_all(const Status& why);
   /// Key under the job's store namespace ("strata/<job>/<suffix>").
-  std::string key(const std::string& suffix) const { return "strata/" + job.job_id + "/" + suffix; }
+  std::string key(const std::string& suffix) const { return job_store_key(job.job_id, suffix); }
   std::vector<std::string> hosts;  // global rank -> host id (filled by make_world)
   // Between hosts; created when the job spans hosts. Declared after heap: it unmaps the
   // heap's segments and removes its listener before the heap goes.

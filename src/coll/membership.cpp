@@ -20,8 +20,12 @@ Result<WorldRecord> parse_world_record(const std::string& v) {
   return w;
 }
 
+std::string job_store_key(const std::string& job_id, const std::string& suffix) {
+  return "strata/" + job_id + "/" + suffix;
+}
+
 std::string world_record_key(const std::string& job_id, int rank) {
-  return "strata/" + job_id + "/world/" + std::to_string(rank);
+  return job_store_key(job_id, "world/" + std::to_string(rank));
 }
 
 // ---- ContextRef ------------------------------------------------------------------------------

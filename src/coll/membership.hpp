@@ -92,6 +92,8 @@ struct WorldRecord {
 };
 /// Reads a record written by Membership::world_record (or world_record in comm_impl.hpp).
 Result<WorldRecord> parse_world_record(const std::string& v);
+/// The store key `suffix` of job `job_id` (every key the library writes for a job).
+std::string job_store_key(const std::string& job_id, const std::string& suffix);
 /// The store key of rank `rank`'s world record in job `job_id`.
 std::string world_record_key(const std::string& job_id, int rank);
 
