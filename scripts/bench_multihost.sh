@@ -44,7 +44,7 @@ HOSTS=2 LAYOUTS=${LAYOUTS:-2 1}
 for ph in $LAYOUTS; do
   [[ $ph =~ ^[1-9][0-9]?$ ]] || { echo "bench_multihost: LAYOUTS='$LAYOUTS': '$ph' is not a rank count per host from 1 to 99" >&2; exit 2; }
 done
-COLLS=(all_reduce all_to_all)
+read -r -a COLLS <<<"${COLLS:-all_reduce all_to_all}"
 # The command as it was given, with the settings that change what is measured.
 COMMAND_LINE="$0 $*"
 for v in QUICK BUILD_DIR MIN MAX FACTOR REPEATS TARGET_MS ROUNDS LAYOUTS; do

@@ -124,6 +124,7 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
 
   // ---- spanning hosts -----------------------------------------------------------------------
   transport::Net* net = nullptr;               // owned by ctx
+  std::vector<char> host_record;               // this rank's record of the host round (coll/net/run.cpp)
   std::shared_ptr<CommImpl> local;             // members on this host, ordered by comm rank
   std::vector<int> host_of;                    // comm rank -> host index (hosts ordered by first comm rank)
   std::vector<int> local_of;                   // comm rank -> index among its host's members

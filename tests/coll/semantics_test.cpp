@@ -976,11 +976,38 @@ TEST(HostRound, AllReduceMeetsOnlyItsRails) {
         if (out[i] != want) throw std::runtime_error("reduce_scatter: element " + std::to_string(i) + " is wrong");
       }
     }
+    // The other kinds meet this host's ranks in the host step only, their eager data included
+    // (the blocks for this host's ranks ride in the records), and send one first message to
+    // each rank of the other host; the v-forms still meet every member.
     std::vector<int32_t> a(4 * n), b(4 * n);
-    const uint64_t m0 = msgs.load();
+    for (int r = 0; r < n; ++r)
+      for (int i = 0; i < 4; ++i) a[r * 4 + i] = value(me, static_cast<size_t>(r * 4 + i));
+    uint64_t m0 = msgs.load();
     c.all_to_all(a.data(), b.data(), 4, DataType::Int32);
+    if (msgs.load() - m0 != 2)
+      throw std::runtime_error("all_to_all sent " + std::to_string(msgs.load() - m0) + " first messages, expected 2");
+    for (int r = 0; r < n; ++r)
+      for (int i = 0; i < 4; ++i)
+        if (b[r * 4 + i] != value(r, static_cast<size_t>(me * 4 + i)))
+          throw std::runtime_error("all_to_all: wrong block from rank " + std::to_string(r));
+    for (int root : {1, 2}) {
+      std::vector<int32_t> v(1024, me == root ? 7 : 0);
+      m0 = msgs.load();
+      c.broadcast(v.data(), v.data(), v.size(), DataType::Int32, root);
+      if (msgs.load() - m0 != 2)
+        throw std::runtime_error("broadcast sent " + std::to_string(msgs.load() - m0) + " first messages, expected 2");
+      if (v[0] != 7 || v[1023] != 7) throw std::runtime_error("broadcast from " + std::to_string(root) + " is wrong");
+    }
+    m0 = msgs.load();
+    c.barrier();
+    if (msgs.load() - m0 != 2)
+      throw std::runtime_error("barrier sent " + std::to_string(msgs.load() - m0) + " first messages, expected 2");
+    std::vector<size_t> counts(n, 4), displs(n);
+    for (int r = 0; r < n; ++r) displs[r] = 4 * r;
+    m0 = msgs.load();
+    c.all_to_all_v(a.data(), counts.data(), displs.data(), b.data(), counts.data(), displs.data(), DataType::Int32);
     if (msgs.load() - m0 != static_cast<uint64_t>(n - 1))
-      throw std::runtime_error("all_to_all sent " + std::to_string(msgs.load() - m0) + " first messages, expected " +
+      throw std::runtime_error("all_to_all_v sent " + std::to_string(msgs.load() - m0) + " first messages, expected " +
                                std::to_string(n - 1));
     // Mismatches: within host a; across hosts where host a meets its rails and host b every
     // member (small and large); each followed by a correct all_reduce.
@@ -1008,6 +1035,22 @@ TEST(HostRound, AllReduceMeetsOnlyItsRails) {
     expect_mismatch("a large all_reduce on one host against a large all_gather on the other", [&] {
       if (host_a) c.all_reduce(big.data(), big.data(), 65536, DataType::Int32, ReduceOp::Sum);
       else c.all_gather(big.data(), big.data() + 16384, 16384, DataType::Int32);
+    });
+    expect_mismatch("an all_to_all against an all_gather within a host", [&] {
+      if (me == 1) c.all_gather(a.data(), b.data(), 4, DataType::Int32);
+      else c.all_to_all(a.data(), b.data(), 1, DataType::Int32);
+    });
+    expect_mismatch("an all_to_all on one host against a broadcast on the other", [&] {
+      if (host_a) c.all_to_all(a.data(), b.data(), 1, DataType::Int32);
+      else c.broadcast(a.data(), a.data(), 4, DataType::Int32, 0);
+    });
+    expect_mismatch("a large all_to_all on one host against an all_to_all_v on the other", [&] {
+      std::vector<size_t> big_counts(n, 16384), big_displs(n);
+      for (int r = 0; r < n; ++r) big_displs[r] = 16384 * r;
+      if (host_a) c.all_to_all(big.data(), big.data() + 65536, 16384, DataType::Int32);
+      else
+        c.all_to_all_v(big.data(), big_counts.data(), big_displs.data(), big.data() + 65536, big_counts.data(),
+                       big_displs.data(), DataType::Int32);
     });
     expect_mismatch("an eager all_reduce on one host against a hierarchical one on the other", [&] {
       c.all_reduce(big.data(), big.data(), host_a ? 1024 : 65536, DataType::Int32, ReduceOp::Sum);

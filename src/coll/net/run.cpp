@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <optional>
+#include <span>
 
 #include "coll/net/exec.hpp"
 
@@ -13,14 +14,26 @@ namespace strata::detail::net {
 
 namespace {
 
+/// What the intra-host step of the host round found.
+struct HostRound {
+  char* recs = nullptr;  // one record per rank of this host, in local rank order: its
+  size_t rec = 0;        // descriptor, then `slot`-byte data slots (see host_gather)
+  size_t slot = 0;
+  Status mismatch;     // InvalidArgument when this host's ranks called different operations
+  int a = -1, b = -1;  // two of them (comm ranks), when known
+};
+
 /// The first round of every operation: each member sends every other one message holding
 /// its descriptor, then its count vector (v-collectives), then, for an eager operation, that
 /// peer's data. It is the cross-host mismatch check (the form of check_descriptors in
 /// coll/shm/run.cpp), and every rank reaches the same verdict because every rank sees every
 /// descriptor. Eager data that arrived is left at x.eager_in[r].
-Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
+/// With `host` (the host round found this host's ranks agree), the round goes to the ranks
+/// on other hosts only: this host's descriptors, and eager data, are in `host`'s records.
+Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const HostRound* host) {
   CommImpl& c = x.c;
   const int n = c.size, me = c.rank;
+  auto by_net = [&](int r) { return !host || c.host_of[r] != c.host_of[me]; };
   const auto kind = x.op.kind;
   const size_t head = first_message_head(kind, n);
   const bool has_vec = head > sizeof(OpDesc);
@@ -46,6 +59,7 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
   x.eager_in.assign(n, nullptr);
   for (int k = 1; k < n; ++k) {
     int r = (me + k) % n;
+    if (!by_net(r)) continue;
     transport::Part parts[3] = {{heads + r * head_al, head}, {}, {spill_at, spill}};
     if (eager && eager->from_bytes[r]) {
       x.eager_in[r] = eager->into[r] ? eager->into[r] : bodies + r * body_al;
@@ -56,6 +70,7 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
   }
   for (int k = 1; k < n; ++k) {
     int r = (me + k) % n;
+    if (!by_net(r)) continue;
     const bool data = eager && eager->to_bytes[r];
     STRATA_ASSIGN_OR_RETURN(auto t, x.net().send2(x.g(r), make_tag(c, kDesc, x.seq, me), out_head.data(), head,
                                                   data ? eager->to[r] : nullptr, data ? eager->to_bytes[r] : 0));
@@ -77,8 +92,17 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager) {
   x.descs[me] = mine;
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
-    STRATA_ASSIGN_OR_RETURN(x.descs[r], read_first_message(x.op, mine, me, n, r, heads + r * head_al, rx[r]->received,
-                                                           eager ? eager->from_bytes[r] : 0));
+    if (by_net(r)) {
+      STRATA_ASSIGN_OR_RETURN(x.descs[r], read_first_message(x.op, mine, me, n, r, heads + r * head_al, rx[r]->received,
+                                                             eager ? eager->from_bytes[r] : 0));
+      continue;
+    }
+    // The same checks of the fields only the peer knows as for a message; its data for this
+    // rank is in its record's slot of this rank's local index.
+    const char* rec = host->recs + static_cast<size_t>(c.local_of[r]) * host->rec;
+    STRATA_ASSIGN_OR_RETURN(x.descs[r], read_first_message(x.op, mine, me, n, r, rec, head, 0));
+    if (eager && eager->from_bytes[r])
+      x.eager_in[r] = const_cast<char*>(rec) + sizeof(OpDesc) + static_cast<size_t>(c.local_of[me]) * host->slot;
   }
   return Status::ok();
 }
@@ -123,24 +147,24 @@ bool rails_only(const OpDesc& d) {
   return (kind == OpKind::AllGather || kind == OpKind::ReduceScatter) && algo == coll::Algo::NetHierarchical;
 }
 
-/// What the intra-host step of the host round found.
-struct HostRound {
-  char* recs = nullptr;  // one record per rank of this host, in local rank order: its
-  size_t rec = 0;        // descriptor, then its input (eager all_reduce)
-  Status mismatch;       // InvalidArgument when this host's ranks called different operations
-  int a = -1, b = -1;    // two of them (comm ranks), when known
-};
-
-Result<HostRound> host_gather(NetExec& x, const OpDesc& mine, const void* data, size_t data_bytes) {
+/// The intra-host all_gather of one record per rank: its descriptor, then `slots.size()`
+/// data slots of `slot` bytes, slot j from slots[j] (left unwritten where that is nullptr).
+Result<HostRound> host_gather(NetExec& x, const OpDesc& mine, std::span<const char* const> slots, size_t slot) {
   CommImpl& c = x.c;
   const size_t L = static_cast<size_t>(c.local->size);
   HostRound h;
-  h.rec = (sizeof(OpDesc) + data_bytes + 63) & ~size_t{63};
-  STRATA_ASSIGN_OR_RETURN(void* s, c.scratch_block(0, h.rec * (L + 1)));
-  char* in = static_cast<char*>(s);
-  h.recs = in + h.rec;
+  h.slot = slot;
+  h.rec = (sizeof(OpDesc) + slots.size() * slot + 63) & ~size_t{63};
+  // This rank's record is not in the heap, so that up to kSlotInputBytes it rides in the
+  // control-block slot: one synchronisation and no closing one (a heap input needs a
+  // closing step, for the peers' reads of it).
+  c.host_record.resize(h.rec);
+  char* in = c.host_record.data();
+  STRATA_ASSIGN_OR_RETURN(void* s, c.scratch_block(0, h.rec * L));
+  h.recs = static_cast<char*>(s);
   std::memcpy(in, &mine, sizeof mine);
-  if (data_bytes) std::memcpy(in + sizeof mine, data, data_bytes);
+  for (size_t j = 0; j < slots.size(); ++j)
+    if (slots[j] && slot) std::memcpy(in + sizeof mine + j * slot, slots[j], slot);
   Op g = local_op(x, OpKind::AllGather, in, h.recs, {}, ReduceOp::Sum);
   g.dtype = DataType::UInt8;
   g.count = h.rec;
@@ -280,8 +304,20 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
 Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& done) {
   CommImpl& c = x.c;
   const bool rails = rails_only(mine), eager_ar = rails && eager != nullptr;
-  STRATA_ASSIGN_OR_RETURN(HostRound h,
-                          host_gather(x, mine, eager_ar ? x.in : nullptr, eager_ar ? x.op.count * x.esz : 0));
+  // The other operations without count vectors meet this host's ranks in this step only: the
+  // record carries, eager, this rank's data for each of them (slot j: for local rank j), and
+  // the network round goes to the other hosts. The v-forms' count vectors are compared pair
+  // by pair in the all-pairs round, this host's pairs included.
+  const bool here = !rails && first_message_head(x.op.kind, c.size) == sizeof(OpDesc);
+  const std::vector<int>& lm = c.host_members[c.host_of[c.rank]];
+  std::vector<const char*> slots;
+  if (eager_ar) slots = {x.in};
+  if (here && eager) {
+    slots.assign(lm.size(), nullptr);
+    for (size_t j = 0; j < lm.size(); ++j)
+      if (lm[j] != c.rank && eager->to_bytes[lm[j]]) slots[j] = eager->to[lm[j]];
+  }
+  STRATA_ASSIGN_OR_RETURN(HostRound h, host_gather(x, mine, slots, slots.empty() ? 0 : x.op.count * x.esz));
   if (!h.mismatch.is_ok()) {
     OpDesc flagged = mine;
     flagged.flags |= kHostMismatch;
@@ -289,7 +325,7 @@ Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& don
     flagged.in_off = static_cast<uint64_t>(static_cast<int64_t>(h.b));
     return settle_mismatch(x, flagged, std::vector<char>(c.size, 0), std::vector<char>(c.size, 0), h.mismatch);
   }
-  if (!rails) return first_round(x, mine, eager);
+  if (!rails) return first_round(x, mine, eager, here ? &h : nullptr);
   return rail_round(x, mine, h, eager_ar, done);
 }
 
@@ -331,8 +367,8 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   // would run different ones fail as a mismatch instead of waiting for messages that never come.
   d.algo = static_cast<uint8_t>(algo);
   bool done = false;  // the operation completed in its first round
-  Status st =
-      host_round(c) ? hosts_first(x, d, eager ? &*eager : nullptr, done) : first_round(x, d, eager ? &*eager : nullptr);
+  Status st = host_round(c) ? hosts_first(x, d, eager ? &*eager : nullptr, done)
+                            : first_round(x, d, eager ? &*eager : nullptr, nullptr);
   if (st.is_ok() && done) {
     // Finished in its first round (the eager all_reduce between rails).
   } else if (st.is_ok() && eager) {
