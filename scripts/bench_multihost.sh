@@ -23,7 +23,9 @@
 # DOCS_DIR (docs), QUICK, MIN (4K), MAX (64M), FACTOR (4), REPEATS, TARGET_MS, WARMUP, ROUNDS,
 # LAYOUTS ("2 1": ranks per host, one layout after the other within each round; 2 puts 4
 # ranks on this 2-core machine, 1 leaves a core per rank and no shared memory between ranks),
-# SKIP_STRATA=1 / SKIP_MPI=1 / SKIP_LINK=1, SKIP_BUILD=1, JOBS.
+# COLLS ("all_reduce all_to_all": the collectives, any that both `strata bench` and mpi_bench
+# run; the report covers all_reduce and all_to_all), SKIP_STRATA=1 / SKIP_MPI=1 / SKIP_LINK=1,
+# SKIP_BUILD=1, JOBS.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
