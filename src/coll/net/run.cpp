@@ -116,8 +116,12 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
 // instead of three, the one to the host's other rank included). The eager all_reduce sends
 // each rail peer the inputs of its whole host, gathered in the same intra-host step, so every
 // rank still reduces all n inputs in rank order: the same bits as the all-pairs round, and as
-// many bytes between hosts. The other operations keep the all-pairs round, whose descriptors
-// (count vectors, output offsets) every pair needs.
+// many bytes between hosts. The other operations then meet every member on the other hosts
+// (their descriptors, with output offsets, are needed pair by pair) but not this host's ranks,
+// whose records already hold them; an eager one's data for this host's ranks rides in the
+// records too (2 hosts x 2 ranks: two messages per rank instead of three, and the record of an
+// all_to_all of 4 KiB, one synchronisation through the control block). The v-forms keep the
+// all-pairs round, this host's pairs included: their count vectors are compared pair by pair.
 //
 // Why a mismatch cannot leave a rank waiting: whether a rank meets its rails only is a function
 // of its descriptor, so the ranks of a host, once they agree, choose alike. A rank that finds a
@@ -125,8 +129,9 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
 // the other hosts it has not sent to, and waits for one message from each. Every rank finds
 // it: a rail peer whose descriptor equals this rank's and which reports no mismatch on its own
 // host speaks for that whole host, so if every rail peer does, every member called the same.
-// Ranks of the all-pairs round send to every member anyway. So each pair of ranks on different
-// hosts exchanges exactly one message and no receive is left posted.
+// Ranks of the other rounds send to every member on the other hosts anyway, and the ranks of a
+// host that agree all skip each other. So each pair of ranks on different hosts exchanges
+// exactly one message and no receive is left posted.
 
 /// Whether operations on `c` open with the host round.
 bool host_round(const CommImpl& c) {
