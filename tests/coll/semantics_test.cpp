@@ -1058,6 +1058,51 @@ TEST(HostRound, AllReduceMeetsOnlyItsRails) {
   }));
 }
 
+// With three ranks on each host, an eager operation's data for this host's other ranks rides
+// in two slots of its record: each rank must take the one meant for it.
+TEST(HostRound, EagerDataForEachLocalRankReachesIt) {
+  std::unique_ptr<Team> team;
+  try {
+    team =
+        std::make_unique<Team>(std::vector<std::string>{"hr3-a", "hr3-a", "hr3-a", "hr3-b", "hr3-b", "hr3-b"}, 20000ms);
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << "no transport between hosts in this build: " << e.what();
+  }
+  expect_no_failures(team->run([](Communicator& c) {
+    const int n = c.size(), me = c.rank();
+    auto value = [](int from, int to, int i) { return static_cast<int32_t>(from * 1000000 + to * 1000 + i); };
+    const int q = 64;
+    std::vector<int32_t> in(static_cast<size_t>(q) * n), out(in.size(), -1);
+    for (int r = 0; r < n; ++r)
+      for (int i = 0; i < q; ++i) in[r * q + i] = value(me, r, i);
+    const uint64_t m0 = c.impl()->desc_messages.load();
+    c.all_to_all(in.data(), out.data(), q, DataType::Int32);
+    if (c.impl()->desc_messages.load() - m0 != 3)
+      throw std::runtime_error("all_to_all sent " + std::to_string(c.impl()->desc_messages.load() - m0) +
+                               " first messages, expected 3 (the other host's ranks)");
+    for (int r = 0; r < n; ++r)
+      for (int i = 0; i < q; ++i)
+        if (out[r * q + i] != value(r, me, i))
+          throw std::runtime_error("all_to_all: block from rank " + std::to_string(r) + " holds " +
+                                   std::to_string(out[r * q + i]) + " at " + std::to_string(i));
+    for (int root = 0; root < n; ++root) {
+      std::vector<int32_t> part(q, -1);
+      c.scatter(in.data(), part.data(), q, DataType::Int32, root);
+      for (int i = 0; i < q; ++i)
+        if (part[i] != value(root, me, i))
+          throw std::runtime_error("scatter from " + std::to_string(root) + ": element " + std::to_string(i) + " is " +
+                                   std::to_string(part[i]));
+      std::vector<int32_t> mine(q), all(static_cast<size_t>(q) * n, -1);
+      for (int i = 0; i < q; ++i) mine[i] = value(me, root, i);
+      c.gather(mine.data(), all.data(), q, DataType::Int32, root);
+      if (me == root)
+        for (int r = 0; r < n; ++r)
+          if (all[r * q + q - 1] != value(r, root, q - 1))
+            throw std::runtime_error("gather at " + std::to_string(root) + ": wrong block from " + std::to_string(r));
+    }
+  }));
+}
+
 TEST(Symmetric, SameOffsetsEverywhere) {
   expect_no_failures(Team::get(4).run([](Communicator& c) {
     auto a = c.alloc_symmetric<float>(1000);

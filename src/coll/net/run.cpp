@@ -98,11 +98,13 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
       continue;
     }
     // The same checks of the fields only the peer knows as for a message; its data for this
-    // rank is in its record's slot of this rank's local index.
-    const char* rec = host->recs + static_cast<size_t>(c.local_of[r]) * host->rec;
+    // rank is in its record's slot for this rank (see hosts_first).
+    const int lr = c.local_of[r], lme = c.local_of[me];
+    const char* rec = host->recs + static_cast<size_t>(lr) * host->rec;
     STRATA_ASSIGN_OR_RETURN(x.descs[r], read_first_message(x.op, mine, me, n, r, rec, head, 0));
     if (eager && eager->from_bytes[r])
-      x.eager_in[r] = const_cast<char*>(rec) + sizeof(OpDesc) + static_cast<size_t>(c.local_of[me]) * host->slot;
+      x.eager_in[r] =
+          const_cast<char*>(rec) + sizeof(OpDesc) + static_cast<size_t>(lme < lr ? lme : lme - 1) * host->slot;
   }
   return Status::ok();
 }
@@ -310,17 +312,17 @@ Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& don
   CommImpl& c = x.c;
   const bool rails = rails_only(mine), eager_ar = rails && eager != nullptr;
   // The other operations without count vectors meet this host's ranks in this step only: the
-  // record carries, eager, this rank's data for each of them (slot j: for local rank j), and
-  // the network round goes to the other hosts. The v-forms' count vectors are compared pair
-  // by pair in the all-pairs round, this host's pairs included.
+  // record carries, eager, this rank's data for each of them (one slot per other local rank,
+  // in local rank order: an all_to_all of 16 KiB on 2 x 2 still rides in the control block),
+  // and the network round goes to the other hosts. The v-forms' count vectors are compared
+  // pair by pair in the all-pairs round, this host's pairs included.
   const bool here = !rails && first_message_head(x.op.kind, c.size) == sizeof(OpDesc);
   const std::vector<int>& lm = c.host_members[c.host_of[c.rank]];
   std::vector<const char*> slots;
   if (eager_ar) slots = {x.in};
   if (here && eager) {
-    slots.assign(lm.size(), nullptr);
-    for (size_t j = 0; j < lm.size(); ++j)
-      if (lm[j] != c.rank && eager->to_bytes[lm[j]]) slots[j] = eager->to[lm[j]];
+    for (int r : lm)
+      if (r != c.rank) slots.push_back(eager->to_bytes[r] ? eager->to[r] : nullptr);
   }
   STRATA_ASSIGN_OR_RETURN(HostRound h, host_gather(x, mine, slots, slots.empty() ? 0 : x.op.count * x.esz));
   if (!h.mismatch.is_ok()) {
