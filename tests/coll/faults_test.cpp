@@ -136,6 +136,52 @@ TEST(Forked, LargeExternalBuffersMoveByCmaWithoutRegistration) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
 }
 
+// all_to_all out of place reads each peer's block by CMA once it may (1 MiB unregistered,
+// 256 KiB registered): a block is read by one peer only, so that is its one copy, where
+// staging it in rounds would make two. Nothing is staged.
+TEST(Forked, ExternalAllToAllIsReadByCmaNotStaged) {
+  auto results = run_forked(3, 10000ms, [](Communicator& c, std::string& report) {
+    const int n = c.size(), me = c.rank();
+    auto value = [](int from, int to, size_t i) { return static_cast<float>(from * 100 + to * 10) + (i % 7); };
+    auto check = [&](const std::vector<float>& out, size_t q, const char* what) {
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < q; i += 4099)
+          if (out[r * q + i] != value(r, me, i)) return std::string(what) + ": wrong block from " + std::to_string(r);
+      return std::string();
+    };
+    // Unregistered: 3 blocks of 512 KiB, an input of 1.5 MiB.
+    const size_t q = (size_t{512} << 10) / sizeof(float);
+    std::vector<float> in(q * n), out(q * n, -1.0f);
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < q; ++i) in[r * q + i] = value(me, r, i);
+    c.all_to_all(in, out);
+    const Stats s = c.stats();
+    report = check(out, q, "external");
+    if (!report.empty()) return 1;
+    // Registered: blocks of 128 KiB, an input of 384 KiB.
+    const size_t q2 = (size_t{128} << 10) / sizeof(float);
+    std::vector<float> in2(q2 * n), out2(q2 * n, -1.0f);
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < q2; ++i) in2[r * q2 + i] = value(me, r, i);
+    Registration r1 = c.register_buffer(in2.data(), in2.size() * sizeof(float));
+    c.all_to_all(in2, out2);
+    const Stats s2 = c.stats();
+    report = check(out2, q2, "registered");
+    if (!report.empty()) return 1;
+    const size_t read = (n - 1) * q * sizeof(float), read2 = (n - 1) * q2 * sizeof(float);
+    report = "external: staged=" + std::to_string(s.staged_bytes) + " cma=" + std::to_string(s.cma_bytes) +
+             " (expected 0 and " + std::to_string(read) +
+             "); registered: staged=" + std::to_string(s2.staged_bytes - s.staged_bytes) +
+             " cma=" + std::to_string(s2.cma_bytes - s.cma_bytes) + " (expected 0 and " + std::to_string(read2) + ")";
+    return s.staged_bytes == 0 && s.cma_bytes == read && s2.staged_bytes == s.staged_bytes &&
+                   s2.cma_bytes - s.cma_bytes == read2
+               ? 0
+               : 2;
+  });
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
+}
+
 /// Ranks loop on large all_reduces; the parent signals rank 1 mid-way. The others must fail
 /// with PeerFailed or Timeout within twice the timeout and exit cleanly.
 void peer_dies_or_hangs(int sig, const std::vector<Code>& allowed) {

@@ -137,10 +137,17 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   // registered or not, CMA reads of the peers' buffers (docs/PERFORMANCE.md). Two-shot
   // all_reduce was measured no faster in rounds (on its own and with the reduced slice staged
   // for the peers round by round too) and keeps its whole-slice staging.
-  const bool piped =
-      n > 1 && in_ext && apart &&
-      (op.kind == OpKind::AllGather || op.kind == OpKind::AllGatherV || op.kind == OpKind::AllToAll ||
-       op.kind == OpKind::AllToAllV || op.kind == OpKind::ReduceScatter || op.kind == OpKind::ReduceScatterV);
+  // all_to_all(v) is the exception once CMA may read the input: each of its blocks is read by
+  // one peer, once, so a CMA read is that block's only copy where a staged round makes two
+  // (2 ranks, alternating runs: external 1 / 4 / 16 MiB 64-74 / 387-401 / 1810-1885 us against
+  // 119-122 / 493-509 / 2112-2123 piped; registered from 256 KiB, 9-10 against 19 us at 256 KiB).
+  // all_gather's blocks are read by every peer and reduce_scatter's are reduced in the cache
+  // round by round: for those CMA did not win at every size (reduce_scatter 64 MiB: 17.1 against
+  // 13.8 ms piped), so they stay piped.
+  const bool a2a = op.kind == OpKind::AllToAll || op.kind == OpKind::AllToAllV;
+  const bool piped = n > 1 && in_ext && apart && !(a2a && use_cma(in, ext.in)) &&
+                     (op.kind == OpKind::AllGather || op.kind == OpKind::AllGatherV || a2a ||
+                      op.kind == OpKind::ReduceScatter || op.kind == OpKind::ReduceScatterV);
   if (piped) {
     STRATA_ASSIGN_OR_RETURN(in, pipe_input(x, in));
     in_ref = heap.locate(in, 1);
