@@ -220,6 +220,10 @@ int info_main(int argc, char** argv) {
                   : env.two_shot_stores == 0 ? "cached"
                                              : "streamed") +
           " (STRATA_TWO_SHOT_STORES)");
+  row("  all_to_all input", std::string(env.all_to_all_cma < 0    ? "auto: the faster of staged and CMA, per input size"
+                                        : env.all_to_all_cma == 0 ? "staged"
+                                                                  : "CMA") +
+                                " (STRATA_ALL_TO_ALL_CMA)");
   row("  log level", env.log_level + " (STRATA_LOG)");
   for (const auto& bad : env.invalid) row("  refused", bad + " (strata run and init() stop on it)");
   row("job", job_placement(env));

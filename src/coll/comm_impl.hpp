@@ -105,15 +105,17 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   bool oversubscribed = false;             // more members than cores this process may use
   std::vector<std::vector<char>> cma_tmp;  // per peer: landing space for CMA reads that feed a reduction
 
-  // How two-shot writes its reduced slice, learned per slice size (log2 of its bytes): each
-  // mode is tried kTrials times, then the faster one stays (StoreChoice, coll/shm/exec.cpp).
-  struct StoreTrials {
+  // A choice between two ways of running a call that changes no result, learned per size
+  // (log2 of its bytes): each mode is tried kTrials times, then the faster one stays
+  // (TimedChoice, coll/shm/exec.cpp).
+  struct Trials {
     static constexpr int kTrials = 3;
-    int runs[2] = {0, 0};                         // calls timed per mode: cached, streamed
+    int runs[2] = {0, 0};                         // calls timed per mode
     int64_t best_ns[2] = {INT64_MAX, INT64_MAX};  // the fastest of them
     int chosen = -1;                              // the mode kept, once both were tried
   };
-  StoreTrials two_shot_stores[65];
+  Trials two_shot_stores[65];  // two-shot's reduced slice: 0 cached, 1 streamed stores
+  Trials all_to_all_cma[65];   // an external all_to_all input: 0 staged in rounds, 1 read by CMA
 
   // Scratch heap blocks used to stage external buffers and for in-place temporaries.
   struct Scratch {

@@ -177,6 +177,12 @@ Env parse(Lookup lookup, void* ctx) {
     else if (*s == "streamed") e.two_shot_stores = 1;
     else s.reject("not one of auto, cached, streamed");
   }
+  if (auto s = get("STRATA_ALL_TO_ALL_CMA"); s && !s->empty()) {
+    if (*s == "auto") e.all_to_all_cma = -1;
+    else if (*s == "staged") e.all_to_all_cma = 0;
+    else if (*s == "cma") e.all_to_all_cma = 1;
+    else s.reject("not one of auto, staged, cma");
+  }
   if (auto v = to_size(get("STRATA_CMA_MIN_BYTES"))) e.cma_min_bytes = *v;
   if (auto v = to_size(get("STRATA_CMA_REGISTERED_MIN_BYTES"))) e.cma_registered_min_bytes = *v;
   if (auto v = to_int(get("STRATA_FLIGHT_RECORDER"), 0, 1 << 20)) e.flight_recorder = static_cast<size_t>(*v);

@@ -7,12 +7,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <set>
 #include <string>
 #include <thread>
 
+#include "coll/comm_impl.hpp"
+#include "coll/context_impl.hpp"
 #include "coll/harness.hpp"
 
 namespace strata::test {
@@ -136,47 +139,60 @@ TEST(Forked, LargeExternalBuffersMoveByCmaWithoutRegistration) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
 }
 
-// all_to_all out of place reads each peer's block by CMA once it may (1 MiB unregistered,
-// 256 KiB registered): a block is read by one peer only, so that is its one copy, where
-// staging it in rounds would make two. Nothing is staged.
-TEST(Forked, ExternalAllToAllIsReadByCmaNotStaged) {
+// all_to_all out of place lets peers read an external input either way, staged in rounds or
+// by CMA (each block is read once, so CMA makes one copy where staging makes two): the first
+// calls of a size try both, kTrials each, then the faster stays; STRATA_ALL_TO_ALL_CMA forces one.
+// Every call's data is checked, whichever way it went.
+TEST(Forked, ExternalAllToAllTriesStagedAndCmaThenKeepsOne) {
   auto results = run_forked(3, 10000ms, [](Communicator& c, std::string& report) {
     const int n = c.size(), me = c.rank();
-    auto value = [](int from, int to, size_t i) { return static_cast<float>(from * 100 + to * 10) + (i % 7); };
-    auto check = [&](const std::vector<float>& out, size_t q, const char* what) {
-      for (int r = 0; r < n; ++r)
-        for (size_t i = 0; i < q; i += 4099)
-          if (out[r * q + i] != value(r, me, i)) return std::string(what) + ": wrong block from " + std::to_string(r);
-      return std::string();
+    auto value = [](int from, int to, size_t i, int call) {
+      return static_cast<float>(from * 100 + to * 10 + call) + static_cast<float>(i % 7);
     };
-    // Unregistered: 3 blocks of 512 KiB, an input of 1.5 MiB.
+    // One call of `q` floats per block; returns the route this rank's input took: 'c' (read
+    // by CMA), 's' (staged). While every rank tries the same way in turn (the first 2 x
+    // kTrials calls of a size), what it read by CMA tells the peers' route too; after them
+    // each rank keeps what it measured, so the ranks may differ.
+    auto call = [&](std::vector<float>& in, std::vector<float>& out, size_t q, int k, std::string& err) {
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < q; ++i) in[r * q + i] = value(me, r, i, k);
+      const Stats s0 = c.stats();
+      c.all_to_all(in.data(), out.data(), q, DataType::Float32);
+      const Stats s1 = c.stats();
+      for (int r = 0; r < n && err.empty(); ++r)
+        for (size_t i = 0; i < q; i += 4099)
+          if (out[r * q + i] != value(r, me, i, k))
+            err = "call " + std::to_string(k) + ": wrong block from " + std::to_string(r);
+      const uint64_t cma = s1.cma_bytes - s0.cma_bytes, staged = s1.staged_bytes - s0.staged_bytes;
+      const char route = staged == 0 ? 'c' : 's';
+      const bool trial = k < 6 || k >= 20;
+      if (trial && cma != (route == 'c' ? (n - 1) * q * sizeof(float) : 0) && err.empty())
+        err = "call " + std::to_string(k) + ": cma=" + std::to_string(cma) + " staged=" + std::to_string(staged);
+      return route;
+    };
+    std::string routes, err;
+    // Unregistered, 3 blocks of 512 KiB: trials, then the choice.
     const size_t q = (size_t{512} << 10) / sizeof(float);
-    std::vector<float> in(q * n), out(q * n, -1.0f);
-    for (int r = 0; r < n; ++r)
-      for (size_t i = 0; i < q; ++i) in[r * q + i] = value(me, r, i);
-    c.all_to_all(in, out);
-    const Stats s = c.stats();
-    report = check(out, q, "external");
-    if (!report.empty()) return 1;
-    // Registered: blocks of 128 KiB, an input of 384 KiB.
-    const size_t q2 = (size_t{128} << 10) / sizeof(float);
-    std::vector<float> in2(q2 * n), out2(q2 * n, -1.0f);
-    for (int r = 0; r < n; ++r)
-      for (size_t i = 0; i < q2; ++i) in2[r * q2 + i] = value(me, r, i);
-    Registration r1 = c.register_buffer(in2.data(), in2.size() * sizeof(float));
-    c.all_to_all(in2, out2);
-    const Stats s2 = c.stats();
-    report = check(out2, q2, "registered");
-    if (!report.empty()) return 1;
-    const size_t read = (n - 1) * q * sizeof(float), read2 = (n - 1) * q2 * sizeof(float);
-    report = "external: staged=" + std::to_string(s.staged_bytes) + " cma=" + std::to_string(s.cma_bytes) +
-             " (expected 0 and " + std::to_string(read) +
-             "); registered: staged=" + std::to_string(s2.staged_bytes - s.staged_bytes) +
-             " cma=" + std::to_string(s2.cma_bytes - s.cma_bytes) + " (expected 0 and " + std::to_string(read2) + ")";
-    return s.staged_bytes == 0 && s.cma_bytes == read && s2.staged_bytes == s.staged_bytes &&
-                   s2.cma_bytes - s.cma_bytes == read2
-               ? 0
-               : 2;
+    std::vector<float> in(q * n), out(q * n);
+    for (int k = 0; k < 9; ++k) routes += call(in, out, q, k, err);
+    if (!err.empty()) return report = err, 1;
+    report = "routes " + routes;
+    const auto tried = [&](char m) { return std::count(routes.begin(), routes.begin() + 6, m); };
+    if (tried('c') != 3 || tried('s') != 3 || routes[6] != routes[7] || routes[7] != routes[8]) return 2;
+    // Forced, registered, 3 blocks of 32 KiB.
+    const size_t q2 = (size_t{32} << 10) / sizeof(float);
+    std::vector<float> in2(q2 * n), out2(q2 * n);
+    Registration reg = c.register_buffer(in2.data(), in2.size() * sizeof(float));
+    Env& env = c.impl()->ctx->env;
+    std::string forced;
+    env.all_to_all_cma = 1;
+    forced += call(in2, out2, q2, 20, err);
+    env.all_to_all_cma = 0;
+    forced += call(in2, out2, q2, 21, err);
+    env.all_to_all_cma = -1;
+    if (!err.empty()) return report = err, 1;
+    report += "; forced cma, staged: " + forced;
+    return forced == "cs" ? 0 : 2;
   });
   for (size_t r = 0; r < results.size(); ++r)
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;

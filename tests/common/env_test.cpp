@@ -180,6 +180,10 @@ TEST(EnvParse, BehaviourAndHeapSettings) {
   EXPECT_EQ(env_of({{"STRATA_TWO_SHOT_STORES", "cached"}}).two_shot_stores, 0);
   EXPECT_EQ(env_of({{"STRATA_TWO_SHOT_STORES", "streamed"}}).two_shot_stores, 1);
   EXPECT_EQ(env_of({{"STRATA_TWO_SHOT_STORES", "auto"}}).two_shot_stores, -1);
+  EXPECT_EQ(env_of({}).all_to_all_cma, -1);
+  EXPECT_EQ(env_of({{"STRATA_ALL_TO_ALL_CMA", "staged"}}).all_to_all_cma, 0);
+  EXPECT_EQ(env_of({{"STRATA_ALL_TO_ALL_CMA", "cma"}}).all_to_all_cma, 1);
+  EXPECT_EQ(env_of({{"STRATA_ALL_TO_ALL_CMA", "auto"}}).all_to_all_cma, -1);
   EXPECT_EQ(e.log_level, "debug");
   EXPECT_EQ(e.kernels, "avx2");
   EXPECT_EQ(e.heap_segment_size, size_t{256} << 20);
@@ -246,15 +250,16 @@ TEST(EnvParse, InvalidValuesAreNamedAndChecked) {
                         {"STRATA_UCX_DATAPATH", "rdma"},
                         {"STRATA_LOG", "loud"},
                         {"STRATA_TWO_SHOT_STORES", "fast"},
+                        {"STRATA_ALL_TO_ALL_CMA", "yes"},
                         {"STRATA_HEARTBEAT_TIMEOUT", "0ms"},
                         {"STRATA_HEAP_MAX_SIZE", ""}});
   std::string all;
   for (const auto& s : e.invalid) all += s + "\n";
   for (const char* want : {"STRATA_TIMEOUT=soon", "STRATA_ONESHOT_MAX_BYTES=12X", "STRATA_SPIN_US=-5",
                            "STRATA_RANK=4294967297", "STRATA_CMA=maybe", "STRATA_UCX_DATAPATH=rdma", "STRATA_LOG=loud",
-                           "STRATA_TWO_SHOT_STORES=fast", "STRATA_HEARTBEAT_TIMEOUT=0ms"})
+                           "STRATA_TWO_SHOT_STORES=fast", "STRATA_ALL_TO_ALL_CMA=yes", "STRATA_HEARTBEAT_TIMEOUT=0ms"})
     EXPECT_NE(all.find(want), std::string::npos) << want << " missing from:\n" << all;
-  EXPECT_EQ(e.invalid.size(), 9u) << "an empty value is unset, not invalid:\n" << all;
+  EXPECT_EQ(e.invalid.size(), 10u) << "an empty value is unset, not invalid:\n" << all;
   Status st = e.check();
   EXPECT_EQ(st.code(), Code::InvalidArgument);
   EXPECT_NE(st.message().find("STRATA_RANK=4294967297"), std::string::npos) << st.message();

@@ -15,13 +15,12 @@ namespace strata::detail::shm {
 // change was slower at 4 MiB (the slice was still read from the shared cache). So each
 // communicator times its first calls of each slice size both ways and keeps the faster; ranks
 // decide alone, as the store mode changes no result.
-StoreChoice::StoreChoice(CommImpl& c, size_t slice_bytes) {
-  const int forced = c.ctx->env.two_shot_stores;
+TimedChoice::TimedChoice(CommImpl::Trials (&trials)[65], size_t bytes, int forced) {
   if (forced >= 0) {
     mode_ = forced;
     return;
   }
-  trials_ = &c.two_shot_stores[std::bit_width(slice_bytes)];
+  trials_ = &trials[std::bit_width(bytes)];
   if (trials_->chosen >= 0) {
     mode_ = trials_->chosen;
     trials_ = nullptr;
@@ -32,13 +31,13 @@ StoreChoice::StoreChoice(CommImpl& c, size_t slice_bytes) {
   start_ = std::chrono::steady_clock::now();
 }
 
-void StoreChoice::done() {
+void TimedChoice::done() {
   if (!trials_) return;
   const int64_t ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count();
-  CommImpl::StoreTrials& t = *trials_;
+  CommImpl::Trials& t = *trials_;
   t.best_ns[mode_] = std::min(t.best_ns[mode_], ns);
-  if (++t.runs[mode_] >= CommImpl::StoreTrials::kTrials && t.runs[1 - mode_] >= CommImpl::StoreTrials::kTrials)
+  if (++t.runs[mode_] >= CommImpl::Trials::kTrials && t.runs[1 - mode_] >= CommImpl::Trials::kTrials)
     t.chosen = t.best_ns[1] < t.best_ns[0] ? 1 : 0;
   trials_ = nullptr;
 }

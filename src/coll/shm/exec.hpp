@@ -126,21 +126,34 @@ struct Exec {
   size_t reduce_step(size_t whole) const;
 };
 
-/// Two-shot all_reduce's store mode for this call: forced by STRATA_TWO_SHOT_STORES, or the
-/// faster of cached and streamed as this communicator's first calls of the same slice size
-/// (log2 of its bytes) measured, trying each StoreTrials::kTrials times in turn (exec.cpp).
-class StoreChoice {
+/// One of two modes for this call: `forced` (0 or 1), or the faster of the two as this
+/// communicator's first calls of the same size (log2 of `bytes`) in `trials` measured, trying
+/// each Trials::kTrials times in turn (exec.cpp). The modes must give the same result, and a
+/// rank may choose alone.
+class TimedChoice {
  public:
-  StoreChoice(CommImpl& c, size_t slice_bytes);
-  kernels::Stores stores() const { return mode_ == 1 ? kernels::Stores::Streamed : kernels::Stores::Auto; }
+  TimedChoice(CommImpl::Trials (&trials)[65], size_t bytes, int forced);
+  int mode() const { return mode_; }
   /// Records the time since construction when this call was a trial; after a successful call.
   void done();
 
  private:
   int mode_ = 0;
-  CommImpl::StoreTrials* trials_ = nullptr;
+  CommImpl::Trials* trials_ = nullptr;
   std::chrono::steady_clock::time_point start_;
 };
+
+/// Two-shot all_reduce's store mode: STRATA_TWO_SHOT_STORES, or measured (cached, streamed).
+inline TimedChoice store_choice(CommImpl& c, size_t slice_bytes) {
+  return TimedChoice(c.two_shot_stores, slice_bytes, c.ctx->env.two_shot_stores);
+}
+inline kernels::Stores stores_of(const TimedChoice& t) {
+  return t.mode() == 1 ? kernels::Stores::Streamed : kernels::Stores::Auto;
+}
+
+/// Smallest external all_to_all input that may be read by CMA (TimedChoice; below it the
+/// input is staged, or rides in the control block up to kSlotInputBytes).
+inline constexpr size_t kAllToAllCmaMinBytes = 16 * 1024;
 
 /// CMA reads that feed a reduction land in pieces of this size (fits in L2 with its peers').
 inline constexpr size_t kCmaChunkBytes = 256 * 1024;

@@ -137,15 +137,21 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   // registered or not, CMA reads of the peers' buffers (docs/PERFORMANCE.md). Two-shot
   // all_reduce was measured no faster in rounds (on its own and with the reduced slice staged
   // for the peers round by round too) and keeps its whole-slice staging.
-  // all_to_all(v) is the exception once CMA may read the input: each of its blocks is read by
-  // one peer, once, so a CMA read is that block's only copy where a staged round makes two
-  // (2 ranks, alternating runs: external 1 / 4 / 16 MiB 64-74 / 387-401 / 1810-1885 us against
-  // 119-122 / 493-509 / 2112-2123 piped; registered from 256 KiB, 9-10 against 19 us at 256 KiB).
-  // all_gather's blocks are read by every peer and reduce_scatter's are reduced in the cache
-  // round by round: for those CMA did not win at every size (reduce_scatter 64 MiB: 17.1 against
-  // 13.8 ms piped), so they stay piped.
+  // all_to_all(v) may instead let its peers read the input by CMA, from kAllToAllCmaMinBytes:
+  // each of its blocks is read by one peer, once, so a CMA read is that block's only copy where
+  // a staged round makes two. Which is faster depends on the machine's CMA cost, so each
+  // communicator times its first calls of each input size both ways (TimedChoice) and keeps
+  // the faster: on an Intel Xeon VM CMA won at every size (2 ranks, external 16 KiB / 256 KiB /
+  // 1 MiB / 16 MiB: 1.8 / 9.4 / 52 / 1,810 us against 2.7 / 18 / 120 / 2,120 staged), while on
+  // the AMD EPYC VM of earlier measurements CMA was the slower copy (all_gather of 4 / 16 MiB:
+  // 164 / 1,256 us against 145 / 718 staged). all_gather's blocks are read by every peer and
+  // reduce_scatter's are reduced in the cache round by round, so they stay staged.
   const bool a2a = op.kind == OpKind::AllToAll || op.kind == OpKind::AllToAllV;
-  const bool piped = n > 1 && in_ext && apart && !(a2a && use_cma(in, ext.in)) &&
+  std::optional<TimedChoice> route;
+  if (a2a && n > 1 && in_ext && apart && c.cma_all && ext.in >= kAllToAllCmaMinBytes)
+    route.emplace(c.all_to_all_cma, ext.in, c.ctx->env.all_to_all_cma);
+  const bool a2a_cma = route && route->mode() == 1;
+  const bool piped = n > 1 && in_ext && apart && !a2a_cma &&
                      (op.kind == OpKind::AllGather || op.kind == OpKind::AllGatherV || a2a ||
                       op.kind == OpKind::ReduceScatter || op.kind == OpKind::ReduceScatterV);
   if (piped) {
@@ -153,11 +159,11 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     in_ref = heap.locate(in, 1);
     in_ext = false;
   }
-  std::optional<StoreChoice> choice;
+  std::optional<TimedChoice> choice;
   if (op.kind == OpKind::AllReduce && algo == coll::Algo::TwoShot && n > 1) {
     auto [lo, hi] = slice(op.count, n, c.rank, x.esz);
-    choice.emplace(c, (hi - lo) * x.esz);
-    x.shared_stores = choice->stores();
+    choice.emplace(store_choice(c, (hi - lo) * x.esz));
+    x.shared_stores = stores_of(*choice);
   }
   if (n > 1 && two_shot_ar) {
     STRATA_ASSIGN_OR_RETURN(void* sv, c.scratch_block(0, std::max(ext.in, ext.out)));
@@ -180,7 +186,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     }
     in_ext = out_ext = false;
   }
-  bool in_cma = in_ext && use_cma(in, ext.in);
+  bool in_cma = in_ext && (a2a_cma || use_cma(in, ext.in));
   bool out_cma = out_ext && use_cma(out, ext.out);
   const bool both_staged_together = coll::overlap(in, ext.in, out, ext.out) && (in_ext || out_ext) && !out_local;
   if (both_staged_together && !(in_cma && out_cma)) in_cma = out_cma = false;
@@ -337,6 +343,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   }
   c.ops.fetch_add(1, std::memory_order_relaxed);
   if (choice) choice->done();
+  if (route) route->done();
   return Status::ok();
 }
 
