@@ -27,12 +27,14 @@ void expect_no_failures(const std::vector<std::string>& f) {
   for (auto& s : f) ADD_FAILURE() << s;
 }
 
-/// Two faked hosts of 2 ranks each (ranks 0, 1 on `name`-a, 2, 3 on `name`-b), or nullptr
-/// with the reason in `why` when this build has no transport between hosts.
-std::unique_ptr<Team> two_host_team(const std::string& name, std::chrono::milliseconds timeout, std::string& why) {
+/// Two faked hosts of `per_host` ranks each (ranks 0..per_host-1 on `name`-a, the rest on
+/// `name`-b), or nullptr with the reason in `why` when this build has no transport between hosts.
+std::unique_ptr<Team> two_host_team(const std::string& name, std::chrono::milliseconds timeout, std::string& why,
+                                    int per_host = 2) {
+  std::vector<std::string> hosts(static_cast<size_t>(per_host), name + "-a");
+  hosts.resize(static_cast<size_t>(2 * per_host), name + "-b");
   try {
-    return std::make_unique<Team>(std::vector<std::string>{name + "-a", name + "-a", name + "-b", name + "-b"},
-                                  timeout);
+    return std::make_unique<Team>(hosts, timeout);
   } catch (const std::exception& e) {
     why = e.what();
     return nullptr;
@@ -1061,13 +1063,9 @@ TEST(HostRound, AllReduceMeetsOnlyItsRails) {
 // With three ranks on each host, an eager operation's data for this host's other ranks rides
 // in two slots of its record: each rank must take the one meant for it.
 TEST(HostRound, EagerDataForEachLocalRankReachesIt) {
-  std::unique_ptr<Team> team;
-  try {
-    team =
-        std::make_unique<Team>(std::vector<std::string>{"hr3-a", "hr3-a", "hr3-a", "hr3-b", "hr3-b", "hr3-b"}, 20000ms);
-  } catch (const std::exception& e) {
-    GTEST_SKIP() << "no transport between hosts in this build: " << e.what();
-  }
+  std::string why;
+  std::unique_ptr<Team> team = two_host_team("hr3", 20000ms, why, 3);
+  if (!team) GTEST_SKIP() << "no transport between hosts in this build: " << why;
   expect_no_failures(team->run([](Communicator& c) {
     const int n = c.size(), me = c.rank();
     auto value = [](int from, int to, int i) { return static_cast<int32_t>(from * 1000000 + to * 1000 + i); };
