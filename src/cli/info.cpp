@@ -220,10 +220,14 @@ int info_main(int argc, char** argv) {
                   : env.two_shot_stores == 0 ? "cached"
                                              : "streamed") +
           " (STRATA_TWO_SHOT_STORES)");
-  row("  all_to_all input", std::string(env.all_to_all_cma < 0    ? "auto: the faster of staged and CMA, per input size"
-                                        : env.all_to_all_cma == 0 ? "staged"
-                                                                  : "CMA") +
-                                " (STRATA_ALL_TO_ALL_CMA)");
+  for (auto [what, mode, var] :
+       {std::tuple{"  all_to_all input", env.all_to_all_cma, "STRATA_ALL_TO_ALL_CMA"},
+        std::tuple{"  all_gather input", env.all_gather_cma, "STRATA_ALL_GATHER_CMA"},
+        std::tuple{"  reduce_scatter input", env.reduce_scatter_cma, "STRATA_REDUCE_SCATTER_CMA"}})
+    row(what, std::string(mode < 0    ? "auto: the faster of staged and CMA, per input size"
+                          : mode == 0 ? "staged"
+                                      : "CMA") +
+                  " (" + var + ")");
   row("  log level", env.log_level + " (STRATA_LOG)");
   for (const auto& bad : env.invalid) row("  refused", bad + " (strata run and init() stop on it)");
   row("job", job_placement(env));

@@ -109,13 +109,17 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   // (log2 of its bytes): each mode is tried kTrials times, then the faster one stays
   // (TimedChoice, coll/shm/exec.cpp).
   struct Trials {
-    static constexpr int kTrials = 3;
+    static constexpr int kTrials = 8;
     int runs[2] = {0, 0};                         // calls timed per mode
     int64_t best_ns[2] = {INT64_MAX, INT64_MAX};  // the fastest of them
     int chosen = -1;                              // the mode kept, once both were tried
   };
   Trials two_shot_stores[65];  // two-shot's reduced slice: 0 cached, 1 streamed stores
-  Trials all_to_all_cma[65];   // an external all_to_all input: 0 staged in rounds, 1 read by CMA
+  // An external input of an out-of-place all_to_all, all_gather, reduce_scatter (and v-forms):
+  // 0 staged in rounds, 1 read by CMA. One set per kind: what a CMA read saves differs.
+  Trials all_to_all_cma[65];
+  Trials all_gather_cma[65];
+  Trials reduce_scatter_cma[65];
 
   // Scratch heap blocks used to stage external buffers and for in-place temporaries.
   struct Scratch {

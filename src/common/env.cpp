@@ -177,11 +177,15 @@ Env parse(Lookup lookup, void* ctx) {
     else if (*s == "streamed") e.two_shot_stores = 1;
     else s.reject("not one of auto, cached, streamed");
   }
-  if (auto s = get("STRATA_ALL_TO_ALL_CMA"); s && !s->empty()) {
-    if (*s == "auto") e.all_to_all_cma = -1;
-    else if (*s == "staged") e.all_to_all_cma = 0;
-    else if (*s == "cma") e.all_to_all_cma = 1;
-    else s.reject("not one of auto, staged, cma");
+  for (auto [name, field] :
+       {std::pair{"STRATA_ALL_TO_ALL_CMA", &e.all_to_all_cma}, std::pair{"STRATA_ALL_GATHER_CMA", &e.all_gather_cma},
+        std::pair{"STRATA_REDUCE_SCATTER_CMA", &e.reduce_scatter_cma}}) {
+    if (auto s = get(name); s && !s->empty()) {
+      if (*s == "auto") *field = -1;
+      else if (*s == "staged") *field = 0;
+      else if (*s == "cma") *field = 1;
+      else s.reject("not one of auto, staged, cma");
+    }
   }
   if (auto v = to_size(get("STRATA_CMA_MIN_BYTES"))) e.cma_min_bytes = *v;
   if (auto v = to_size(get("STRATA_CMA_REGISTERED_MIN_BYTES"))) e.cma_registered_min_bytes = *v;

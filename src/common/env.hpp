@@ -56,10 +56,13 @@ struct Env {
   // STRATA_TWO_SHOT_STORES: how two-shot writes the reduced slice peers read next: 0 cached,
   // 1 streamed, -1 (auto) whichever measured faster in this communicator's first calls.
   int two_shot_stores = -1;
-  // STRATA_ALL_TO_ALL_CMA: how an out-of-place all_to_all(v) lets peers read an external input
-  // (from 16 KiB, where every member can CMA): 0 staged in rounds, 1 read by CMA, -1 (auto)
-  // whichever measured faster in this communicator's first calls.
+  // STRATA_ALL_TO_ALL_CMA, STRATA_ALL_GATHER_CMA, STRATA_REDUCE_SCATTER_CMA: how an
+  // out-of-place call of that kind (and its v-form) lets peers read an external input (from
+  // 16 KiB, where every member can CMA): 0 staged in rounds, 1 read by CMA, -1 (auto) whichever
+  // measured faster in this communicator's first calls.
   int all_to_all_cma = -1;
+  int all_gather_cma = -1;
+  int reduce_scatter_cma = -1;
   std::string log_level = "warn";  // STRATA_LOG: error|warn|info|debug
   std::string kernels;             // STRATA_KERNELS: scalar|avx2|avx512 (empty/auto: best the CPU has)
   // STRATA_FLIGHT_RECORDER: operations each communicator remembers for hang reports

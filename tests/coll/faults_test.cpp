@@ -23,6 +23,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using coll::OpKind;
+using detail::CommImpl;
 
 std::set<std::string> dev_shm() {
   std::set<std::string> names;
@@ -139,63 +141,87 @@ TEST(Forked, LargeExternalBuffersMoveByCmaWithoutRegistration) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
 }
 
-// all_to_all out of place lets peers read an external input either way, staged in rounds or
-// by CMA (each block is read once, so CMA makes one copy where staging makes two): the first
-// calls of a size try both, kTrials each, then the faster stays; STRATA_ALL_TO_ALL_CMA forces one.
-// Every call's data is checked, whichever way it went.
-TEST(Forked, ExternalAllToAllTriesStagedAndCmaThenKeepsOne) {
-  auto results = run_forked(3, 10000ms, [](Communicator& c, std::string& report) {
+// all_to_all, all_gather and reduce_scatter out of place let peers read an external input
+// either way, staged in rounds or by CMA (a CMA read is a block's only copy where staging
+// makes two): the first calls of a size try both, kTrials each in pairs, then the faster
+// stays; STRATA_{ALL_TO_ALL,ALL_GATHER,REDUCE_SCATTER}_CMA forces one. Every call's data is
+// checked, whichever way it went.
+void external_input_tries_staged_and_cma(OpKind kind) {
+  auto results = run_forked(3, 20000ms, [kind](Communicator& c, std::string& report) {
     const int n = c.size(), me = c.rank();
+    const int trials = 2 * CommImpl::Trials::kTrials;
     auto value = [](int from, int to, size_t i, int call) {
       return static_cast<float>(from * 100 + to * 10 + call) + static_cast<float>(i % 7);
     };
-    // One call of `q` floats per block; returns the route this rank's input took: 'c' (read
-    // by CMA), 's' (staged). While every rank tries the same way in turn (the first 2 x
-    // kTrials calls of a size), what it read by CMA tells the peers' route too; after them
-    // each rank keeps what it measured, so the ranks may differ.
+    // The input holds one block of `q` floats per rank (all_gather: one block in all).
+    const size_t in_blocks = kind == OpKind::AllGather ? 1 : static_cast<size_t>(n);
+    const size_t out_blocks = kind == OpKind::ReduceScatter ? 1 : static_cast<size_t>(n);
+    // One call; returns the route this rank's input took: 'c' (read by CMA), 's' (staged).
+    // While every rank tries the same way (the first 2 x kTrials calls of a size), what it
+    // read by CMA tells the peers' route too; after them each rank keeps what it measured,
+    // so the ranks may differ.
     auto call = [&](std::vector<float>& in, std::vector<float>& out, size_t q, int k, std::string& err) {
-      for (int r = 0; r < n; ++r)
-        for (size_t i = 0; i < q; ++i) in[r * q + i] = value(me, r, i, k);
+      for (size_t b = 0; b < in_blocks; ++b)
+        for (size_t i = 0; i < q; ++i) in[b * q + i] = value(me, static_cast<int>(b), i, k);
       const Stats s0 = c.stats();
-      c.all_to_all(in.data(), out.data(), q, DataType::Float32);
+      if (kind == OpKind::AllToAll) c.all_to_all(in.data(), out.data(), q, DataType::Float32);
+      else if (kind == OpKind::AllGather) c.all_gather(in.data(), out.data(), q, DataType::Float32);
+      else c.reduce_scatter(in.data(), out.data(), q, DataType::Float32, ReduceOp::Sum);
       const Stats s1 = c.stats();
-      for (int r = 0; r < n && err.empty(); ++r)
-        for (size_t i = 0; i < q; i += 4099)
-          if (out[r * q + i] != value(r, me, i, k))
-            err = "call " + std::to_string(k) + ": wrong block from " + std::to_string(r);
+      for (size_t b = 0; b < out_blocks && err.empty(); ++b)
+        for (size_t i = 0; i < q; i += 4099) {
+          float want = 0;
+          if (kind == OpKind::AllToAll) want = value(static_cast<int>(b), me, i, k);
+          else if (kind == OpKind::AllGather) want = value(static_cast<int>(b), 0, i, k);
+          else
+            for (int r = 0; r < n; ++r) want += value(r, me, i, k);
+          if (out[b * q + i] != want) err = "call " + std::to_string(k) + ": wrong block " + std::to_string(b);
+        }
       const uint64_t cma = s1.cma_bytes - s0.cma_bytes, staged = s1.staged_bytes - s0.staged_bytes;
       const char route = staged == 0 ? 'c' : 's';
-      const bool trial = k < 6 || k >= 20;
+      const bool trial = k < trials || k >= 100;
       if (trial && cma != (route == 'c' ? (n - 1) * q * sizeof(float) : 0) && err.empty())
         err = "call " + std::to_string(k) + ": cma=" + std::to_string(cma) + " staged=" + std::to_string(staged);
       return route;
     };
     std::string routes, err;
-    // Unregistered, 3 blocks of 512 KiB: trials, then the choice.
+    // Unregistered, blocks of 512 KiB: trials, then the choice.
     const size_t q = (size_t{512} << 10) / sizeof(float);
-    std::vector<float> in(q * n), out(q * n);
-    for (int k = 0; k < 9; ++k) routes += call(in, out, q, k, err);
+    std::vector<float> in(q * in_blocks), out(q * out_blocks);
+    for (int k = 0; k < trials + 3; ++k) routes += call(in, out, q, k, err);
     if (!err.empty()) return report = err, 1;
     report = "routes " + routes;
-    const auto tried = [&](char m) { return std::count(routes.begin(), routes.begin() + 6, m); };
-    if (tried('c') != 3 || tried('s') != 3 || routes[6] != routes[7] || routes[7] != routes[8]) return 2;
-    // Forced, registered, 3 blocks of 32 KiB.
+    std::string pairs;
+    for (int k = 0; k < trials; ++k) pairs += (k / 2) % 2 ? 'c' : 's';
+    if (routes.substr(0, trials) != pairs || routes[trials] != routes[trials + 1] ||
+        routes[trials + 1] != routes[trials + 2])
+      return 2;
+    // Forced, registered, blocks of 32 KiB.
     const size_t q2 = (size_t{32} << 10) / sizeof(float);
-    std::vector<float> in2(q2 * n), out2(q2 * n);
+    std::vector<float> in2(q2 * in_blocks), out2(q2 * out_blocks);
     Registration reg = c.register_buffer(in2.data(), in2.size() * sizeof(float));
     Env& env = c.impl()->ctx->env;
+    int& mode = kind == OpKind::AllToAll    ? env.all_to_all_cma
+                : kind == OpKind::AllGather ? env.all_gather_cma
+                                            : env.reduce_scatter_cma;
     std::string forced;
-    env.all_to_all_cma = 1;
-    forced += call(in2, out2, q2, 20, err);
-    env.all_to_all_cma = 0;
-    forced += call(in2, out2, q2, 21, err);
-    env.all_to_all_cma = -1;
+    mode = 1;
+    forced += call(in2, out2, q2, 100, err);
+    mode = 0;
+    forced += call(in2, out2, q2, 101, err);
+    mode = -1;
     if (!err.empty()) return report = err, 1;
     report += "; forced cma, staged: " + forced;
     return forced == "cs" ? 0 : 2;
   });
   for (size_t r = 0; r < results.size(); ++r)
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
+}
+
+TEST(Forked, ExternalAllToAllTriesStagedAndCmaThenKeepsOne) { external_input_tries_staged_and_cma(OpKind::AllToAll); }
+TEST(Forked, ExternalAllGatherTriesStagedAndCmaThenKeepsOne) { external_input_tries_staged_and_cma(OpKind::AllGather); }
+TEST(Forked, ExternalReduceScatterTriesStagedAndCmaThenKeepsOne) {
+  external_input_tries_staged_and_cma(OpKind::ReduceScatter);
 }
 
 /// Ranks loop on large all_reduces; the parent signals rank 1 mid-way. The others must fail

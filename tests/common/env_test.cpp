@@ -184,6 +184,14 @@ TEST(EnvParse, BehaviourAndHeapSettings) {
   EXPECT_EQ(env_of({{"STRATA_ALL_TO_ALL_CMA", "staged"}}).all_to_all_cma, 0);
   EXPECT_EQ(env_of({{"STRATA_ALL_TO_ALL_CMA", "cma"}}).all_to_all_cma, 1);
   EXPECT_EQ(env_of({{"STRATA_ALL_TO_ALL_CMA", "auto"}}).all_to_all_cma, -1);
+  EXPECT_EQ(env_of({}).all_gather_cma, -1);
+  EXPECT_EQ(env_of({{"STRATA_ALL_GATHER_CMA", "cma"}}).all_gather_cma, 1);
+  EXPECT_EQ(env_of({{"STRATA_ALL_GATHER_CMA", "staged"}}).all_gather_cma, 0);
+  EXPECT_EQ(env_of({{"STRATA_ALL_GATHER_CMA", "staged"}}).all_to_all_cma, -1);
+  EXPECT_EQ(env_of({}).reduce_scatter_cma, -1);
+  EXPECT_EQ(env_of({{"STRATA_REDUCE_SCATTER_CMA", "staged"}}).reduce_scatter_cma, 0);
+  EXPECT_EQ(env_of({{"STRATA_REDUCE_SCATTER_CMA", "cma"}}).reduce_scatter_cma, 1);
+  EXPECT_EQ(env_of({{"STRATA_REDUCE_SCATTER_CMA", "cma"}}).all_gather_cma, -1);
   EXPECT_EQ(e.log_level, "debug");
   EXPECT_EQ(e.kernels, "avx2");
   EXPECT_EQ(e.heap_segment_size, size_t{256} << 20);
@@ -251,15 +259,17 @@ TEST(EnvParse, InvalidValuesAreNamedAndChecked) {
                         {"STRATA_LOG", "loud"},
                         {"STRATA_TWO_SHOT_STORES", "fast"},
                         {"STRATA_ALL_TO_ALL_CMA", "yes"},
+                        {"STRATA_REDUCE_SCATTER_CMA", "single"},
                         {"STRATA_HEARTBEAT_TIMEOUT", "0ms"},
                         {"STRATA_HEAP_MAX_SIZE", ""}});
   std::string all;
   for (const auto& s : e.invalid) all += s + "\n";
-  for (const char* want : {"STRATA_TIMEOUT=soon", "STRATA_ONESHOT_MAX_BYTES=12X", "STRATA_SPIN_US=-5",
-                           "STRATA_RANK=4294967297", "STRATA_CMA=maybe", "STRATA_UCX_DATAPATH=rdma", "STRATA_LOG=loud",
-                           "STRATA_TWO_SHOT_STORES=fast", "STRATA_ALL_TO_ALL_CMA=yes", "STRATA_HEARTBEAT_TIMEOUT=0ms"})
+  for (const char* want :
+       {"STRATA_TIMEOUT=soon", "STRATA_ONESHOT_MAX_BYTES=12X", "STRATA_SPIN_US=-5", "STRATA_RANK=4294967297",
+        "STRATA_CMA=maybe", "STRATA_UCX_DATAPATH=rdma", "STRATA_LOG=loud", "STRATA_TWO_SHOT_STORES=fast",
+        "STRATA_ALL_TO_ALL_CMA=yes", "STRATA_REDUCE_SCATTER_CMA=single", "STRATA_HEARTBEAT_TIMEOUT=0ms"})
     EXPECT_NE(all.find(want), std::string::npos) << want << " missing from:\n" << all;
-  EXPECT_EQ(e.invalid.size(), 10u) << "an empty value is unset, not invalid:\n" << all;
+  EXPECT_EQ(e.invalid.size(), 11u) << "an empty value is unset, not invalid:\n" << all;
   Status st = e.check();
   EXPECT_EQ(st.code(), Code::InvalidArgument);
   EXPECT_NE(st.message().find("STRATA_RANK=4294967297"), std::string::npos) << st.message();

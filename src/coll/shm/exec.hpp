@@ -128,7 +128,7 @@ struct Exec {
 
 /// One of two modes for this call: `forced` (0 or 1), or the faster of the two as this
 /// communicator's first calls of the same size (log2 of `bytes`) in `trials` measured, trying
-/// each Trials::kTrials times in turn (exec.cpp). The modes must give the same result, and a
+/// each Trials::kTrials times, in pairs (exec.cpp). The modes must give the same result, and a
 /// rank may choose alone.
 class TimedChoice {
  public:
@@ -151,9 +151,10 @@ inline kernels::Stores stores_of(const TimedChoice& t) {
   return t.mode() == 1 ? kernels::Stores::Streamed : kernels::Stores::Auto;
 }
 
-/// Smallest external all_to_all input that may be read by CMA (TimedChoice; below it the
-/// input is staged, or rides in the control block up to kSlotInputBytes).
-inline constexpr size_t kAllToAllCmaMinBytes = 16 * 1024;
+/// Smallest external input that an out-of-place all_to_all, all_gather or reduce_scatter may
+/// let its peers read by CMA (TimedChoice; below it the input is staged, or rides in the
+/// control block up to kSlotInputBytes).
+inline constexpr size_t kInputCmaMinBytes = 16 * 1024;
 
 /// CMA reads that feed a reduction land in pieces of this size (fits in L2 with its peers').
 inline constexpr size_t kCmaChunkBytes = 256 * 1024;

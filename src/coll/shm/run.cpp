@@ -133,25 +133,33 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
       op.kind == OpKind::AllReduce && algo == coll::Algo::TwoShot && (in_ext || out_ext) && (in == out || apart);
   // all_gather(v), all_to_all(v) and reduce_scatter(v) out of place stage the blocks peers
   // read in rounds, each read while it is still in the cache (pipe.cpp); reduce_scatter's
-  // blocks are reduced round by round. That beats staging the whole input first and,
-  // registered or not, CMA reads of the peers' buffers (docs/PERFORMANCE.md). Two-shot
+  // blocks are reduced round by round. That beats staging the whole input first. Two-shot
   // all_reduce was measured no faster in rounds (on its own and with the reduced slice staged
   // for the peers round by round too) and keeps its whole-slice staging.
-  // all_to_all(v) may instead let its peers read the input by CMA, from kAllToAllCmaMinBytes:
-  // each of its blocks is read by one peer, once, so a CMA read is that block's only copy where
-  // a staged round makes two. Which is faster depends on the machine's CMA cost, so each
-  // communicator times its first calls of each input size both ways (TimedChoice) and keeps
-  // the faster: on an Intel Xeon VM CMA won at every size (2 ranks, external 16 KiB / 256 KiB /
-  // 1 MiB / 16 MiB: 1.8 / 9.4 / 52 / 1,810 us against 2.7 / 18 / 120 / 2,120 staged), while on
-  // the AMD EPYC VM of earlier measurements CMA was the slower copy (all_gather of 4 / 16 MiB:
-  // 164 / 1,256 us against 145 / 718 staged). all_gather's blocks are read by every peer and
-  // reduce_scatter's are reduced in the cache round by round, so they stay staged.
+  // From kInputCmaMinBytes these three may instead let their peers read the input by CMA: a
+  // CMA read is a block's only copy where a staged round makes two (the owner's into the heap,
+  // the reader's out of it). Which is faster depends on the machine's CMA cost and on the
+  // size, so each communicator times its first calls of each input size both ways
+  // (TimedChoice, one set of trials per kind) and keeps the faster. On an Intel Xeon VM (2
+  // ranks, external, 64 KiB / 256 KiB / 1 MiB, two runs) CMA won: all_to_all 3.4-3.8 /
+  // 9.3-9.7 / 50-60 us against 7.1-7.2 / 18.3 / 106 staged, all_gather 3.6-3.7 / 10-10.4 /
+  // 59-62 against 7.1-7.8 / 18.5-18.9 / 86-89, reduce_scatter 4.1-4.8 / 11.6-13.9 / 52-85
+  // against 6.4-7.5 / 15.8-17.3 / 75-84; at 4 MiB the two were even, and reduce_scatter of
+  // 16 MiB was faster staged (2.3-2.6 ms against 4.0-4.3). On the AMD EPYC VM of earlier
+  // measurements CMA was the slower copy (all_gather of 4 / 16 MiB: 164 / 1,256 us against
+  // 145 / 718 staged).
   const bool a2a = op.kind == OpKind::AllToAll || op.kind == OpKind::AllToAllV;
   std::optional<TimedChoice> route;
-  if (a2a && n > 1 && in_ext && apart && c.cma_all && ext.in >= kAllToAllCmaMinBytes)
-    route.emplace(c.all_to_all_cma, ext.in, c.ctx->env.all_to_all_cma);
-  const bool a2a_cma = route && route->mode() == 1;
-  const bool piped = n > 1 && in_ext && apart && !a2a_cma &&
+  if (n > 1 && in_ext && apart && c.cma_all && ext.in >= kInputCmaMinBytes) {
+    const Env& env = c.ctx->env;
+    if (a2a) route.emplace(c.all_to_all_cma, ext.in, env.all_to_all_cma);
+    else if (op.kind == OpKind::AllGather || op.kind == OpKind::AllGatherV)
+      route.emplace(c.all_gather_cma, ext.in, env.all_gather_cma);
+    else if (op.kind == OpKind::ReduceScatter || op.kind == OpKind::ReduceScatterV)
+      route.emplace(c.reduce_scatter_cma, ext.in, env.reduce_scatter_cma);
+  }
+  const bool input_cma = route && route->mode() == 1;
+  const bool piped = n > 1 && in_ext && apart && !input_cma &&
                      (op.kind == OpKind::AllGather || op.kind == OpKind::AllGatherV || a2a ||
                       op.kind == OpKind::ReduceScatter || op.kind == OpKind::ReduceScatterV);
   if (piped) {
@@ -186,7 +194,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     }
     in_ext = out_ext = false;
   }
-  bool in_cma = in_ext && (a2a_cma || use_cma(in, ext.in));
+  bool in_cma = in_ext && (input_cma || use_cma(in, ext.in));
   bool out_cma = out_ext && use_cma(out, ext.out);
   const bool both_staged_together = coll::overlap(in, ext.in, out, ext.out) && (in_ext || out_ext) && !out_local;
   if (both_staged_together && !(in_cma && out_cma)) in_cma = out_cma = false;
