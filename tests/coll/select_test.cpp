@@ -120,9 +120,14 @@ TEST(Select, AcrossHostsEagerUpToTheLimit) {
     EXPECT_NE(pick(s, call(k, kEagerBytes + 4)), Algo::NetEager) << to_string(k);
   }
   // Kinds without an eager form, however small.
-  for (OpKind k : {OpKind::ReduceScatter, OpKind::AllGatherV, OpKind::ReduceScatterV, OpKind::AllToAllV}) {
+  for (OpKind k : {OpKind::AllGatherV, OpKind::ReduceScatterV, OpKind::AllToAllV}) {
     EXPECT_NE(pick(s, call(k, 8)), Algo::NetEager) << to_string(k);
   }
+  // reduce_scatter where the hierarchical form applies: the limit shrinks with the ranks per
+  // host (eager sends each block across on its own, hierarchical once per host, reduced).
+  EXPECT_ALGO(Algo::NetEager, hosts(2, 4), call(OpKind::ReduceScatter, kEagerBytes / 4));
+  EXPECT_ALGO(Algo::NetHierarchical, hosts(2, 4), call(OpKind::ReduceScatter, kEagerBytes / 4 + 4));
+  EXPECT_ALGO(Algo::NetEager, hosts(2, 1), call(OpKind::ReduceScatter, kEagerBytes));
   // TwoShot turns eager all_reduce off; OneShot keeps it.
   EXPECT_ALGO(Algo::NetDirect, s, call(OpKind::AllReduce, 8, Algorithm::TwoShot));
   EXPECT_ALGO(Algo::NetEager, s, call(OpKind::AllReduce, 8, Algorithm::OneShot));

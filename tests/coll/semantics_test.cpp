@@ -1083,6 +1083,20 @@ TEST(HostRound, EagerDataForEachLocalRankReachesIt) {
         if (out[r * q + i] != value(r, me, i))
           throw std::runtime_error("all_to_all: block from rank " + std::to_string(r) + " holds " +
                                    std::to_string(out[r * q + i]) + " at " + std::to_string(i));
+    // reduce_scatter: block me of every input, this host's two others from their records.
+    std::vector<int32_t> sum(q, -1);
+    const uint64_t m1 = c.impl()->desc_messages.load();
+    c.reduce_scatter(in.data(), sum.data(), q, DataType::Int32, ReduceOp::Sum);
+    if (c.impl()->desc_messages.load() - m1 != 3)
+      throw std::runtime_error("reduce_scatter sent " + std::to_string(c.impl()->desc_messages.load() - m1) +
+                               " first messages, expected 3");
+    for (int i = 0; i < q; ++i) {
+      int32_t want = 0;
+      for (int r = 0; r < n; ++r) want += value(r, me, i);
+      if (sum[i] != want)
+        throw std::runtime_error("reduce_scatter: element " + std::to_string(i) + " is " + std::to_string(sum[i]) +
+                                 ", expected " + std::to_string(want));
+    }
     for (int root = 0; root < n; ++root) {
       std::vector<int32_t> part(q, -1);
       c.scatter(in.data(), part.data(), q, DataType::Int32, root);

@@ -40,6 +40,11 @@ Result<Eager> eager_plan(const NetExec& x) {
         // In place, block r of the output is what we send to r: it cannot land there yet.
         p.into[r] = x.in == x.out ? nullptr : x.out + r * b;
         break;
+      case OpKind::ReduceScatter:
+        // Block r goes to rank r; the blocks for this rank are combined on arrival.
+        to(r, x.in + r * b);
+        p.from_bytes[r] = b;
+        break;
       case OpKind::Broadcast:
       case OpKind::Scatter:
         if (me == root) {
@@ -84,6 +89,14 @@ Status finish_eager(NetExec& x) {
   };
   switch (op.kind) {
     case OpKind::AllReduce: reduce_all(); break;
+    case OpKind::ReduceScatter: {
+      // In rank order, as the all_reduce; in place the output is this rank's own block of the
+      // input, which each element is read from before it is written.
+      std::vector<const void*> srcs(n);
+      for (int r = 0; r < n; ++r) srcs[r] = r == me ? static_cast<const void*>(x.in + me * b) : x.eager_in[r];
+      kernels::reduce(op.dtype, op.rop, x.out, srcs.data(), n, op.count, n);
+      break;
+    }
     case OpKind::Reduce:
       if (me == root) reduce_all();
       break;
