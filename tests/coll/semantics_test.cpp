@@ -917,8 +917,8 @@ TEST(PointToPoint, RecvAnyAcrossHosts) {
 }
 
 // Several ranks on each of several hosts, as many on each (coll/net/run.cpp, the host round):
-// an operation first compares this host's descriptors through shared memory; all_reduce and the
-// hierarchical all_gather and reduce_scatter then send one first message per rail peer (here 1
+// an operation first compares this host's descriptors through shared memory; all_reduce,
+// all_gather and the hierarchical reduce_scatter then send one first message per rail peer (here 1
 // per rank) where the other operations send one per member (3). Ranks that disagree, within a
 // host or across hosts that chose different rounds, all fail with InvalidArgument and the
 // communicator stays usable.
@@ -952,6 +952,28 @@ TEST(HostRound, AllReduceMeetsOnlyItsRails) {
                                        " is " + std::to_string(out[i]) + ", expected " + std::to_string(want));
           }
         }
+      }
+    }
+    // The eager all_gather (1 KiB per block) sends each rail peer its host's inputs: one
+    // message; in and out of place, heap and malloc'd.
+    for (bool heap : {true, false}) {
+      for (bool in_place : {false, true}) {
+        const size_t q = 256;
+        Buffer<int32_t> hb = c.alloc<int32_t>(q * n);
+        std::vector<int32_t> eb(q * n, -1), src(q);
+        int32_t* out = heap ? hb.data() : eb.data();
+        int32_t* in = in_place ? out + me * q : src.data();
+        for (size_t i = 0; i < q; ++i) in[i] = value(me, i);
+        const uint64_t m0 = msgs.load();
+        c.all_gather(in, out, q, DataType::Int32);
+        if (msgs.load() - m0 != 1)
+          throw std::runtime_error("eager all_gather sent " + std::to_string(msgs.load() - m0) +
+                                   " first messages, expected 1 (the rail peer)");
+        for (int r = 0; r < n; ++r)
+          for (size_t i = 0; i < q; ++i)
+            if (out[r * q + i] != value(r, i))
+              throw std::runtime_error("eager all_gather: block from rank " + std::to_string(r) + " holds " +
+                                       std::to_string(out[r * q + i]) + " at " + std::to_string(i));
       }
     }
     // The hierarchical all_gather and reduce_scatter (64 KiB per block) meet their rails only too.

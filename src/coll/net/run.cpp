@@ -112,13 +112,13 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
 // ---- the host round -----------------------------------------------------------------------
 // With several ranks on every host and as many on each, an operation first compares the
 // descriptors of this host's ranks through shared memory (an intra-host all_gather of one
-// record per rank). all_reduce, and the hierarchical all_gather and reduce_scatter, then meet
+// record per rank). all_reduce and all_gather, and the hierarchical reduce_scatter, then meet
 // the other hosts on their rails only: one message to and from the rank of equal local index
 // on each other host, instead of one per member (2 hosts x 2 ranks: one message per rank
-// instead of three, the one to the host's other rank included). The eager all_reduce sends
-// each rail peer the inputs of its whole host, gathered in the same intra-host step, so every
-// rank still reduces all n inputs in rank order: the same bits as the all-pairs round, and as
-// many bytes between hosts. The other operations then meet every member on the other hosts
+// instead of three, the one to the host's other rank included). The eager all_reduce and
+// all_gather send each rail peer the inputs of their whole host, gathered in the same
+// intra-host step, so every rank still has all n inputs (and reduces them in rank order: the
+// same bits as the all-pairs round), with as many bytes between hosts. The other operations then meet every member on the other hosts
 // (their descriptors, with output offsets, are needed pair by pair) but not this host's ranks,
 // whose records already hold them; an eager one's data for this host's ranks rides in the
 // records too (2 hosts x 2 ranks: two messages per rank instead of three, and the record of an
@@ -143,15 +143,17 @@ bool host_round(const CommImpl& c) {
   return true;
 }
 
-/// Whether an operation described by `d` meets the other hosts on its rails only: all_reduce,
-/// and the hierarchical all_gather and reduce_scatter (their network steps are rail steps).
+/// Whether an operation described by `d` meets the other hosts on its rails only: all_reduce
+/// and all_gather (eager: the host's inputs travel together), and the hierarchical
+/// all_gather and reduce_scatter (their network steps are rail steps).
 /// Not the v-forms: their count vectors are compared pair by pair, which the intra-host step
 /// does not do.
 bool rails_only(const OpDesc& d) {
   const auto algo = static_cast<coll::Algo>(d.algo);
   const auto kind = static_cast<OpKind>(d.kind);
-  if (kind == OpKind::AllReduce) return algo == coll::Algo::NetEager || algo == coll::Algo::NetHierarchical;
-  return (kind == OpKind::AllGather || kind == OpKind::ReduceScatter) && algo == coll::Algo::NetHierarchical;
+  if (kind == OpKind::AllReduce || kind == OpKind::AllGather)
+    return algo == coll::Algo::NetEager || algo == coll::Algo::NetHierarchical;
+  return kind == OpKind::ReduceScatter && algo == coll::Algo::NetHierarchical;
 }
 
 /// The intra-host all_gather of one record per rank: its descriptor, then `slots.size()`
@@ -235,8 +237,9 @@ Status settle_mismatch(NetExec& x, const OpDesc& d, const std::vector<char>& sen
   return failed.is_ok() ? why : failed;
 }
 
-/// The all_reduce round between rail peers (after host_gather): each sends the others its
-/// descriptor and, eager, its host's inputs; the eager form is then finished here (`done`).
+/// The round between rail peers (after host_gather): each sends the others its descriptor
+/// and, eager (all_reduce, all_gather), its host's inputs; the eager form is then finished
+/// here (`done`).
 Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager, bool& done) {
   CommImpl& c = x.c;
   const int n = c.size, me = c.rank, hm = c.host_of[me], li = c.local_of[me];
@@ -294,7 +297,6 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   }
   if (!why.is_ok()) return settle_mismatch(x, mine, sent, got, why);
   if (!eager) return Status::ok();
-  // Every rank reduces the same n inputs in rank order: identical results everywhere.
   done = true;
   if (!b) return Status::ok();
   std::vector<const void*> srcs(n);
@@ -303,6 +305,14 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
     const size_t at = static_cast<size_t>(c.local_of[r]);
     srcs[r] = g == hm ? h.recs + at * h.rec + sizeof(OpDesc) : bodies + g * body_al + at * b;
   }
+  if (x.op.kind == OpKind::AllGather) {
+    for (int r = 0; r < n; ++r) {
+      const void* src = r == me ? x.in : srcs[r];
+      if (x.out + r * b != src) kernels::copy(x.out + r * b, src, b);
+    }
+    return Status::ok();
+  }
+  // Every rank reduces the same n inputs in rank order: identical results everywhere.
   kernels::reduce(x.op.dtype, x.op.rop, x.out, srcs.data(), n, x.op.count, n);
   return Status::ok();
 }
@@ -310,7 +320,7 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
 /// The first round of a communicator with the host round (see above).
 Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& done) {
   CommImpl& c = x.c;
-  const bool rails = rails_only(mine), eager_ar = rails && eager != nullptr;
+  const bool rails = rails_only(mine), eager_rail = rails && eager != nullptr;
   // The other operations without count vectors meet this host's ranks in this step only: the
   // record carries, eager, this rank's data for each of them (one slot per other local rank,
   // in local rank order: an all_to_all of 16 KiB on 2 x 2 still rides in the control block),
@@ -319,7 +329,7 @@ Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& don
   const bool here = !rails && first_message_head(x.op.kind, c.size) == sizeof(OpDesc);
   const std::vector<int>& lm = c.host_members[c.host_of[c.rank]];
   std::vector<const char*> slots;
-  if (eager_ar) slots = {x.in};
+  if (eager_rail) slots = {x.in};
   if (here && eager) {
     for (int r : lm)
       if (r != c.rank) slots.push_back(eager->to_bytes[r] ? eager->to[r] : nullptr);
@@ -333,7 +343,7 @@ Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& don
     return settle_mismatch(x, flagged, std::vector<char>(c.size, 0), std::vector<char>(c.size, 0), h.mismatch);
   }
   if (!rails) return first_round(x, mine, eager, here ? &h : nullptr);
-  return rail_round(x, mine, h, eager_ar, done);
+  return rail_round(x, mine, h, eager_rail, done);
 }
 
 }  // namespace
@@ -377,7 +387,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   Status st = host_round(c) ? hosts_first(x, d, eager ? &*eager : nullptr, done)
                             : first_round(x, d, eager ? &*eager : nullptr, nullptr);
   if (st.is_ok() && done) {
-    // Finished in its first round (the eager all_reduce between rails).
+    // Finished in its first round (the eager all_reduce or all_gather between rails).
   } else if (st.is_ok() && eager) {
     st = finish_eager(x);
   } else if (st.is_ok()) {
