@@ -44,9 +44,8 @@ bool blocks(const Call& c) {
 
 /// Kinds whose eager form exists: the data one rank sends each peer is count elements.
 bool has_eager_form(const Call& c) {
-  return c.is(OpKind::AllReduce) || c.is(OpKind::AllGather) || c.is(OpKind::AllToAll) ||
-         c.is(OpKind::ReduceScatter) || c.is(OpKind::Broadcast) || c.is(OpKind::Scatter) || c.is(OpKind::Reduce) ||
-         c.is(OpKind::Gather);
+  return c.is(OpKind::AllReduce) || c.is(OpKind::AllGather) || c.is(OpKind::AllToAll) || c.is(OpKind::ReduceScatter) ||
+         c.is(OpKind::Broadcast) || c.is(OpKind::Scatter) || c.is(OpKind::Reduce) || c.is(OpKind::Gather);
 }
 
 /// The most bytes per peer an eager call carries. reduce_scatter where the hierarchical form

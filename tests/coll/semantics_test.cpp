@@ -1014,13 +1014,27 @@ TEST(HostRound, AllReduceMeetsOnlyItsRails) {
       for (int i = 0; i < 4; ++i)
         if (b[r * 4 + i] != value(r, static_cast<size_t>(me * 4 + i)))
           throw std::runtime_error("all_to_all: wrong block from rank " + std::to_string(r));
-    for (int root : {1, 2}) {
-      std::vector<int32_t> v(1024, me == root ? 7 : 0);
-      m0 = msgs.load();
-      c.broadcast(v.data(), v.data(), v.size(), DataType::Int32, root);
-      if (msgs.load() - m0 != 2)
-        throw std::runtime_error("broadcast sent " + std::to_string(msgs.load() - m0) + " first messages, expected 2");
-      if (v[0] != 7 || v[1023] != 7) throw std::runtime_error("broadcast from " + std::to_string(root) + " is wrong");
+    // Broadcast: eager (4 KiB), the root's data reaches the other host along the rails (one
+    // first message per rank), in and out of place; hierarchical (256 KiB), every member.
+    for (size_t len : {size_t{1024}, size_t{65536}}) {
+      for (int root : {1, 2}) {
+        for (bool in_place : {true, false}) {
+          std::vector<int32_t> v(len, me == root ? 7 : 0), o(len, -1);
+          for (size_t i = 0; i < len && me == root; ++i) v[i] = value(root, i);
+          int32_t* out = in_place ? v.data() : o.data();
+          m0 = msgs.load();
+          c.broadcast(v.data(), out, len, DataType::Int32, root);
+          const uint64_t want = len == 1024 ? 1 : 2;
+          if (msgs.load() - m0 != want)
+            throw std::runtime_error("broadcast of " + std::to_string(len) + " sent " +
+                                     std::to_string(msgs.load() - m0) + " first messages, expected " +
+                                     std::to_string(want));
+          for (size_t i = 0; i < len; ++i)
+            if (out[i] != value(root, i))
+              throw std::runtime_error("broadcast of " + std::to_string(len) + " from " + std::to_string(root) +
+                                       ": element " + std::to_string(i) + " is " + std::to_string(out[i]));
+        }
+      }
     }
     m0 = msgs.load();
     c.barrier();
@@ -1120,6 +1134,15 @@ TEST(HostRound, EagerDataForEachLocalRankReachesIt) {
                                  ", expected " + std::to_string(want));
     }
     for (int root = 0; root < n; ++root) {
+      // broadcast: the root's record on its host, its host's rail peers elsewhere.
+      std::vector<int32_t> bc(q, -1);
+      if (me == root)
+        for (int i = 0; i < q; ++i) bc[i] = value(root, 7, i);
+      c.broadcast(bc.data(), bc.data(), q, DataType::Int32, root);
+      for (int i = 0; i < q; ++i)
+        if (bc[i] != value(root, 7, i))
+          throw std::runtime_error("broadcast from " + std::to_string(root) + ": element " + std::to_string(i) +
+                                   " is " + std::to_string(bc[i]));
       std::vector<int32_t> part(q, -1);
       c.scatter(in.data(), part.data(), q, DataType::Int32, root);
       for (int i = 0; i < q; ++i)

@@ -112,18 +112,19 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
 // ---- the host round -----------------------------------------------------------------------
 // With several ranks on every host and as many on each, an operation first compares the
 // descriptors of this host's ranks through shared memory (an intra-host all_gather of one
-// record per rank). all_reduce and all_gather, and the hierarchical reduce_scatter, then meet
-// the other hosts on their rails only: one message to and from the rank of equal local index
-// on each other host, instead of one per member (2 hosts x 2 ranks: one message per rank
-// instead of three, the one to the host's other rank included). The eager all_reduce and
-// all_gather send each rail peer the inputs of their whole host, gathered in the same
-// intra-host step, so every rank still has all n inputs (and reduces them in rank order: the
-// same bits as the all-pairs round), with as many bytes between hosts. The other operations then meet every member on the other hosts
-// (their descriptors, with output offsets, are needed pair by pair) but not this host's ranks,
-// whose records already hold them; an eager one's data for this host's ranks rides in the
-// records too (2 hosts x 2 ranks: two messages per rank instead of three, and the record of an
-// all_to_all of 4 KiB, one synchronisation through the control block). The v-forms keep the
-// all-pairs round, this host's pairs included: their count vectors are compared pair by pair.
+// record per rank). all_reduce, all_gather, the eager broadcast and the hierarchical
+// reduce_scatter then meet the other hosts on their rails only: one message to and from the
+// rank of equal local index on each other host, instead of one per member (2 hosts x 2 ranks:
+// one message per rank instead of three, the one to the host's other rank included). The
+// eager all_reduce and all_gather send each rail peer the inputs of their whole host, gathered
+// in the same intra-host step, so every rank still has all n inputs (and reduces them in rank
+// order: the same bits as the all-pairs round), with as many bytes between hosts; the eager
+// broadcast's root host sends the root's input, from its record, along every rail. The other operations then meet every
+// member on the other hosts (their descriptors, with output offsets, are needed pair by pair) but not this host's
+// ranks, whose records already hold them; an eager one's data for this host's ranks rides in the records too (2 hosts x
+// 2 ranks: two messages per rank instead of three, and the record of an all_to_all of 4 KiB, one synchronisation
+// through the control block). The v-forms keep the all-pairs round, this host's pairs included: their count vectors are
+// compared pair by pair.
 //
 // Why a mismatch cannot leave a rank waiting: whether a rank meets its rails only is a function
 // of its descriptor, so the ranks of a host, once they agree, choose alike. A rank that finds a
@@ -143,9 +144,9 @@ bool host_round(const CommImpl& c) {
   return true;
 }
 
-/// Whether an operation described by `d` meets the other hosts on its rails only: all_reduce
-/// and all_gather (eager: the host's inputs travel together), and the hierarchical
-/// all_gather and reduce_scatter (their network steps are rail steps).
+/// Whether an operation described by `d` meets the other hosts on its rails only: all_reduce,
+/// all_gather and broadcast eager (the host's inputs, or the root's, travel together), and the
+/// hierarchical all_reduce, all_gather and reduce_scatter (their network steps are rail steps).
 /// Not the v-forms: their count vectors are compared pair by pair, which the intra-host step
 /// does not do.
 bool rails_only(const OpDesc& d) {
@@ -153,6 +154,7 @@ bool rails_only(const OpDesc& d) {
   const auto kind = static_cast<OpKind>(d.kind);
   if (kind == OpKind::AllReduce || kind == OpKind::AllGather)
     return algo == coll::Algo::NetEager || algo == coll::Algo::NetHierarchical;
+  if (kind == OpKind::Broadcast) return algo == coll::Algo::NetEager;
   return kind == OpKind::ReduceScatter && algo == coll::Algo::NetHierarchical;
 }
 
@@ -238,32 +240,42 @@ Status settle_mismatch(NetExec& x, const OpDesc& d, const std::vector<char>& sen
 }
 
 /// The round between rail peers (after host_gather): each sends the others its descriptor
-/// and, eager (all_reduce, all_gather), its host's inputs; the eager form is then finished
-/// here (`done`).
+/// and, eager, its host's inputs (all_reduce, all_gather) or its root's (broadcast); the
+/// eager form is then finished here (`done`).
 Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager, bool& done) {
   CommImpl& c = x.c;
   const int n = c.size, me = c.rank, hm = c.host_of[me], li = c.local_of[me];
   const int H = static_cast<int>(c.host_members.size());
   const size_t L = c.host_members[hm].size();
-  const size_t b = eager ? x.op.count * x.esz : 0, body = L * b;
+  const size_t b = eager ? x.op.count * x.esz : 0;
+  // Eager, each host's ranks send their host's L inputs; a broadcast's only its root's, from
+  // the root's host (each rank there to its rail peers, so every rank elsewhere gets it from one).
+  const bool bcast = x.op.kind == OpKind::Broadcast;
+  const int root_host = bcast ? c.host_of[x.op.root] : -1;
+  auto body_from = [&](int g) { return bcast ? (g == root_host ? b : 0) : L * b; };
+  const size_t body = body_from(hm);
   auto align = [](size_t v) { return (v + 63) & ~size_t{63}; };
-  const size_t head_al = align(sizeof(OpDesc)), body_al = align(body);
+  const size_t head_al = align(sizeof(OpDesc)), body_al = align(L * b);
   const size_t spill = align(longest_first_message(n, static_cast<int>(L)));
   STRATA_ASSIGN_OR_RETURN(void* rv, c.scratch_block(2, H * (head_al + body_al) + spill));
   char* heads = static_cast<char*>(rv);
   char* bodies = heads + H * head_al;
   char* spill_at = bodies + H * body_al;
-  char* out_body = nullptr;
-  if (body) {
+  const char* out_body = nullptr;
+  if (body && bcast) {
+    out_body = h.recs + static_cast<size_t>(c.local_of[x.op.root]) * h.rec + sizeof(OpDesc);
+  } else if (body) {
     STRATA_ASSIGN_OR_RETURN(void* ob, c.scratch_block(1, body));
-    out_body = static_cast<char*>(ob);
-    for (size_t j = 0; j < L; ++j) std::memcpy(out_body + j * b, h.recs + j * h.rec + sizeof(OpDesc), b);
+    char* o = static_cast<char*>(ob);
+    for (size_t j = 0; j < L; ++j) std::memcpy(o + j * b, h.recs + j * h.rec + sizeof(OpDesc), b);
+    out_body = o;
   }
   std::vector<transport::TransferPtr> rx(H);
   std::vector<char> sent(n, 0), got(n, 0);
   for (int k = 1; k < H; ++k) {
     const int g = (hm + k) % H, r = c.host_members[g][li];
-    transport::Part parts[3] = {{heads + g * head_al, sizeof(OpDesc)}, {bodies + g * body_al, body}, {spill_at, spill}};
+    transport::Part parts[3] = {
+        {heads + g * head_al, sizeof(OpDesc)}, {bodies + g * body_al, body_from(g)}, {spill_at, spill}};
     STRATA_ASSIGN_OR_RETURN(rx[g], x.net().recv_parts(x.g(r), make_tag(c, kDesc, x.seq, r), parts));
     x.xs.push_back(rx[g]);
     got[r] = 1;
@@ -291,7 +303,7 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   for (size_t j = 0; j < L; ++j) std::memcpy(&x.descs[c.host_members[hm][j]], h.recs + j * h.rec, sizeof(OpDesc));
   for (int k = 1; k < H && why.is_ok(); ++k) {
     const int g = (hm + k) % H, r = c.host_members[g][li];
-    auto d = read_first_message(x.op, mine, me, n, r, heads + g * head_al, rx[g]->received, body);
+    auto d = read_first_message(x.op, mine, me, n, r, heads + g * head_al, rx[g]->received, body_from(g));
     if (d.is_ok()) x.descs[r] = d.value();
     else why = d.status();
   }
@@ -299,6 +311,13 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   if (!eager) return Status::ok();
   done = true;
   if (!b) return Status::ok();
+  if (bcast) {
+    const char* src = me == x.op.root   ? x.in
+                      : hm == root_host ? h.recs + static_cast<size_t>(c.local_of[x.op.root]) * h.rec + sizeof(OpDesc)
+                                        : bodies + root_host * body_al;
+    if (x.out != src) kernels::copy(x.out, src, b);
+    return Status::ok();
+  }
   std::vector<const void*> srcs(n);
   for (int r = 0; r < n; ++r) {
     const int g = c.host_of[r];
@@ -329,7 +348,8 @@ Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& don
   const bool here = !rails && first_message_head(x.op.kind, c.size) == sizeof(OpDesc);
   const std::vector<int>& lm = c.host_members[c.host_of[c.rank]];
   std::vector<const char*> slots;
-  if (eager_rail) slots = {x.in};
+  // A broadcast's ranks but its root have no input to publish: their slot stays unwritten.
+  if (eager_rail) slots = {x.op.kind == OpKind::Broadcast && c.rank != x.op.root ? nullptr : x.in};
   if (here && eager) {
     for (int r : lm)
       if (r != c.rank) slots.push_back(eager->to_bytes[r] ? eager->to[r] : nullptr);
@@ -387,7 +407,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   Status st = host_round(c) ? hosts_first(x, d, eager ? &*eager : nullptr, done)
                             : first_round(x, d, eager ? &*eager : nullptr, nullptr);
   if (st.is_ok() && done) {
-    // Finished in its first round (the eager all_reduce or all_gather between rails).
+    // Finished in its first round (an eager all_reduce, all_gather or broadcast between rails).
   } else if (st.is_ok() && eager) {
     st = finish_eager(x);
   } else if (st.is_ok()) {
