@@ -112,7 +112,7 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
 // ---- the host round -----------------------------------------------------------------------
 // With several ranks on every host and as many on each, an operation first compares the
 // descriptors of this host's ranks through shared memory (an intra-host all_gather of one
-// record per rank). all_reduce, all_gather, the eager broadcast and the hierarchical
+// record per rank). all_reduce, all_gather, barrier, the eager broadcast and the hierarchical
 // reduce_scatter then meet the other hosts on their rails only: one message to and from the
 // rank of equal local index on each other host, instead of one per member (2 hosts x 2 ranks:
 // one message per rank instead of three, the one to the host's other rank included). The
@@ -145,8 +145,9 @@ bool host_round(const CommImpl& c) {
 }
 
 /// Whether an operation described by `d` meets the other hosts on its rails only: all_reduce,
-/// all_gather and broadcast eager (the host's inputs, or the root's, travel together), and the
-/// hierarchical all_reduce, all_gather and reduce_scatter (their network steps are rail steps).
+/// all_gather and broadcast eager (the host's inputs, or the root's, travel together), the
+/// hierarchical all_reduce, all_gather and reduce_scatter (their network steps are rail steps),
+/// and barrier.
 /// Not the v-forms: their count vectors are compared pair by pair, which the intra-host step
 /// does not do.
 bool rails_only(const OpDesc& d) {
@@ -155,6 +156,8 @@ bool rails_only(const OpDesc& d) {
   if (kind == OpKind::AllReduce || kind == OpKind::AllGather)
     return algo == coll::Algo::NetEager || algo == coll::Algo::NetHierarchical;
   if (kind == OpKind::Broadcast) return algo == coll::Algo::NetEager;
+  // A rail peer's message is sent after its host round, which every rank of its host reached.
+  if (kind == OpKind::Barrier) return true;
   return kind == OpKind::ReduceScatter && algo == coll::Algo::NetHierarchical;
 }
 
