@@ -1000,20 +1000,33 @@ TEST(HostRound, AllReduceMeetsOnlyItsRails) {
         if (out[i] != want) throw std::runtime_error("reduce_scatter: element " + std::to_string(i) + " is wrong");
       }
     }
-    // The other kinds meet this host's ranks in the host step only, their eager data included
-    // (the blocks for this host's ranks ride in the records), and send one first message to
-    // each rank of the other host; the v-forms still meet every member.
+    // all_to_all eager: every local rank's whole input rides in the records, and the rail
+    // peer sends the blocks its host's ranks have for this rank (one first message). The kinds
+    // whose data goes to one rank (gather, reduce) meet this host's ranks in the host step
+    // only, their eager data included, and send one first message to each rank of the other
+    // host; the v-forms still meet every member.
     std::vector<int32_t> a(4 * n), b(4 * n);
     for (int r = 0; r < n; ++r)
       for (int i = 0; i < 4; ++i) a[r * 4 + i] = value(me, static_cast<size_t>(r * 4 + i));
     uint64_t m0 = msgs.load();
     c.all_to_all(a.data(), b.data(), 4, DataType::Int32);
-    if (msgs.load() - m0 != 2)
-      throw std::runtime_error("all_to_all sent " + std::to_string(msgs.load() - m0) + " first messages, expected 2");
+    if (msgs.load() - m0 != 1)
+      throw std::runtime_error("all_to_all sent " + std::to_string(msgs.load() - m0) + " first messages, expected 1");
     for (int r = 0; r < n; ++r)
       for (int i = 0; i < 4; ++i)
         if (b[r * 4 + i] != value(r, static_cast<size_t>(me * 4 + i)))
           throw std::runtime_error("all_to_all: wrong block from rank " + std::to_string(r));
+    for (int root : {1, 2}) {
+      std::vector<int32_t> all(4 * n, -1);
+      m0 = msgs.load();
+      c.gather(a.data(), all.data(), 4, DataType::Int32, root);
+      if (msgs.load() - m0 != 2)
+        throw std::runtime_error("gather sent " + std::to_string(msgs.load() - m0) + " first messages, expected 2");
+      for (int r = 0; r < n && me == root; ++r)
+        for (int i = 0; i < 4; ++i)
+          if (all[r * 4 + i] != value(r, static_cast<size_t>(i)))
+            throw std::runtime_error("gather at " + std::to_string(root) + ": wrong block from " + std::to_string(r));
+    }
     // Broadcast: eager (4 KiB), the root's data reaches the other host along the rails (one
     // first message per rank), in and out of place; hierarchical (256 KiB), every member.
     for (size_t len : {size_t{1024}, size_t{65536}}) {
@@ -1119,9 +1132,9 @@ TEST(HostRound, EagerDataForEachLocalRankReachesIt) {
       for (int i = 0; i < q; ++i) in[r * q + i] = value(me, r, i);
     const uint64_t m0 = c.impl()->desc_messages.load();
     c.all_to_all(in.data(), out.data(), q, DataType::Int32);
-    if (c.impl()->desc_messages.load() - m0 != 3)
+    if (c.impl()->desc_messages.load() - m0 != 1)
       throw std::runtime_error("all_to_all sent " + std::to_string(c.impl()->desc_messages.load() - m0) +
-                               " first messages, expected 3 (the other host's ranks)");
+                               " first messages, expected 1 (the rail peer)");
     for (int r = 0; r < n; ++r)
       for (int i = 0; i < q; ++i)
         if (out[r * q + i] != value(r, me, i))
@@ -1131,9 +1144,9 @@ TEST(HostRound, EagerDataForEachLocalRankReachesIt) {
     std::vector<int32_t> sum(q, -1);
     const uint64_t m1 = c.impl()->desc_messages.load();
     c.reduce_scatter(in.data(), sum.data(), q, DataType::Int32, ReduceOp::Sum);
-    if (c.impl()->desc_messages.load() - m1 != 3)
+    if (c.impl()->desc_messages.load() - m1 != 1)
       throw std::runtime_error("reduce_scatter sent " + std::to_string(c.impl()->desc_messages.load() - m1) +
-                               " first messages, expected 3");
+                               " first messages, expected 1");
     for (int i = 0; i < q; ++i) {
       int32_t want = 0;
       for (int r = 0; r < n; ++r) want += value(r, me, i);
@@ -1152,7 +1165,11 @@ TEST(HostRound, EagerDataForEachLocalRankReachesIt) {
           throw std::runtime_error("broadcast from " + std::to_string(root) + ": element " + std::to_string(i) +
                                    " is " + std::to_string(bc[i]));
       std::vector<int32_t> part(q, -1);
+      const uint64_t m2 = c.impl()->desc_messages.load();
       c.scatter(in.data(), part.data(), q, DataType::Int32, root);
+      if (c.impl()->desc_messages.load() - m2 != 1)
+        throw std::runtime_error("scatter sent " + std::to_string(c.impl()->desc_messages.load() - m2) +
+                                 " first messages, expected 1");
       for (int i = 0; i < q; ++i)
         if (part[i] != value(root, me, i))
           throw std::runtime_error("scatter from " + std::to_string(root) + ": element " + std::to_string(i) + " is " +

@@ -112,19 +112,22 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
 // ---- the host round -----------------------------------------------------------------------
 // With several ranks on every host and as many on each, an operation first compares the
 // descriptors of this host's ranks through shared memory (an intra-host all_gather of one
-// record per rank). all_reduce, all_gather, barrier, the eager broadcast and the hierarchical
-// reduce_scatter then meet the other hosts on their rails only: one message to and from the
-// rank of equal local index on each other host, instead of one per member (2 hosts x 2 ranks:
-// one message per rank instead of three, the one to the host's other rank included). The
-// eager all_reduce and all_gather send each rail peer the inputs of their whole host, gathered
-// in the same intra-host step, so every rank still has all n inputs (and reduces them in rank
-// order: the same bits as the all-pairs round), with as many bytes between hosts; the eager
-// broadcast's root host sends the root's input, from its record, along every rail. The other operations then meet every
-// member on the other hosts (their descriptors, with output offsets, are needed pair by pair) but not this host's
-// ranks, whose records already hold them; an eager one's data for this host's ranks rides in the records too (2 hosts x
-// 2 ranks: two messages per rank instead of three, and the record of an all_to_all of 4 KiB, one synchronisation
-// through the control block). The v-forms keep the all-pairs round, this host's pairs included: their count vectors are
-// compared pair by pair.
+// record per rank). barrier, the eager all_reduce, all_gather, all_to_all, reduce_scatter,
+// broadcast and scatter, and the hierarchical all_reduce, all_gather and reduce_scatter then
+// meet the other hosts on their rails only: one message to and from the rank of equal local
+// index on each other host, instead of one per member (2 hosts x 2 ranks: one message per
+// rank instead of three, the one to the host's other rank included). Eager, the records carry
+// each rank's input, and a rank sends its rail peer what that peer needs from its whole host:
+// every local input (all_reduce, all_gather), every local rank's block for the peer
+// (all_to_all, reduce_scatter), or the root's input or block for the peer (broadcast,
+// scatter: from the root's host only). Every rank so still has the data of all n ranks (and
+// reduces it in rank order: the same bits as the all-pairs round), with as many bytes between
+// hosts. The other operations (gather, reduce, the non-eager direct forms) then meet every
+// member on the other hosts (their descriptors, with output offsets, are needed pair by pair)
+// but not this host's ranks, whose records already hold them; an eager one's data for this
+// host's ranks rides in the records too (2 hosts x 2 ranks: two messages per rank instead of
+// three). The v-forms keep the all-pairs round, this host's pairs included: their count
+// vectors are compared pair by pair.
 //
 // Why a mismatch cannot leave a rank waiting: whether a rank meets its rails only is a function
 // of its descriptor, so the ranks of a host, once they agree, choose alike. A rank that finds a
@@ -153,12 +156,12 @@ bool host_round(const CommImpl& c) {
 bool rails_only(const OpDesc& d) {
   const auto algo = static_cast<coll::Algo>(d.algo);
   const auto kind = static_cast<OpKind>(d.kind);
-  if (kind == OpKind::AllReduce || kind == OpKind::AllGather)
+  if (kind == OpKind::AllReduce || kind == OpKind::AllGather || kind == OpKind::ReduceScatter)
     return algo == coll::Algo::NetEager || algo == coll::Algo::NetHierarchical;
-  if (kind == OpKind::Broadcast) return algo == coll::Algo::NetEager;
+  if (kind == OpKind::Broadcast || kind == OpKind::AllToAll || kind == OpKind::Scatter)
+    return algo == coll::Algo::NetEager;
   // A rail peer's message is sent after its host round, which every rank of its host reached.
-  if (kind == OpKind::Barrier) return true;
-  return kind == OpKind::ReduceScatter && algo == coll::Algo::NetHierarchical;
+  return kind == OpKind::Barrier;
 }
 
 /// The intra-host all_gather of one record per rank: its descriptor, then `slots.size()`
@@ -251,11 +254,21 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   const int H = static_cast<int>(c.host_members.size());
   const size_t L = c.host_members[hm].size();
   const size_t b = eager ? x.op.count * x.esz : 0;
-  // Eager, each host's ranks send their host's L inputs; a broadcast's only its root's, from
-  // the root's host (each rank there to its rail peers, so every rank elsewhere gets it from one).
-  const bool bcast = x.op.kind == OpKind::Broadcast;
-  const int root_host = bcast ? c.host_of[x.op.root] : -1;
-  auto body_from = [&](int g) { return bcast ? (g == root_host ? b : 0) : L * b; };
+  // Eager, what a rank of another host needs from this host travels in one message from its
+  // rail peer here: from every local rank its input (all_reduce, all_gather) or its block for
+  // that rank (all_to_all, reduce_scatter); from the root only its input (broadcast) or its
+  // block for that rank (scatter), so only the root's host sends data. The records hold each
+  // local rank's input (see hosts_first).
+  const OpKind kind = x.op.kind;
+  const bool rooted = kind == OpKind::Broadcast || kind == OpKind::Scatter;
+  const bool per_dest = kind == OpKind::AllToAll || kind == OpKind::ReduceScatter || kind == OpKind::Scatter;
+  const int root_host = rooted ? c.host_of[x.op.root] : -1;
+  const size_t root_j = rooted ? static_cast<size_t>(c.local_of[x.op.root]) : 0;
+  auto body_from = [&](int g) { return rooted ? (g == root_host ? b : 0) : L * b; };
+  // Where local rank j's data for rank r lies in its record.
+  auto rec_for = [&](size_t j, int r) {
+    return h.recs + j * h.rec + sizeof(OpDesc) + (per_dest ? static_cast<size_t>(r) * b : 0);
+  };
   const size_t body = body_from(hm);
   auto align = [](size_t v) { return (v + 63) & ~size_t{63}; };
   const size_t head_al = align(sizeof(OpDesc)), body_al = align(L * b);
@@ -264,14 +277,26 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   char* heads = static_cast<char*>(rv);
   char* bodies = heads + H * head_al;
   char* spill_at = bodies + H * body_al;
-  const char* out_body = nullptr;
-  if (body && bcast) {
-    out_body = h.recs + static_cast<size_t>(c.local_of[x.op.root]) * h.rec + sizeof(OpDesc);
+  // What this rank sends the rail peer on host g: the root's data straight from its record,
+  // else the L local ranks' pieces packed (once when every rail peer gets the same).
+  std::vector<const char*> out_body(H, nullptr);
+  if (body && rooted) {
+    for (int g = 0; g < H; ++g)
+      if (g != hm) out_body[g] = rec_for(root_j, c.host_members[g][li]);
   } else if (body) {
-    STRATA_ASSIGN_OR_RETURN(void* ob, c.scratch_block(1, body));
-    char* o = static_cast<char*>(ob);
-    for (size_t j = 0; j < L; ++j) std::memcpy(o + j * b, h.recs + j * h.rec + sizeof(OpDesc), b);
-    out_body = o;
+    const int packs = per_dest ? H : 1;
+    STRATA_ASSIGN_OR_RETURN(void* ob, c.scratch_block(1, static_cast<size_t>(packs) * body_al));
+    const char* shared = nullptr;
+    for (int g = 0; g < H; ++g) {
+      if (g == hm) continue;
+      if (!per_dest && shared) {
+        out_body[g] = shared;
+        continue;
+      }
+      char* o = static_cast<char*>(ob) + (per_dest ? static_cast<size_t>(g) * body_al : 0);
+      for (size_t j = 0; j < L; ++j) std::memcpy(o + j * b, rec_for(j, c.host_members[g][li]), b);
+      out_body[g] = shared = o;
+    }
   }
   std::vector<transport::TransferPtr> rx(H);
   std::vector<char> sent(n, 0), got(n, 0);
@@ -284,9 +309,9 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
     got[r] = 1;
   }
   for (int k = 1; k < H; ++k) {
-    const int r = c.host_members[(hm + k) % H][li];
-    STRATA_ASSIGN_OR_RETURN(auto t,
-                            x.net().send2(x.g(r), make_tag(c, kDesc, x.seq, me), &mine, sizeof mine, out_body, body));
+    const int g = (hm + k) % H, r = c.host_members[g][li];
+    STRATA_ASSIGN_OR_RETURN(
+        auto t, x.net().send2(x.g(r), make_tag(c, kDesc, x.seq, me), &mine, sizeof mine, out_body[g], body));
     if (body) c.direct_bytes.fetch_add(body, std::memory_order_relaxed);
     c.desc_messages.fetch_add(1, std::memory_order_relaxed);
     x.xs.push_back(std::move(t));
@@ -314,28 +339,33 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   if (!eager) return Status::ok();
   done = true;
   if (!b) return Status::ok();
-  if (bcast) {
-    const char* src = me == x.op.root   ? x.in
-                      : hm == root_host ? h.recs + static_cast<size_t>(c.local_of[x.op.root]) * h.rec + sizeof(OpDesc)
-                                        : bodies + root_host * body_al;
-    if (x.out != src) kernels::copy(x.out, src, b);
-    return Status::ok();
-  }
-  std::vector<const void*> srcs(n);
-  for (int r = 0; r < n; ++r) {
+  // Rank r's data for this rank: in r's record on this host, else in its host's message.
+  auto src_of = [&](int r) -> const char* {
     const int g = c.host_of[r];
-    const size_t at = static_cast<size_t>(c.local_of[r]);
-    srcs[r] = g == hm ? h.recs + at * h.rec + sizeof(OpDesc) : bodies + g * body_al + at * b;
-  }
-  if (x.op.kind == OpKind::AllGather) {
-    for (int r = 0; r < n; ++r) {
-      const void* src = r == me ? x.in : srcs[r];
-      if (x.out + r * b != src) kernels::copy(x.out + r * b, src, b);
+    const size_t j = static_cast<size_t>(c.local_of[r]);
+    if (g == hm) return rec_for(j, me);
+    return bodies + g * body_al + (rooted ? 0 : j * b);
+  };
+  const size_t own = per_dest ? static_cast<size_t>(me) * b : 0;  // this rank's part of its input
+  auto place = [&](char* dst, int r) {
+    const char* src = r == me ? x.in + own : src_of(r);
+    if (dst != src) kernels::copy(dst, src, b);
+  };
+  switch (kind) {
+    case OpKind::Broadcast:
+    case OpKind::Scatter: place(x.out, x.op.root); break;
+    case OpKind::AllGather:
+    case OpKind::AllToAll:
+      for (int r = 0; r < n; ++r) place(x.out + static_cast<size_t>(r) * b, r);
+      break;
+    default: {
+      // Every rank reduces its n sources in rank order: all_reduce's result is the same bits
+      // everywhere, and the same as the all-pairs round's.
+      std::vector<const void*> srcs(n);
+      for (int r = 0; r < n; ++r) srcs[r] = src_of(r);
+      kernels::reduce(x.op.dtype, x.op.rop, x.out, srcs.data(), n, x.op.count, n);
     }
-    return Status::ok();
   }
-  // Every rank reduces the same n inputs in rank order: identical results everywhere.
-  kernels::reduce(x.op.dtype, x.op.rop, x.out, srcs.data(), n, x.op.count, n);
   return Status::ok();
 }
 
@@ -345,19 +375,26 @@ Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& don
   const bool rails = rails_only(mine), eager_rail = rails && eager != nullptr;
   // The other operations without count vectors meet this host's ranks in this step only: the
   // record carries, eager, this rank's data for each of them (one slot per other local rank,
-  // in local rank order: an all_to_all of 16 KiB on 2 x 2 still rides in the control block),
-  // and the network round goes to the other hosts. The v-forms' count vectors are compared
-  // pair by pair in the all-pairs round, this host's pairs included.
+  // in local rank order), and the network round goes to the other hosts. The v-forms' count
+  // vectors are compared pair by pair in the all-pairs round, this host's pairs included.
   const bool here = !rails && first_message_head(x.op.kind, c.size) == sizeof(OpDesc);
   const std::vector<int>& lm = c.host_members[c.host_of[c.rank]];
   std::vector<const char*> slots;
-  // A broadcast's ranks but its root have no input to publish: their slot stays unwritten.
-  if (eager_rail) slots = {x.op.kind == OpKind::Broadcast && c.rank != x.op.root ? nullptr : x.in};
+  // A broadcast's or scatter's ranks but its root have no input to publish: their slot stays
+  // unwritten. all_to_all, reduce_scatter and scatter publish the whole input (n blocks).
+  const OpKind kind = x.op.kind;
+  const bool rooted = kind == OpKind::Broadcast || kind == OpKind::Scatter;
+  size_t slot = x.op.count * x.esz;
+  if (eager_rail) {
+    slots = {rooted && c.rank != x.op.root ? nullptr : x.in};
+    if (kind == OpKind::AllToAll || kind == OpKind::ReduceScatter || kind == OpKind::Scatter)
+      slot *= static_cast<size_t>(c.size);
+  }
   if (here && eager) {
     for (int r : lm)
       if (r != c.rank) slots.push_back(eager->to_bytes[r] ? eager->to[r] : nullptr);
   }
-  STRATA_ASSIGN_OR_RETURN(HostRound h, host_gather(x, mine, slots, slots.empty() ? 0 : x.op.count * x.esz));
+  STRATA_ASSIGN_OR_RETURN(HostRound h, host_gather(x, mine, slots, slots.empty() ? 0 : slot));
   if (!h.mismatch.is_ok()) {
     OpDesc flagged = mine;
     flagged.flags |= kHostMismatch;
