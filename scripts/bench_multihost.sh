@@ -12,7 +12,8 @@
 #   link probe   TCP over the same veth: iperf3, 1 and 2 streams (2 ranks per host send at
 #                once), h1 -> h0, and 2 streams each way at once (two iperf3 pairs), once per round
 #   strata       `strata run --nnodes 2` on each host, ranks running `strata bench --as-rank`
-#                (all_reduce, all_to_all; fp32, out of place)
+#                (all_reduce, all_to_all, all_gather, reduce_scatter, broadcast, barrier;
+#                fp32, out of place)
 #   Open MPI     mpirun from h0, daemons started in the namespaces by an rsh agent
 #                (tests/multihost/mpi_rsh_agent.sh), TCP BTL between hosts (test subnet only),
 #                vader (shared memory) within a host; bench/peers/mpi_bench with the same
@@ -23,8 +24,8 @@
 # DOCS_DIR (docs), QUICK, MIN (4K), MAX (64M), FACTOR (4), REPEATS, TARGET_MS, WARMUP, ROUNDS,
 # LAYOUTS ("2 1": ranks per host, one layout after the other within each round; 2 puts 4
 # ranks on this 2-core machine, 1 leaves a core per rank and no shared memory between ranks),
-# COLLS ("all_reduce all_to_all": the collectives, any that both `strata bench` and mpi_bench
-# run; the report covers all_reduce and all_to_all), SKIP_STRATA=1 / SKIP_MPI=1 / SKIP_LINK=1,
+# COLLS ("all_reduce all_to_all all_gather reduce_scatter broadcast barrier": the collectives,
+# any that both `strata bench` and mpi_bench run), SKIP_STRATA=1 / SKIP_MPI=1 / SKIP_LINK=1,
 # SKIP_BUILD=1, JOBS.
 set -uo pipefail
 
@@ -46,7 +47,7 @@ HOSTS=2 LAYOUTS=${LAYOUTS:-2 1}
 for ph in $LAYOUTS; do
   [[ $ph =~ ^[1-9][0-9]?$ ]] || { echo "bench_multihost: LAYOUTS='$LAYOUTS': '$ph' is not a rank count per host from 1 to 99" >&2; exit 2; }
 done
-read -r -a COLLS <<<"${COLLS:-all_reduce all_to_all}"
+read -r -a COLLS <<<"${COLLS:-all_reduce all_to_all all_gather reduce_scatter broadcast barrier}"
 # The command as it was given, with the settings that change what is measured.
 COMMAND_LINE="$0 $*"
 for v in QUICK BUILD_DIR MIN MAX FACTOR REPEATS TARGET_MS ROUNDS LAYOUTS; do

@@ -21,10 +21,14 @@ SUMMARY_BEGIN = "<!-- multihost-summary:begin -->"
 SUMMARY_END = "<!-- multihost-summary:end -->"
 SECTION_BEGIN = "<!-- multihost:begin -->"
 SECTION_END = "<!-- multihost:end -->"
-TARGET = 1.3        # issue 4: strata busbw >= 1.3x Open MPI at >= 1 MiB
+TARGET = 1.3        # issue 4: strata busbw >= 1.3x Open MPI at >= 1 MiB (all_reduce, all_to_all)
 TARGET_FROM = 1 << 20
-ROW_TARGET = 1.2    # issue 19: every size, strata busbw >= 1.2x Open MPI's in the same run
+ROW_TARGET = 1.2    # issue 19: every size, strata >= 1.2x Open MPI (time ratio) in the same run
 SYSTEMS = ("strata", "openmpi")
+# The collectives a run may hold, in the order the report shows them; issue 4's target covers
+# the first two.
+COLL_ORDER = ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "broadcast", "barrier")
+ISSUE4 = ("all_reduce", "all_to_all")
 
 
 def load(out):
@@ -92,9 +96,16 @@ def link_bound_busbw(coll, link_gbs, hosts, per_host):
     if coll == "all_reduce":
         per_host_bytes_per_size = 2.0 * (hosts - 1) / hosts
         factor = 2.0 * (n - 1) / n
-    else:  # all_to_all: every rank sends (n - per_host)/n of its buffer off the host
+    elif coll == "all_to_all":  # every rank sends (n - per_host)/n of its buffer off the host
         per_host_bytes_per_size = per_host * (n - per_host) / n
         factor = (n - 1) / n
+    elif coll in ("all_gather", "reduce_scatter"):
+        # size = the whole buffer (n blocks): each host's blocks (all_gather), or its partial
+        # sums of each other host's blocks (reduce_scatter), go to every other host once.
+        per_host_bytes_per_size = (hosts - 1) * per_host / n
+        factor = (n - 1) / n
+    else:  # broadcast, barrier: no bound drawn
+        return None
     return link_gbs / per_host_bytes_per_size * factor
 
 
@@ -127,19 +138,21 @@ def layout_tables(o, best, colls, hosts, per_host, link_gbs):
             continue
         bound = link_bound_busbw(coll, link_gbs, hosts, per_host) if link_gbs else None
         head = ["size"] + ["%s %s" % (s, what) for s in SYSTEMS for what in ("time (µs)", "busbw (GB/s)")] + \
-            ["strata ÷ Open MPI busbw", "≥ %g×" % ROW_TARGET] + (["best busbw ÷ link bound"] if bound else [])
+            ["Open MPI time ÷ strata's", "≥ %g×" % ROW_TARGET] + (["best busbw ÷ link bound"] if bound else [])
         L += [md_row(head), md_rule("l" * len(head))]
         met, missed = [], []
         for size in sizes:
-            cells, bw = [], {}
+            cells, bw, t = [], {}, {}
             for s in SYSTEMS:
                 r = rows_of[s].get(size)
                 if r:
-                    bw[s] = r["busbw_gbs"]
-                    cells += ["%.1f" % r["time_us"], "%.3f" % r["busbw_gbs"]]
+                    bw[s] = r.get("busbw_gbs") or 0
+                    t[s] = r["time_us"]
+                    cells += ["%.1f" % r["time_us"], "%.3f" % bw[s] if bw[s] else "–"]
                 else:
                     cells += ["–", "–"]
-            ratio = bw["strata"] / bw["openmpi"] if bw.get("strata") and bw.get("openmpi") else None
+            # The same as the busbw ratio where there is a busbw; barrier has only times.
+            ratio = t["openmpi"] / t["strata"] if t.get("strata") and t.get("openmpi") else None
             cells.append(times(ratio) if ratio else "–")
             cells.append(("✓" if ratio >= ROW_TARGET else "**✗**") if ratio else "–")
             if ratio:
@@ -148,12 +161,12 @@ def layout_tables(o, best, colls, hosts, per_host, link_gbs):
             if bound:
                 top = max(bw.values()) if bw else 0
                 cells.append("%.0f%%" % (100 * top / bound) if top else "–")
-            L.append(md_row([human(size)] + cells))
-            if size >= TARGET_FROM and ratio is not None:
+            L.append(md_row([human(size) if size else "–"] + cells))
+            if coll in ISSUE4 and size >= TARGET_FROM and ratio is not None:
                 (met if ratio >= TARGET else missed).append((size, ratio))
         L.append("")
         if row_all.get(coll):
-            L += ["%s, %s: %d of %d sizes meet strata ≥ %g× Open MPI busbw (issue 19, every size)."
+            L += ["%s, %s: %d of %d sizes meet strata ≥ %g× Open MPI (issue 19, every size)."
                   % (coll, where, row_met[coll], row_all[coll], ROW_TARGET), ""]
         if met or missed:
             line = "%s, %s: strata ≥ %.1f× Open MPI busbw at ≥ 1 MiB in %d of %d sizes" % (
@@ -174,7 +187,7 @@ def layout_tables(o, best, colls, hosts, per_host, link_gbs):
                                "(%.2f GB/s busbw): the TCP path itself is the bottleneck there." % (
                                    coll, where, 100 * max(big) / bound, bound))
     if row_all:
-        summary.append("%s, every size against issue 19's target (strata ≥ %g× Open MPI busbw): %d of %d rows "
+        summary.append("%s, every size against issue 19's target (strata ≥ %g× Open MPI): %d of %d rows "
                        "meet it (%s)." % (where, ROW_TARGET, sum(row_met.values()), sum(row_all.values()),
                                           ", ".join("%s %d of %d" % (c, row_met[c], row_all[c])
                                                     for c in colls if c in row_all)))
@@ -190,8 +203,7 @@ def main():
     hosts = int(machine.get("hosts", 2))
     # Most ranks per host first: the layout the issues' targets were set on.
     layouts = sorted({k[2] for k in best}, reverse=True) or [int(p) for p in machine.get("layouts", [2])]
-    colls = [c for c in ("all_reduce", "all_to_all") if any(k[1] == c for k in best)] or \
-        ["all_reduce", "all_to_all"]
+    colls = [c for c in COLL_ORDER if any(k[1] == c for k in best)] or list(ISSUE4)
     # What the veth carries per direction while both directions are busy, as they are in both
     # collectives (and their TCP work shares the same cores): the best bidirectional probe,
     # per direction the mean of the two. Without one, the best one-way probe.
@@ -213,7 +225,8 @@ def main():
             machine.get("loadavg_end", "?"), machine.get("seconds", "?"), where,
             "; ".join(cores_line(hosts, p, machine.get("nproc")) for p in layouts).capitalize()), "",
          "Method: fp32, out of place, nccl-tests definitions (all_reduce busbw = algbw × 2(n−1)/n, "
-         "all_to_all busbw = algbw × (n−1)/n); per size the median of the repeats, each the slowest "
+         "all_to_all, all_gather, reduce_scatter busbw = algbw × (n−1)/n with size the whole buffer, "
+         "broadcast busbw = algbw; barrier: time only); per size the median of the repeats, each the slowest "
          "rank's; the best of %s round(s) per system, layout and size, systems and layouts alternating "
          "within a round. "
          "strata: `strata run --nnodes %d` with one agent per namespace, ranks running "
@@ -238,10 +251,10 @@ def main():
         L += ["", "What the link allows (busbw if only the link limited it, at %.2f GB/s per direction per host "
               "(%s; all_reduce and all_to_all send both ways at once, and the TCP work of both directions "
               "shares this machine's cores); all_reduce: each host sends 2(H−1)/H × size over its link, "
-              "all_to_all P(n−P)/n × size): %s." % (
+              "all_to_all P(n−P)/n × size, all_gather and reduce_scatter (H−1)P/n × size): %s." % (
                   link_gbs, link_what, "; ".join(
                       "%d × %d: %s" % (hosts, p, ", ".join("%s %.2f GB/s" % (c, link_bound_busbw(c, link_gbs, hosts, p))
-                                                          for c in ("all_reduce", "all_to_all")))
+                                                          for c in colls if link_bound_busbw(c, link_gbs, hosts, p)))
                       for p in layouts)), ""]
     else:
         L += ["Not measured (iperf3 missing or failed; see the logs).", ""]
@@ -271,6 +284,7 @@ def plot_png(best, colls, link_gbs, hosts, layouts, docs):
     plt = pyplot("perf_multihost_report")
     if plt is None:
         return None
+    colls = [c for c in colls if c != "barrier"]  # no busbw to draw
     fig, axes = plt.subplots(len(layouts), len(colls), figsize=(5.5 * len(colls), 4.2 * len(layouts)), squeeze=False)
     for row, p in zip(axes, layouts):
         for ax, coll in zip(row, colls):
@@ -279,9 +293,9 @@ def plot_png(best, colls, link_gbs, hosts, layouts, docs):
                 if rows:
                     xs = sorted(rows)
                     ax.loglog(xs, [rows[x]["busbw_gbs"] for x in xs], style, label=s)
-            if link_gbs:
-                ax.axhline(link_bound_busbw(coll, link_gbs, hosts, p), color="grey", ls=":",
-                           label="link bound (iperf3)")
+            bound = link_bound_busbw(coll, link_gbs, hosts, p) if link_gbs else None
+            if bound:
+                ax.axhline(bound, color="grey", ls=":", label="link bound (iperf3)")
             log_axes(ax, "size (bytes per rank)", "busbw (GB/s)",
                      "%s, %d hosts x %d rank%s" % (coll, hosts, p, "s" if p > 1 else ""))
             ax.legend()
@@ -298,8 +312,9 @@ def section_lines(docs):
     where = m.group(1) if m else "2 × 2"
     L = [SECTION_BEGIN, "## Between hosts", "",
          "strata vs Open MPI between network namespaces (hosts × ranks per host %s, TCP between hosts, shared "
-         "memory within), all_reduce and all_to_all 4 KiB–64 MiB, with the link's own TCP bandwidth: "
-         "[PERFORMANCE_MULTIHOST.md](PERFORMANCE_MULTIHOST.md), measured by `scripts/bench_multihost.sh`." % where, ""]
+         "memory within), %s 4 KiB–64 MiB, with the link's own TCP bandwidth: "
+         "[PERFORMANCE_MULTIHOST.md](PERFORMANCE_MULTIHOST.md), measured by `scripts/bench_multihost.sh`."
+         % (where, ", ".join(c for c in COLL_ORDER if "## %s," % c in text) or "all_reduce and all_to_all"), ""]
     summary = between(text, SUMMARY_BEGIN, SUMMARY_END)
     if summary:
         L += summary.splitlines() + [""]
