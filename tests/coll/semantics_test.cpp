@@ -1001,10 +1001,9 @@ TEST(HostRound, AllReduceMeetsOnlyItsRails) {
       }
     }
     // all_to_all eager: every local rank's whole input rides in the records, and the rail
-    // peer sends the blocks its host's ranks have for this rank (one first message). The kinds
-    // whose data goes to one rank (gather, reduce) meet this host's ranks in the host step
-    // only, their eager data included, and send one first message to each rank of the other
-    // host; the v-forms still meet every member.
+    // peer sends the blocks its host's ranks have for this rank (one first message); gather
+    // sends the root its host's inputs along the root's rail. The v-forms still meet every
+    // member.
     std::vector<int32_t> a(4 * n), b(4 * n);
     for (int r = 0; r < n; ++r)
       for (int i = 0; i < 4; ++i) a[r * 4 + i] = value(me, static_cast<size_t>(r * 4 + i));
@@ -1020,8 +1019,8 @@ TEST(HostRound, AllReduceMeetsOnlyItsRails) {
       std::vector<int32_t> all(4 * n, -1);
       m0 = msgs.load();
       c.gather(a.data(), all.data(), 4, DataType::Int32, root);
-      if (msgs.load() - m0 != 2)
-        throw std::runtime_error("gather sent " + std::to_string(msgs.load() - m0) + " first messages, expected 2");
+      if (msgs.load() - m0 != 1)
+        throw std::runtime_error("gather sent " + std::to_string(msgs.load() - m0) + " first messages, expected 1");
       for (int r = 0; r < n && me == root; ++r)
         for (int i = 0; i < 4; ++i)
           if (all[r * 4 + i] != value(r, static_cast<size_t>(i)))
@@ -1176,11 +1175,27 @@ TEST(HostRound, EagerDataForEachLocalRankReachesIt) {
                                    std::to_string(part[i]));
       std::vector<int32_t> mine(q), all(static_cast<size_t>(q) * n, -1);
       for (int i = 0; i < q; ++i) mine[i] = value(me, root, i);
+      const uint64_t m3 = c.impl()->desc_messages.load();
       c.gather(mine.data(), all.data(), q, DataType::Int32, root);
+      if (c.impl()->desc_messages.load() - m3 != 1)
+        throw std::runtime_error("gather sent " + std::to_string(c.impl()->desc_messages.load() - m3) +
+                                 " first messages, expected 1");
       if (me == root)
         for (int r = 0; r < n; ++r)
-          if (all[r * q + q - 1] != value(r, root, q - 1))
-            throw std::runtime_error("gather at " + std::to_string(root) + ": wrong block from " + std::to_string(r));
+          for (int i = 0; i < q; ++i)
+            if (all[r * q + i] != value(r, root, i))
+              throw std::runtime_error("gather at " + std::to_string(root) + ": wrong block from " + std::to_string(r));
+      // reduce: the root's rail brings each other host's inputs; in place at the root.
+      std::vector<int32_t> red(mine);
+      c.reduce(red.data(), red.data(), q, DataType::Int32, ReduceOp::Sum, root);
+      if (me == root)
+        for (int i = 0; i < q; ++i) {
+          int32_t want = 0;
+          for (int r = 0; r < n; ++r) want += value(r, root, i);
+          if (red[i] != want)
+            throw std::runtime_error("reduce at " + std::to_string(root) + ": element " + std::to_string(i) + " is " +
+                                     std::to_string(red[i]) + ", expected " + std::to_string(want));
+        }
     }
   }));
 }

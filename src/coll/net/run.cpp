@@ -17,10 +17,9 @@ namespace {
 /// What the intra-host step of the host round found.
 struct HostRound {
   char* recs = nullptr;  // one record per rank of this host, in local rank order: its
-  size_t rec = 0;        // descriptor, then `slot`-byte data slots (see host_gather)
-  size_t slot = 0;
-  Status mismatch;     // InvalidArgument when this host's ranks called different operations
-  int a = -1, b = -1;  // two of them (comm ranks), when known
+  size_t rec = 0;        // descriptor, then its data slots (see host_gather)
+  Status mismatch;       // InvalidArgument when this host's ranks called different operations
+  int a = -1, b = -1;    // two of them (comm ranks), when known
 };
 
 /// The first round of every operation: each member sends every other one message holding
@@ -29,7 +28,7 @@ struct HostRound {
 /// coll/shm/run.cpp), and every rank reaches the same verdict because every rank sees every
 /// descriptor. Eager data that arrived is left at x.eager_in[r].
 /// With `host` (the host round found this host's ranks agree), the round goes to the ranks
-/// on other hosts only: this host's descriptors, and eager data, are in `host`'s records.
+/// on other hosts only: this host's descriptors are in `host`'s records.
 Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const HostRound* host) {
   CommImpl& c = x.c;
   const int n = c.size, me = c.rank;
@@ -97,14 +96,10 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
                                                              eager ? eager->from_bytes[r] : 0));
       continue;
     }
-    // The same checks of the fields only the peer knows as for a message; its data for this
-    // rank is in its record's slot for this rank (see hosts_first).
-    const int lr = c.local_of[r], lme = c.local_of[me];
-    const char* rec = host->recs + static_cast<size_t>(lr) * host->rec;
+    // The same checks of the fields only the peer knows as for a message (no eager operation
+    // comes here: they all meet their rails, see hosts_first).
+    const char* rec = host->recs + static_cast<size_t>(c.local_of[r]) * host->rec;
     STRATA_ASSIGN_OR_RETURN(x.descs[r], read_first_message(x.op, mine, me, n, r, rec, head, 0));
-    if (eager && eager->from_bytes[r])
-      x.eager_in[r] =
-          const_cast<char*>(rec) + sizeof(OpDesc) + static_cast<size_t>(lme < lr ? lme : lme - 1) * host->slot;
   }
   return Status::ok();
 }
@@ -112,17 +107,17 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
 // ---- the host round -----------------------------------------------------------------------
 // With several ranks on every host and as many on each, an operation first compares the
 // descriptors of this host's ranks through shared memory (an intra-host all_gather of one
-// record per rank). barrier, the eager all_reduce, all_gather, all_to_all, reduce_scatter,
-// broadcast and scatter, and the hierarchical all_reduce, all_gather and reduce_scatter then
-// meet the other hosts on their rails only: one message to and from the rank of equal local
-// index on each other host, instead of one per member (2 hosts x 2 ranks: one message per
-// rank instead of three, the one to the host's other rank included). Eager, the records carry
-// each rank's input, and a rank sends its rail peer what that peer needs from its whole host:
-// every local input (all_reduce, all_gather), every local rank's block for the peer
-// (all_to_all, reduce_scatter), or the root's input or block for the peer (broadcast,
-// scatter: from the root's host only). Every rank so still has the data of all n ranks (and
-// reduces it in rank order: the same bits as the all-pairs round), with as many bytes between
-// hosts. The other operations (gather, reduce, the non-eager direct forms) then meet every
+// record per rank). barrier, every eager operation without count vectors, and the
+// hierarchical all_reduce, all_gather and reduce_scatter then meet the other hosts on their
+// rails only: one message to and from the rank of equal local index on each other host,
+// instead of one per member (2 hosts x 2 ranks: one message per rank instead of three, the
+// one to the host's other rank included). Eager, the records carry each rank's input, and a
+// rank sends its rail peer what that peer needs from its whole host: every local input
+// (all_reduce, all_gather; gather and reduce to the root only, along its rail), every local
+// rank's block for the peer (all_to_all, reduce_scatter), or the root's input or block for
+// the peer (broadcast, scatter: from the root's host only). Every rank so still has the data
+// it needs from all n ranks (and reduces it in rank order: the same bits as the all-pairs
+// round), with as many bytes between hosts. The other operations (the non-eager direct forms) then meet every
 // member on the other hosts (their descriptors, with output offsets, are needed pair by pair)
 // but not this host's ranks, whose records already hold them; an eager one's data for this
 // host's ranks rides in the records too (2 hosts x 2 ranks: two messages per rank instead of
@@ -147,8 +142,8 @@ bool host_round(const CommImpl& c) {
   return true;
 }
 
-/// Whether an operation described by `d` meets the other hosts on its rails only: all_reduce,
-/// all_gather and broadcast eager (the host's inputs, or the root's, travel together), the
+/// Whether an operation described by `d` meets the other hosts on its rails only: every eager
+/// kind (what a rank needs from a host travels in one message from its rail peer there), the
 /// hierarchical all_reduce, all_gather and reduce_scatter (their network steps are rail steps),
 /// and barrier.
 /// Not the v-forms: their count vectors are compared pair by pair, which the intra-host step
@@ -158,7 +153,8 @@ bool rails_only(const OpDesc& d) {
   const auto kind = static_cast<OpKind>(d.kind);
   if (kind == OpKind::AllReduce || kind == OpKind::AllGather || kind == OpKind::ReduceScatter)
     return algo == coll::Algo::NetEager || algo == coll::Algo::NetHierarchical;
-  if (kind == OpKind::Broadcast || kind == OpKind::AllToAll || kind == OpKind::Scatter)
+  if (kind == OpKind::Broadcast || kind == OpKind::AllToAll || kind == OpKind::Scatter || kind == OpKind::Gather ||
+      kind == OpKind::Reduce)
     return algo == coll::Algo::NetEager;
   // A rail peer's message is sent after its host round, which every rank of its host reached.
   return kind == OpKind::Barrier;
@@ -170,7 +166,6 @@ Result<HostRound> host_gather(NetExec& x, const OpDesc& mine, std::span<const ch
   CommImpl& c = x.c;
   const size_t L = static_cast<size_t>(c.local->size);
   HostRound h;
-  h.slot = slot;
   h.rec = (sizeof(OpDesc) + slots.size() * slot + 63) & ~size_t{63};
   // This rank's record is not in the heap, so that up to kSlotInputBytes it rides in the
   // control-block slot: one synchronisation and no closing one (a heap input needs a
@@ -257,19 +252,30 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   // Eager, what a rank of another host needs from this host travels in one message from its
   // rail peer here: from every local rank its input (all_reduce, all_gather) or its block for
   // that rank (all_to_all, reduce_scatter); from the root only its input (broadcast) or its
-  // block for that rank (scatter), so only the root's host sends data. The records hold each
-  // local rank's input (see hosts_first).
+  // block for that rank (scatter), so only the root's host sends data. gather and reduce go
+  // the other way: the root's rail (the ranks of its local index) carries every other host's
+  // inputs to the root itself. The records hold each local rank's input (see hosts_first).
   const OpKind kind = x.op.kind;
   const bool rooted = kind == OpKind::Broadcast || kind == OpKind::Scatter;
+  const bool to_root = kind == OpKind::Gather || kind == OpKind::Reduce;
   const bool per_dest = kind == OpKind::AllToAll || kind == OpKind::ReduceScatter || kind == OpKind::Scatter;
-  const int root_host = rooted ? c.host_of[x.op.root] : -1;
-  const size_t root_j = rooted ? static_cast<size_t>(c.local_of[x.op.root]) : 0;
-  auto body_from = [&](int g) { return rooted ? (g == root_host ? b : 0) : L * b; };
+  const int root_host = rooted || to_root ? c.host_of[x.op.root] : -1;
+  const size_t root_j = rooted || to_root ? static_cast<size_t>(c.local_of[x.op.root]) : 0;
+  // The data this rank receives from its rail peer on host g, and sends its rail peer there.
+  auto body_from = [&](int g) -> size_t {
+    if (rooted) return g == root_host ? b : 0;
+    if (to_root) return me == x.op.root ? L * b : 0;
+    return L * b;
+  };
+  auto body_to = [&](int g) -> size_t {
+    if (rooted) return hm == root_host ? b : 0;
+    if (to_root) return g == root_host && static_cast<size_t>(li) == root_j ? L * b : 0;
+    return L * b;
+  };
   // Where local rank j's data for rank r lies in its record.
   auto rec_for = [&](size_t j, int r) {
     return h.recs + j * h.rec + sizeof(OpDesc) + (per_dest ? static_cast<size_t>(r) * b : 0);
   };
-  const size_t body = body_from(hm);
   auto align = [](size_t v) { return (v + 63) & ~size_t{63}; };
   const size_t head_al = align(sizeof(OpDesc)), body_al = align(L * b);
   const size_t spill = align(longest_first_message(n, static_cast<int>(L)));
@@ -280,15 +286,17 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   // What this rank sends the rail peer on host g: the root's data straight from its record,
   // else the L local ranks' pieces packed (once when every rail peer gets the same).
   std::vector<const char*> out_body(H, nullptr);
-  if (body && rooted) {
+  bool sends = false;
+  for (int g = 0; g < H; ++g) sends |= g != hm && body_to(g) > 0;
+  if (sends && rooted) {
     for (int g = 0; g < H; ++g)
       if (g != hm) out_body[g] = rec_for(root_j, c.host_members[g][li]);
-  } else if (body) {
+  } else if (sends) {
     const int packs = per_dest ? H : 1;
     STRATA_ASSIGN_OR_RETURN(void* ob, c.scratch_block(1, static_cast<size_t>(packs) * body_al));
     const char* shared = nullptr;
     for (int g = 0; g < H; ++g) {
-      if (g == hm) continue;
+      if (g == hm || !body_to(g)) continue;
       if (!per_dest && shared) {
         out_body[g] = shared;
         continue;
@@ -310,6 +318,7 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   }
   for (int k = 1; k < H; ++k) {
     const int g = (hm + k) % H, r = c.host_members[g][li];
+    const size_t body = body_to(g);
     STRATA_ASSIGN_OR_RETURN(
         auto t, x.net().send2(x.g(r), make_tag(c, kDesc, x.seq, me), &mine, sizeof mine, out_body[g], body));
     if (body) c.direct_bytes.fetch_add(body, std::memory_order_relaxed);
@@ -351,16 +360,18 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
     const char* src = r == me ? x.in + own : src_of(r);
     if (dst != src) kernels::copy(dst, src, b);
   };
+  if (to_root && me != x.op.root) return Status::ok();
   switch (kind) {
     case OpKind::Broadcast:
     case OpKind::Scatter: place(x.out, x.op.root); break;
     case OpKind::AllGather:
     case OpKind::AllToAll:
+    case OpKind::Gather:
       for (int r = 0; r < n; ++r) place(x.out + static_cast<size_t>(r) * b, r);
       break;
     default: {
-      // Every rank reduces its n sources in rank order: all_reduce's result is the same bits
-      // everywhere, and the same as the all-pairs round's.
+      // all_reduce, reduce_scatter, reduce: n sources in rank order, so all_reduce's result is
+      // the same bits everywhere, and each the same as the all-pairs round's.
       std::vector<const void*> srcs(n);
       for (int r = 0; r < n; ++r) srcs[r] = src_of(r);
       kernels::reduce(x.op.dtype, x.op.rop, x.out, srcs.data(), n, x.op.count, n);
@@ -373,12 +384,12 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
 Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& done) {
   CommImpl& c = x.c;
   const bool rails = rails_only(mine), eager_rail = rails && eager != nullptr;
-  // The other operations without count vectors meet this host's ranks in this step only: the
-  // record carries, eager, this rank's data for each of them (one slot per other local rank,
-  // in local rank order), and the network round goes to the other hosts. The v-forms' count
+  // The other operations without count vectors (none of them eager) meet this host's ranks
+  // in this step only, and the network round goes to the other hosts. The v-forms' count
   // vectors are compared pair by pair in the all-pairs round, this host's pairs included.
   const bool here = !rails && first_message_head(x.op.kind, c.size) == sizeof(OpDesc);
-  const std::vector<int>& lm = c.host_members[c.host_of[c.rank]];
+  if (!rails && eager)
+    return internal_error(std::string("eager ") + coll::to_string(x.op.kind) + " without a rail round");
   std::vector<const char*> slots;
   // A broadcast's or scatter's ranks but its root have no input to publish: their slot stays
   // unwritten. all_to_all, reduce_scatter and scatter publish the whole input (n blocks).
@@ -389,10 +400,6 @@ Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& don
     slots = {rooted && c.rank != x.op.root ? nullptr : x.in};
     if (kind == OpKind::AllToAll || kind == OpKind::ReduceScatter || kind == OpKind::Scatter)
       slot *= static_cast<size_t>(c.size);
-  }
-  if (here && eager) {
-    for (int r : lm)
-      if (r != c.rank) slots.push_back(eager->to_bytes[r] ? eager->to[r] : nullptr);
   }
   STRATA_ASSIGN_OR_RETURN(HostRound h, host_gather(x, mine, slots, slots.empty() ? 0 : slot));
   if (!h.mismatch.is_ok()) {
