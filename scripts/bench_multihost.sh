@@ -3,7 +3,7 @@
 # one run, then docs/PERFORMANCE_MULTIHOST.md (+ its plot) and the linked section of
 # docs/PERFORMANCE.md.
 #
-#   scripts/bench_multihost.sh           # 2-3 minutes on an idle 2-core machine
+#   scripts/bench_multihost.sh           # about 6 minutes on an idle 2-core machine
 #   QUICK=1 scripts/bench_multihost.sh   # about 1 minute: fewer sizes, one round
 #
 # Setup (tests/multihost/netns_lib.sh): 2 hosts, each a namespace with one veth to a bridge
