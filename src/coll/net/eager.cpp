@@ -81,24 +81,19 @@ Status finish_eager(NetExec& x) {
     kernels::copy(dst, x.eager_in[r], b);
     c.temp_bytes.fetch_add(b, std::memory_order_relaxed);
   };
-  auto reduce_all = [&] {
-    // In rank order on every rank that reduces: bit-identical results everywhere.
+  // In rank order on every rank that reduces: bit-identical results everywhere. This rank's
+  // own part starts `own` bytes into its input (reduce_scatter: its block, which in place is
+  // the output, each element read before it is written).
+  auto reduce_all = [&](size_t own) {
     std::vector<const void*> srcs(n);
-    for (int r = 0; r < n; ++r) srcs[r] = r == me ? static_cast<const void*>(x.in) : x.eager_in[r];
+    for (int r = 0; r < n; ++r) srcs[r] = r == me ? static_cast<const void*>(x.in + own) : x.eager_in[r];
     kernels::reduce(op.dtype, op.rop, x.out, srcs.data(), n, op.count, n);
   };
   switch (op.kind) {
-    case OpKind::AllReduce: reduce_all(); break;
-    case OpKind::ReduceScatter: {
-      // In rank order, as the all_reduce; in place the output is this rank's own block of the
-      // input, which each element is read from before it is written.
-      std::vector<const void*> srcs(n);
-      for (int r = 0; r < n; ++r) srcs[r] = r == me ? static_cast<const void*>(x.in + me * b) : x.eager_in[r];
-      kernels::reduce(op.dtype, op.rop, x.out, srcs.data(), n, op.count, n);
-      break;
-    }
+    case OpKind::AllReduce: reduce_all(0); break;
+    case OpKind::ReduceScatter: reduce_all(static_cast<size_t>(me) * b); break;
     case OpKind::Reduce:
-      if (me == root) reduce_all();
+      if (me == root) reduce_all(0);
       break;
     case OpKind::AllGather:
     case OpKind::Gather:

@@ -117,12 +117,11 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
 // rank's block for the peer (all_to_all, reduce_scatter), or the root's input or block for
 // the peer (broadcast, scatter: from the root's host only). Every rank so still has the data
 // it needs from all n ranks (and reduces it in rank order: the same bits as the all-pairs
-// round), with as many bytes between hosts. The other operations (the non-eager direct forms) then meet every
-// member on the other hosts (their descriptors, with output offsets, are needed pair by pair)
-// but not this host's ranks, whose records already hold them; an eager one's data for this
-// host's ranks rides in the records too (2 hosts x 2 ranks: two messages per rank instead of
-// three). The v-forms keep the all-pairs round, this host's pairs included: their count
-// vectors are compared pair by pair.
+// round), with as many bytes between hosts. The other operations (the non-eager direct
+// forms) then meet every member on the other hosts (their descriptors, with output offsets,
+// are needed pair by pair) but not this host's ranks, whose records already hold them (2 hosts
+// x 2 ranks: two messages per rank instead of three). The v-forms keep the all-pairs round,
+// this host's pairs included: their count vectors are compared pair by pair.
 //
 // Why a mismatch cannot leave a rank waiting: whether a rank meets its rails only is a function
 // of its descriptor, so the ranks of a host, once they agree, choose alike. A rank that finds a
@@ -158,6 +157,18 @@ bool rails_only(const OpDesc& d) {
     return algo == coll::Algo::NetEager;
   // A rail peer's message is sent after its host round, which every rank of its host reached.
   return kind == OpKind::Barrier;
+}
+
+/// How an eager operation's data travels in the rail round (rail_round, hosts_first).
+struct RailData {
+  bool rooted = false;    // from the root only, to everyone: broadcast, scatter
+  bool to_root = false;   // from everyone, to the root only: gather, reduce
+  bool per_dest = false;  // each rank has a block per destination (its record holds n): all_to_all,
+                          // reduce_scatter, scatter
+};
+RailData rail_data(OpKind k) {
+  return {k == OpKind::Broadcast || k == OpKind::Scatter, k == OpKind::Gather || k == OpKind::Reduce,
+          k == OpKind::AllToAll || k == OpKind::ReduceScatter || k == OpKind::Scatter};
 }
 
 /// The intra-host all_gather of one record per rank: its descriptor, then `slots.size()`
@@ -241,8 +252,8 @@ Status settle_mismatch(NetExec& x, const OpDesc& d, const std::vector<char>& sen
 }
 
 /// The round between rail peers (after host_gather): each sends the others its descriptor
-/// and, eager, its host's inputs (all_reduce, all_gather) or its root's (broadcast); the
-/// eager form is then finished here (`done`).
+/// and, eager, what each needs from its host (see below); the eager form is then finished
+/// here (`done`).
 Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager, bool& done) {
   CommImpl& c = x.c;
   const int n = c.size, me = c.rank, hm = c.host_of[me], li = c.local_of[me];
@@ -256,9 +267,8 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   // the other way: the root's rail (the ranks of its local index) carries every other host's
   // inputs to the root itself. The records hold each local rank's input (see hosts_first).
   const OpKind kind = x.op.kind;
-  const bool rooted = kind == OpKind::Broadcast || kind == OpKind::Scatter;
-  const bool to_root = kind == OpKind::Gather || kind == OpKind::Reduce;
-  const bool per_dest = kind == OpKind::AllToAll || kind == OpKind::ReduceScatter || kind == OpKind::Scatter;
+  const RailData rd = rail_data(kind);
+  const bool rooted = rd.rooted, to_root = rd.to_root, per_dest = rd.per_dest;
   const int root_host = rooted || to_root ? c.host_of[x.op.root] : -1;
   const size_t root_j = rooted || to_root ? static_cast<size_t>(c.local_of[x.op.root]) : 0;
   // The data this rank receives from its rail peer on host g, and sends its rail peer there.
@@ -393,13 +403,11 @@ Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& don
   std::vector<const char*> slots;
   // A broadcast's or scatter's ranks but its root have no input to publish: their slot stays
   // unwritten. all_to_all, reduce_scatter and scatter publish the whole input (n blocks).
-  const OpKind kind = x.op.kind;
-  const bool rooted = kind == OpKind::Broadcast || kind == OpKind::Scatter;
+  const RailData rd = rail_data(x.op.kind);
   size_t slot = x.op.count * x.esz;
   if (eager_rail) {
-    slots = {rooted && c.rank != x.op.root ? nullptr : x.in};
-    if (kind == OpKind::AllToAll || kind == OpKind::ReduceScatter || kind == OpKind::Scatter)
-      slot *= static_cast<size_t>(c.size);
+    slots = {rd.rooted && c.rank != x.op.root ? nullptr : x.in};
+    if (rd.per_dest) slot *= static_cast<size_t>(c.size);
   }
   STRATA_ASSIGN_OR_RETURN(HostRound h, host_gather(x, mine, slots, slots.empty() ? 0 : slot));
   if (!h.mismatch.is_ok()) {
@@ -454,7 +462,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   Status st = host_round(c) ? hosts_first(x, d, eager ? &*eager : nullptr, done)
                             : first_round(x, d, eager ? &*eager : nullptr, nullptr);
   if (st.is_ok() && done) {
-    // Finished in its first round (an eager all_reduce, all_gather or broadcast between rails).
+    // Finished in its first round (an eager operation between rails).
   } else if (st.is_ok() && eager) {
     st = finish_eager(x);
   } else if (st.is_ok()) {
