@@ -65,8 +65,10 @@ struct MonitorLoop {
     c.epochs().announce(e, failed);
     if (!failed.empty() && failed[0] == recovery::keys::kFatal) {
       STRATA_LOG(Info, "rank " << rank << ": the job cannot recover: " << failed.substr(1));
+      // Worded as recover()'s refusal (rebuild.cpp): a rank blocked on a live local peer
+      // learns it here rather than in recover(), and reads the same sentence.
       c.revoke_all(
-          unavailable("the job cannot recover (seen by rank " + std::to_string(rank) + "): " + failed.substr(1)));
+          unavailable("the job cannot recover: " + failed.substr(1) + " (seen by rank " + std::to_string(rank) + ")"));
       return;
     }
     auto ranks = recovery::keys::parse_ranks(failed);
