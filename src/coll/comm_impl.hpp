@@ -139,6 +139,24 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   // The recovery epoch this communicator was last rebuilt in, in every tag (4 bits): a message
   // a survivor sent in an interrupted epoch can never match a receive of the next one.
   uint32_t tag_epoch = 0;
+  // The last operation's first messages from other hosts, when this rank did not wait for them:
+  // it needed no data from them (the root's host of an eager broadcast or scatter, the other
+  // ranks of an eager gather or reduce), so it returned once its own messages were sent. They
+  // are read and checked when the next operation starts (coll/net/run.cpp, check_late).
+  struct LateCheck {
+    bool pending = false;
+    coll::Op op;        // the operation (its buffers are not used)
+    coll::OpDesc mine;  // this rank's descriptor of it
+    bool rails = false;                      // its rail round (else the all-pairs round)
+    std::vector<int> from;                   // comm rank each receive is from
+    std::vector<transport::TransferPtr> rx;  // the receives, into `area`
+    std::vector<size_t> at;                  // where each one's record is in `area`
+    std::vector<char> sent, got;             // per comm rank, for a mismatch's settling
+    std::vector<char> area;                  // not resized while pending
+  };
+  LateCheck late;
+  /// Cancels the late receives (the communicator is rebuilt or destroyed).
+  void drop_late();
 
   // ---- copy engine: one thread runs the _async work in order --------------------------------
   std::mutex exec_mu;  // held while an operation runs, by the engine or by a blocking caller

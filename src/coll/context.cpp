@@ -98,6 +98,17 @@ transport::WaitPolicy CommImpl::policy(Deadline d) {
   return p;
 }
 
+void CommImpl::drop_late() {
+  if (!late.pending) return;
+  // An expired deadline: what has arrived is taken, the rest cancelled, so that nothing lands
+  // in the area after this.
+  transport::WaitPolicy p;
+  p.deadline = Deadline::after(std::chrono::milliseconds(0));
+  (void)net->wait(late.rx, p, "late descriptors");
+  late.rx.clear();
+  late.pending = false;
+}
+
 Status CommImpl::check_peers() {
   for (int r = 0; r < size; ++r) {
     if (pidfds[r] < 0) continue;
@@ -159,6 +170,7 @@ void CommImpl::shutdown() {
 
 CommImpl::~CommImpl() {
   shutdown();
+  drop_late();
   for (int fd : pidfds)
     if (fd >= 0) ::close(fd);
   for (auto& s : scratch)
@@ -175,6 +187,7 @@ void CommImpl::reset_sync_state(uint64_t epoch) {
   std::fill(recv_seq.begin(), recv_seq.end(), 0);
   tag_epoch = static_cast<uint32_t>(epoch & 0xf);
   if (net) {
+    drop_late();
     // No block of its own: the members on this host meet through `local`'s.
     any_source_next = 0;
     for (auto& st : net_stash) st = StashedHeader();

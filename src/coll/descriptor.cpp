@@ -84,6 +84,16 @@ size_t first_message_head(OpKind kind, int n) {
   return sizeof(OpDesc) + (has_vec(kind) ? static_cast<size_t>(n) * sizeof(uint64_t) : 0);
 }
 
+Status late_mismatch(const OpDesc& mine, int me, int finder, int r) {
+  return Status(Code::InvalidArgument,
+                "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(finder) +
+                    " found that operation #" + std::to_string(mine.seq - 1) +
+                    " did not match on every rank (it had returned before the other hosts' descriptors arrived), "
+                    "so this operation fails on every rank; rank " +
+                    std::to_string(me) + " called " + coll::describe(mine),
+                r);
+}
+
 Result<OpDesc> read_first_message(const Op& op, const OpDesc& mine, int me, int n, int r, const void* record,
                                   size_t len, size_t eager_bytes) {
   const auto kind = op.kind;
@@ -103,6 +113,7 @@ Result<OpDesc> read_first_message(const Op& op, const OpDesc& mine, int me, int 
                (a >= 0 && b >= 0 ? " (ranks " + std::to_string(a) + " and " + std::to_string(b) + ")" : std::string()) +
                "; rank " + std::to_string(me) + " called " + coll::describe(mine));
   }
+  if (d.flags & kLateMismatch) return late_mismatch(mine, me, static_cast<int32_t>(d.in_seg), r);
   // The record area is only 8-byte aligned by convention: copy the counts out.
   std::vector<uint64_t> vec;
   if (len >= head && has_vec(kind)) {

@@ -22,6 +22,16 @@ inline constexpr uint32_t kOutHeap = 16;
 /// hold two of them (comm ranks, or -1 when the check could not tell which).
 inline constexpr uint32_t kHostMismatch = 128;
 
+/// Set in a descriptor exchanged between hosts: the sender found, when this operation started,
+/// that the previous one did not match on every rank (it had not waited for the other hosts'
+/// descriptors, see CommImpl::LateCheck), so this operation fails on every rank; in_seg holds
+/// the comm rank that found it.
+inline constexpr uint32_t kLateMismatch = 256;
+
+/// The error of operation `mine` on rank `me` when rank `finder` (reported by rank r) flagged
+/// it kLateMismatch: InvalidArgument naming both and the operation before.
+Status late_mismatch(const coll::OpDesc& mine, int me, int finder, int r);
+
 /// Compares peer r's descriptor `d` (and its count vector `vec` for v-collectives, when
 /// known) with this rank's (`me`, `mine`, `op`) in a communicator of n ranks: ok, or
 /// InvalidArgument naming both ranks and both calls.

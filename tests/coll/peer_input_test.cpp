@@ -156,8 +156,8 @@ TEST(NetFirstMessage, TruncatedOrOverlongMessageNamesThePeer) {
 TEST(NetFirstMessage, FieldsOnlyThePeerKnowsAreChecked) {
   Call c = all_reduce(4, 100);
   OpDesc d = c.mine;
-  d.flags = 0x100;
-  expect_invalid(read(c, 2, record(d), 48), 2, {"rank 2's descriptor of operation #12", "unknown flags 256"});
+  d.flags = 0x200;
+  expect_invalid(read(c, 2, record(d), 48), 2, {"rank 2's descriptor of operation #12", "unknown flags 512"});
   d.flags = 16;  // puts offered without an output
   expect_invalid(read(c, 2, record(d), 48), 2, {"offers its output for puts"});
   d.flags = OpDesc::kHasOut | 16;
@@ -181,6 +181,17 @@ TEST(NetFirstMessage, HostMismatchNoticeIsAMismatchWhateverItsLength) {
   d.in_seg = static_cast<uint32_t>(-1);
   d.in_off = static_cast<uint64_t>(-1);
   expect_invalid(read(c, 3, record(d), 48), 3, {"rank 3's host called different operations; rank 0 called"});
+}
+
+TEST(NetFirstMessage, LateMismatchNoticeNamesWhoFoundItAndTheOperationBefore) {
+  // A rank that returned from operation #11 before the other hosts' descriptors arrived found
+  // them mismatched as #12 started: #12 then fails everywhere, whatever the rest of the notice.
+  Call c = all_reduce(4, 4);
+  OpDesc d = c.mine;
+  d.flags = detail::kLateMismatch;
+  d.in_seg = 1;
+  expect_invalid(read(c, 3, record(d), 48), 3,
+                 {"mismatch on operation #12", "rank 1 found that operation #11 did not match", "rank 0 called"});
 }
 
 TEST(NetFirstMessage, CountVectorIsComparedAndBounded) {

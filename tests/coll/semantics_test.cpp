@@ -1200,6 +1200,76 @@ TEST(HostRound, EagerDataForEachLocalRankReachesIt) {
   }));
 }
 
+// A rank that needs no data from the other hosts (the root's host of a small broadcast, the
+// ranks of a small gather but the root) returns once its own messages are sent, as an MPI root
+// may: it does not wait for the other hosts' descriptors. It checks them when its next
+// operation starts, so a mismatch still fails everywhere, one operation later on that side.
+// Both rounds: rails (2 x 2) and all pairs (2 x 1).
+TEST(HostRound, RanksThatNeedNoDataFromOtherHostsDoNotWaitForThem) {
+  for (int per_host : {2, 1}) {
+    std::string why;
+    std::unique_ptr<Team> team = two_host_team("late" + std::to_string(per_host), 20000ms, why, per_host);
+    if (!team) GTEST_SKIP() << "no transport between hosts in this build: " << why;
+    expect_no_failures(team->run([per_host](Communicator& c) {
+      const int n = c.size(), me = c.rank();
+      const bool host_a = me < per_host;  // rank 0's host
+      auto sum_of_ones = [&](const char* after) {
+        int32_t one = 1, sum = 0;
+        c.all_reduce(&one, &sum, 1, DataType::Int32, ReduceOp::Sum);
+        if (sum != n)
+          throw std::runtime_error(std::string("all_reduce after ") + after + " gave " + std::to_string(sum));
+      };
+      sum_of_ones("nothing");  // every connection made
+      auto timed = [](const std::function<void()>& f) {
+        const auto t0 = std::chrono::steady_clock::now();
+        f();
+        return std::chrono::steady_clock::now() - t0;
+      };
+      std::vector<int32_t> v(16), g(16 * static_cast<size_t>(n), -1);
+      // Broadcast from rank 0: host b comes 300 ms late; host a does not wait for it.
+      for (int i = 0; i < 16; ++i) v[i] = host_a && me == 0 ? 7000 + i : -1;
+      if (!host_a) std::this_thread::sleep_for(300ms);
+      auto took = timed([&] { c.broadcast(v.data(), v.data(), 16, DataType::Int32, 0); });
+      if (host_a && took > 150ms) throw std::runtime_error("the root's host waited for the other host's broadcast");
+      for (int i = 0; i < 16; ++i)
+        if (v[i] != 7000 + i) throw std::runtime_error("broadcast: element " + std::to_string(i) + " wrong");
+      sum_of_ones("the broadcast");
+      // Gather to rank 0: host a comes 300 ms late; host b's ranks do not wait for it.
+      for (int i = 0; i < 16; ++i) v[i] = me * 100 + i;
+      if (host_a) std::this_thread::sleep_for(300ms);
+      took = timed([&] { c.gather(v.data(), g.data(), 16, DataType::Int32, 0); });
+      if (!host_a && took > 150ms) throw std::runtime_error("a gather's sender waited for the root's host");
+      if (me == 0)
+        for (int r = 0; r < n; ++r)
+          for (int i = 0; i < 16; ++i)
+            if (g[static_cast<size_t>(r) * 16 + i] != r * 100 + i)
+              throw std::runtime_error("gather: element " + std::to_string(i) + " of rank " + std::to_string(r));
+      sum_of_ones("the gather");
+      // A mismatch: host a's broadcast returns, host b's all_to_all fails at once; host a finds it
+      // as the next operation starts, and that operation fails on every rank.
+      std::string first = "no error", second = "no error";
+      try {
+        if (host_a) c.broadcast(v.data(), v.data(), 16, DataType::Int32, 0);
+        else c.all_to_all(g.data(), g.data(), 4, DataType::Int32);
+      } catch (const Error& e) {
+        first = e.what();
+      }
+      try {
+        sum_of_ones("the mismatch");
+      } catch (const Error& e) {
+        second = e.what();
+      }
+      auto has = [](const std::string& s, const char* w) { return s.find(w) != std::string::npos; };
+      if (host_a ? first != "no error" : !has(first, "mismatch"))
+        throw std::runtime_error("the mismatched operation: " + first);
+      if (!has(second, "mismatch") || !has(second, host_a ? "returned before the other hosts' descriptors arrived"
+                                                          : "did not match on every rank"))
+        throw std::runtime_error("the operation after the mismatch: " + second);
+      sum_of_ones("the mismatch and the operation that reported it");
+    }));
+  }
+}
+
 TEST(Symmetric, SameOffsetsEverywhere) {
   expect_no_failures(Team::get(4).run([](Communicator& c) {
     auto a = c.alloc_symmetric<float>(1000);

@@ -20,6 +20,7 @@ struct HostRound {
   size_t rec = 0;        // descriptor, then its data slots (see host_gather)
   Status mismatch;       // InvalidArgument when this host's ranks called different operations
   int a = -1, b = -1;    // two of them (comm ranks), when known
+  bool late = false;     // the mismatch is a's kLateMismatch flag, not a difference
 };
 
 /// The first round of every operation: each member sends every other one message holding
@@ -50,8 +51,20 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
   if (eager)
     for (int r = 0; r < n; ++r)
       if (!eager->into[r]) body_al = std::max(body_al, align(eager->from_bytes[r]));
-  STRATA_ASSIGN_OR_RETURN(void* rv, c.scratch_block(2, n * (head_al + body_al) + spill));
-  char* heads = static_cast<char*>(rv);
+  // A rank that receives no data (the root of a broadcast or scatter, the ranks of a gather or
+  // reduce but the root) does not wait for the others' messages (CommImpl::LateCheck).
+  const bool rooted = kind == OpKind::Broadcast || kind == OpKind::Scatter || kind == OpKind::Gather ||
+                      kind == OpKind::Reduce;
+  bool defer = eager && rooted && !(mine.flags & kLateMismatch);
+  for (int r = 0; r < n && defer; ++r) defer = r == me || eager->from_bytes[r] == 0;
+  char* heads = nullptr;
+  if (defer) {
+    c.late.area.resize(n * (head_al + body_al) + spill);
+    heads = c.late.area.data();
+  } else {
+    STRATA_ASSIGN_OR_RETURN(void* rv, c.scratch_block(2, n * (head_al + body_al) + spill));
+    heads = static_cast<char*>(rv);
+  }
   char* spill_at = heads + n * head_al;
   char* bodies = spill_at + spill;
   std::vector<transport::TransferPtr> rx(n);
@@ -65,7 +78,7 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
       parts[1] = {x.eager_in[r], eager->from_bytes[r]};
     }
     STRATA_ASSIGN_OR_RETURN(rx[r], x.net().recv_parts(x.g(r), make_tag(c, kDesc, x.seq, r), parts));
-    x.xs.push_back(rx[r]);
+    if (!defer) x.xs.push_back(rx[r]);
   }
   for (int k = 1; k < n; ++k) {
     int r = (me + k) % n;
@@ -77,6 +90,14 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
     c.desc_messages.fetch_add(1, std::memory_order_relaxed);
     x.xs.push_back(std::move(t));
   }
+  if (defer) {
+    CommImpl::LateCheck& l = c.late;
+    l.pending = true, l.op = x.op, l.mine = mine, l.rails = false;
+    l.from.clear(), l.rx.clear(), l.at.clear();
+    for (int r = 0; r < n; ++r)
+      if (rx[r]) l.from.push_back(r), l.rx.push_back(rx[r]), l.at.push_back(static_cast<size_t>(r) * head_al);
+  }
+  // Deferred, only this rank's sends are waited for.
   Status ws = x.wait(coll::to_string(kind));
   if (!ws.is_ok()) {
     // A message too long for any first message of this operation: a different operation.
@@ -89,7 +110,7 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
   }
   x.descs.assign(n, OpDesc{});
   x.descs[me] = mine;
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < n && !defer; ++r) {
     if (r == me) continue;
     if (by_net(r)) {
       STRATA_ASSIGN_OR_RETURN(x.descs[r], read_first_message(x.op, mine, me, n, r, heads + r * head_al, rx[r]->received,
@@ -207,6 +228,10 @@ Result<HostRound> host_gather(NetExec& x, const OpDesc& mine, std::span<const ch
     if (r == c.rank) continue;
     OpDesc d;
     std::memcpy(&d, h.recs + j * h.rec, sizeof d);
+    if (d.flags & kLateMismatch) {
+      h.mismatch = late_mismatch(mine, c.rank, r, r), h.a = r, h.late = true;
+      break;
+    }
     Status cmp = compare_algorithm(mine, c.rank, d, r);
     if (cmp.is_ok()) cmp = compare_descriptor(x.op, mine, c.rank, d, nullptr, r, c.size);
     if (!cmp.is_ok()) h.mismatch = cmp, h.a = c.rank, h.b = r;
@@ -286,11 +311,22 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   auto rec_for = [&](size_t j, int r) {
     return h.recs + j * h.rec + sizeof(OpDesc) + (per_dest ? static_cast<size_t>(r) * b : 0);
   };
+  // A rank that needs nothing from the other hosts does not wait for their messages (see
+  // CommImpl::LateCheck): the root's host of a broadcast or scatter, the ranks of a gather or
+  // reduce but the root. Never the operation that reports a late mismatch.
+  bool defer = eager && (rooted || to_root) && !(mine.flags & kLateMismatch);
+  for (int g = 0; g < H && defer; ++g) defer = g == hm || body_from(g) == 0;
   auto align = [](size_t v) { return (v + 63) & ~size_t{63}; };
   const size_t head_al = align(sizeof(OpDesc)), body_al = align(L * b);
   const size_t spill = align(longest_first_message(n, static_cast<int>(L)));
-  STRATA_ASSIGN_OR_RETURN(void* rv, c.scratch_block(2, H * (head_al + body_al) + spill));
-  char* heads = static_cast<char*>(rv);
+  char* heads = nullptr;
+  if (defer) {
+    c.late.area.resize(H * (head_al + body_al) + spill);
+    heads = c.late.area.data();
+  } else {
+    STRATA_ASSIGN_OR_RETURN(void* rv, c.scratch_block(2, H * (head_al + body_al) + spill));
+    heads = static_cast<char*>(rv);
+  }
   char* bodies = heads + H * head_al;
   char* spill_at = bodies + H * body_al;
   // What this rank sends the rail peer on host g: the root's data straight from its record,
@@ -323,7 +359,7 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
     transport::Part parts[3] = {
         {heads + g * head_al, sizeof(OpDesc)}, {bodies + g * body_al, body_from(g)}, {spill_at, spill}};
     STRATA_ASSIGN_OR_RETURN(rx[g], x.net().recv_parts(x.g(r), make_tag(c, kDesc, x.seq, r), parts));
-    x.xs.push_back(rx[g]);
+    if (!defer) x.xs.push_back(rx[g]);
     got[r] = 1;
   }
   for (int k = 1; k < H; ++k) {
@@ -336,6 +372,18 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
     x.xs.push_back(std::move(t));
     sent[r] = 1;
   }
+  if (defer) {
+    CommImpl::LateCheck& l = c.late;
+    l.pending = true, l.op = x.op, l.mine = mine, l.rails = true, l.sent = sent, l.got = got;
+    l.from.clear(), l.rx.clear(), l.at.clear();
+    for (int k = 1; k < H; ++k) {
+      const int g = (hm + k) % H;
+      l.from.push_back(c.host_members[g][li]);
+      l.rx.push_back(rx[g]);
+      l.at.push_back(static_cast<size_t>(g) * head_al);
+    }
+  }
+  // Deferred, only this rank's sends are waited for.
   Status ws = x.wait(coll::to_string(x.op.kind));
   Status why;
   if (!ws.is_ok()) {
@@ -348,7 +396,7 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   x.descs.assign(n, mine);
   for (auto& d : x.descs) d.flags &= ~kOutHeap;  // members not met: never written to
   for (size_t j = 0; j < L; ++j) std::memcpy(&x.descs[c.host_members[hm][j]], h.recs + j * h.rec, sizeof(OpDesc));
-  for (int k = 1; k < H && why.is_ok(); ++k) {
+  for (int k = 1; k < H && why.is_ok() && !defer; ++k) {
     const int g = (hm + k) % H, r = c.host_members[g][li];
     auto d = read_first_message(x.op, mine, me, n, r, heads + g * head_al, rx[g]->received, body_from(g));
     if (d.is_ok()) x.descs[r] = d.value();
@@ -410,15 +458,57 @@ Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& don
     if (rd.per_dest) slot *= static_cast<size_t>(c.size);
   }
   STRATA_ASSIGN_OR_RETURN(HostRound h, host_gather(x, mine, slots, slots.empty() ? 0 : slot));
+  // This rank found the last operation mismatched (its flag is in `mine`, and the host round
+  // showed it to this host's ranks): every rank fails this one; run() names the cause.
+  if (mine.flags & kLateMismatch) h.mismatch = Status(Code::InvalidArgument, "the last operation did not match");
   if (!h.mismatch.is_ok()) {
     OpDesc flagged = mine;
-    flagged.flags |= kHostMismatch;
-    flagged.in_seg = static_cast<uint32_t>(h.a);
-    flagged.in_off = static_cast<uint64_t>(static_cast<int64_t>(h.b));
+    if (h.late) {
+      flagged.flags |= kLateMismatch;
+      flagged.in_seg = static_cast<uint32_t>(h.a);
+    } else if (!(mine.flags & kLateMismatch)) {
+      flagged.flags |= kHostMismatch;
+      flagged.in_seg = static_cast<uint32_t>(h.a);
+      flagged.in_off = static_cast<uint64_t>(static_cast<int64_t>(h.b));
+    }
     return settle_mismatch(x, flagged, std::vector<char>(c.size, 0), std::vector<char>(c.size, 0), h.mismatch);
   }
   if (!rails) return first_round(x, mine, eager, here ? &h : nullptr);
   return rail_round(x, mine, h, eager_rail, done);
+}
+
+/// Reads and checks the last operation's first messages that this rank did not wait for
+/// (CommImpl::LateCheck), as its first round would have. A mismatch is settled with the other
+/// hosts as there (each pair of ranks on different hosts still exchanges one message) and
+/// returned (InvalidArgument): the caller then fails the current operation on every rank.
+Status check_late(CommImpl& c, Deadline deadline) {
+  CommImpl::LateCheck& l = c.late;
+  l.pending = false;
+  NetExec x(c, l.op, deadline);
+  x.seq = l.mine.seq;
+  x.esz = dtype_size(l.op.dtype);
+  x.xs.swap(l.rx);
+  auto when = [&] {
+    return "operation #" + std::to_string(l.mine.seq) + " (" + coll::describe(l.mine) +
+           ", which returned before the other hosts' descriptors arrived and is checked as the next operation "
+           "starts): ";
+  };
+  const std::vector<transport::TransferPtr> rx = x.xs;  // x.wait empties x.xs
+  Status ws = x.wait(coll::to_string(l.op.kind));
+  if (!ws.is_ok() && ws.code() != Code::InvalidArgument) return ws.with_context(when());
+  Status why;
+  if (!ws.is_ok())
+    why = Status(Code::InvalidArgument,
+                 "collective mismatch on operation #" + std::to_string(l.mine.seq) + ": rank " +
+                     std::to_string(c.rank) + " called " + coll::describe(l.mine) + " (" + ws.message() + ")",
+                 ws.peer());
+  for (size_t i = 0; i < rx.size() && why.is_ok(); ++i) {
+    auto d = read_first_message(l.op, l.mine, c.rank, c.size, l.from[i], l.area.data() + l.at[i], rx[i]->received, 0);
+    if (!d.is_ok()) why = d.status();
+  }
+  if (why.is_ok()) return Status::ok();
+  if (l.rails) why = settle_mismatch(x, l.mine, l.sent, l.got, why);
+  return why.with_context(when());
 }
 
 }  // namespace
@@ -458,9 +548,21 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   // The algorithm, which depends on CollOptions::algorithm too, is published: ranks that
   // would run different ones fail as a mismatch instead of waiting for messages that never come.
   d.algo = static_cast<uint8_t>(algo);
+  // The last operation's messages this rank did not wait for, first. A mismatch found there
+  // fails this operation on every rank (the flag tells the others); the communicator stays
+  // usable, as after any mismatch.
+  Status late;
+  if (c.late.pending) late = check_late(c, x.deadline);
+  if (late.code() == Code::InvalidArgument) {
+    d.flags |= kLateMismatch;
+    d.in_seg = static_cast<uint32_t>(c.rank);
+  }
   bool done = false;  // the operation completed in its first round
-  Status st = host_round(c) ? hosts_first(x, d, eager ? &*eager : nullptr, done)
-                            : first_round(x, d, eager ? &*eager : nullptr, nullptr);
+  Status st = !late.is_ok() && late.code() != Code::InvalidArgument ? late
+              : host_round(c)                                      ? hosts_first(x, d, eager ? &*eager : nullptr, done)
+                                                                   : first_round(x, d, eager ? &*eager : nullptr, nullptr);
+  // Whatever the peers' descriptors held, this rank fails with the cause it found.
+  if (late.code() == Code::InvalidArgument && (st.is_ok() || st.code() == Code::InvalidArgument)) st = late;
   if (st.is_ok() && done) {
     // Finished in its first round (an eager operation between rails).
   } else if (st.is_ok() && eager) {
