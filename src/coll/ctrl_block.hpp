@@ -39,6 +39,13 @@ struct P2pSlot {
 /// (shm/inline.cpp: one cache-line handshake, no heap buffer read). Above it one-shot's
 /// direct reads of the peers' buffers win.
 inline constexpr size_t kInlineBytes = 512;
+/// The same limit with more than 2 ranks. There one-shot's closing synchronisation costs more
+/// than copying the input into the slot: the slowest of n ranks arrives at every step, and on
+/// a host with fewer cores than ranks every step may wait for a rank to be scheduled (3 ranks
+/// on 2 cores, 1/2/4 KiB: 4.8/5.5/6.0 against 7.2/7.4/7.4 us one-shot; 8 ranks: 15-20 against
+/// 24-28; 8 KiB: equal).
+inline constexpr size_t kInlineManyBytes = 4096;
+static_assert(kInlineManyBytes >= kInlineBytes);
 /// all_gather, all_to_all and reduce_scatter travel inline while count x ranks x element size
 /// (what a rank reads from the slots; also the largest input per rank) is at most this. One
 /// synchronisation instead of two, and external buffers need no staging; but the slots are
@@ -81,6 +88,7 @@ struct alignas(64) OpSlot {
 inline constexpr size_t kInlineSlotBytes = sizeof(OpSlot) - offsetof(OpSlot, desc) - kInlineDescBytes;
 static_assert(offsetof(OpSlot, desc) + kInlineDescBytes == 32, "32 bytes of inline input share the first line");
 static_assert(kInlineSlotBytes >= kSlotInputBytes);
+static_assert(kInlineSlotBytes >= kInlineManyBytes);
 
 /// The start of a control block: who owns it, and the two operation slots.
 struct alignas(64) CtrlHeader {

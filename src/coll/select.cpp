@@ -80,9 +80,13 @@ constexpr Rule kRules[] = {
      "CollOptions::algorithm = OneShot"},
     {false, [](const Call& c) { return c.asked(Algorithm::TwoShot); }, Algo::TwoShot,
      "CollOptions::algorithm = TwoShot"},
-    {false, [](const Call& c) { return c.s.size > 1 && c.bytes <= detail::kInlineBytes; }, Algo::Inline,
-     "<= kInlineBytes (512 B): the input fits the control-block slot, one cache-line handshake and no buffer "
-     "read or closing sync"},
+    {false,
+     [](const Call& c) {
+       return c.s.size > 1 && c.bytes <= (c.s.size > 2 ? detail::kInlineManyBytes : detail::kInlineBytes);
+     },
+     Algo::Inline,
+     "<= kInlineBytes (512 B; kInlineManyBytes, 4 KiB, with more than 2 ranks): the input fits the control-block "
+     "slot, one cache-line handshake and no buffer read or closing sync"},
     {false, [](const Call& c) { return c.s.size > 1 && c.in_place() && c.bytes > kInPlaceOneShotMaxBytes; },
      Algo::TwoShot,
      "in place, > 4 KiB: one-shot must land in a temporary and copy it back after a second sync, two-shot "

@@ -56,8 +56,12 @@ TEST(Select, OneHostAllReduceBySize) {
   // bytes x ranks <= 2 x the one-shot limit: at 2 ranks the limit itself.
   EXPECT_ALGO(Algo::OneShot, two, call(OpKind::AllReduce, kOneShotMax));
   EXPECT_ALGO(Algo::TwoShot, two, call(OpKind::AllReduce, kOneShotMax + 4));
+  // With more than 2 ranks the inline path goes further (no closing sync to wait for).
+  const Shape three = one_host(3), eight = one_host(8);
+  EXPECT_ALGO(Algo::Inline, three, call(OpKind::AllReduce, detail::kInlineManyBytes));
+  EXPECT_ALGO(Algo::OneShot, three, call(OpKind::AllReduce, detail::kInlineManyBytes + 4));
+  EXPECT_ALGO(Algo::Inline, eight, call(OpKind::AllReduce, detail::kInlineManyBytes));
   // The limit shrinks as more inputs are read.
-  const Shape eight = one_host(8);
   EXPECT_ALGO(Algo::OneShot, eight, call(OpKind::AllReduce, kOneShotMax / 4));
   EXPECT_ALGO(Algo::TwoShot, eight, call(OpKind::AllReduce, kOneShotMax / 4 + 4));
 }
