@@ -23,7 +23,8 @@ using coll::rooted;
 namespace {
 
 // OpDesc flags a peer may set.
-constexpr uint32_t kKnownFlags = OpDesc::kHasIn | OpDesc::kHasOut | OpDesc::kInCma | OpDesc::kOutCma | kOutHeap;
+constexpr uint32_t kKnownFlags =
+    OpDesc::kHasIn | OpDesc::kHasOut | OpDesc::kInCma | OpDesc::kOutCma | kOutHeap | kInHeap;
 
 bool has_vec(OpKind k) { return k == OpKind::AllGatherV || k == OpKind::ReduceScatterV || k == OpKind::AllToAllV; }
 
@@ -131,6 +132,9 @@ Result<OpDesc> read_first_message(const Op& op, const OpDesc& mine, int me, int 
   if (d.flags & ~kKnownFlags)
     return bad("rank " + std::to_string(r) + "'s descriptor of " + op_no + " has unknown flags " +
                std::to_string(d.flags & ~kKnownFlags));
+  if ((d.flags & kInHeap) && (kind != OpKind::Broadcast || r != d.root))
+    return bad("rank " + std::to_string(r) + "'s descriptor of " + op_no + " offers its input (flags " +
+               std::to_string(d.flags) + ") where only a broadcast's root may");
   if (d.flags & kOutHeap) {
     if (!(d.flags & OpDesc::kHasOut) || kind == OpKind::AllToAllV)
       return bad("rank " + std::to_string(r) + "'s descriptor of " + op_no + " offers its output for puts (flags " +

@@ -28,6 +28,11 @@ inline constexpr uint32_t kHostMismatch = 128;
 /// the comm rank that found it.
 inline constexpr uint32_t kLateMismatch = 256;
 
+/// Set in a broadcast root's descriptor exchanged between hosts: its input is in its heap at
+/// (in_seg, in_off), where the other ranks of its host read their blocks to send them on
+/// (coll/net/hierarchical.cpp, broadcast_hier).
+inline constexpr uint32_t kInHeap = 512;
+
 /// The error of operation `mine` on rank `me` when rank `finder` (reported by rank r) flagged
 /// it kLateMismatch: InvalidArgument naming both and the operation before.
 Status late_mismatch(const coll::OpDesc& mine, int me, int finder, int r);

@@ -156,8 +156,10 @@ TEST(NetFirstMessage, TruncatedOrOverlongMessageNamesThePeer) {
 TEST(NetFirstMessage, FieldsOnlyThePeerKnowsAreChecked) {
   Call c = all_reduce(4, 100);
   OpDesc d = c.mine;
-  d.flags = 0x200;
-  expect_invalid(read(c, 2, record(d), 48), 2, {"rank 2's descriptor of operation #12", "unknown flags 512"});
+  d.flags = 0x400;
+  expect_invalid(read(c, 2, record(d), 48), 2, {"rank 2's descriptor of operation #12", "unknown flags 1024"});
+  d.flags = detail::kInHeap;  // an input offered by a rank that is no broadcast's root
+  expect_invalid(read(c, 2, record(d), 48), 2, {"offers its input", "only a broadcast's root"});
   d.flags = 16;  // puts offered without an output
   expect_invalid(read(c, 2, record(d), 48), 2, {"offers its output for puts"});
   d.flags = OpDesc::kHasOut | 16;

@@ -1270,6 +1270,42 @@ TEST(HostRound, RanksThatNeedNoDataFromOtherHostsDoNotWaitForThem) {
   }
 }
 
+// A large broadcast whose root's input is in its heap leaves the root's host from every rank
+// there: local rank l sends block l to local rank l of the other host, read through its
+// mapping of the root's heap. A root's malloc'd input is sent by the root alone.
+TEST(HostRound, BroadcastLeavesTheRootsHostFromEveryRankThere) {
+  std::string why;
+  std::unique_ptr<Team> team = two_host_team("bspread", 20000ms, why);
+  if (!team) GTEST_SKIP() << "no transport between hosts in this build: " << why;
+  expect_no_failures(team->run([](Communicator& c) {
+    const int me = c.rank();
+    constexpr size_t kN = 32768;  // 128 KiB of floats: past the eager size
+    Buffer<float> heap = c.alloc<float>(kN);
+    std::vector<float> ext(kN);
+    for (int root : {0, 1}) {
+      for (bool in_heap : {true, false}) {
+        float* buf = in_heap ? heap.data() : ext.data();
+        for (size_t i = 0; i < kN; ++i) buf[i] = me == root ? static_cast<float>(root * 1000000 + i) : -1.0f;
+        const uint64_t sent0 = c.impl()->direct_bytes.load();
+        c.broadcast(buf, buf, kN, DataType::Float32, root);
+        const uint64_t sent = c.impl()->direct_bytes.load() - sent0;
+        for (size_t i = 0; i < kN; ++i)
+          if (buf[i] != static_cast<float>(root * 1000000 + i))
+            throw std::runtime_error("broadcast from " + std::to_string(root) + ": element " + std::to_string(i) +
+                                     " is " + std::to_string(buf[i]));
+        // Bytes this rank sent to the other host: half each from the root's host, or all from
+        // the root.
+        const uint64_t half = kN * sizeof(float) / 2;
+        const uint64_t want = me >= 2 ? 0 : in_heap ? half : me == root ? 2 * half : 0;
+        if (sent != want)
+          throw std::runtime_error(std::string(in_heap ? "heap" : "malloc'd") + " broadcast from " +
+                                   std::to_string(root) + ": sent " + std::to_string(sent) + " bytes, expected " +
+                                   std::to_string(want));
+      }
+    }
+  }));
+}
+
 TEST(Symmetric, SameOffsetsEverywhere) {
   expect_no_failures(Team::get(4).run([](Communicator& c) {
     auto a = c.alloc_symmetric<float>(1000);

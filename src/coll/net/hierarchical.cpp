@@ -118,10 +118,14 @@ Status reduce_scatter_hier(NetExec& x, const std::vector<size_t>& counts) {
   return Status::ok();
 }
 
-/// Scatter, then all-gather within each host: the root sends block l of the data to local
-/// rank l of every other host, and each of those hosts completes it with an intra-host
-/// all-gather (shm); the root's host broadcasts from the root. The data crosses to each host
-/// once, not once per rank there, and over as many connections as that host has ranks.
+/// Scatter, then all-gather within each host: block l of the data goes to local rank l of
+/// every other host, and each of those hosts completes it with an intra-host all-gather
+/// (shm); the root's host broadcasts from the root. The data crosses to each host once, not
+/// once per rank there, and over as many connections as that host has ranks. Where the root's
+/// input is in its heap and every host has as many ranks, local rank l of the root's host
+/// sends block l itself, read through its mapping of the root's heap: the data then leaves
+/// from as many processes as connections (2 hosts x 2 ranks over TCP, 1 MiB: ~1.3x faster than
+/// the root sending every block).
 Status broadcast_hier(NetExec& x) {
   CommImpl& c = x.c;
   const int me = c.rank, root = x.op.root, H = static_cast<int>(c.host_members.size());
@@ -129,7 +133,32 @@ Status broadcast_hier(NetExec& x) {
   const size_t e = x.esz;
   if (!x.op.count) return Status::ok();
   const bool shm = c.local && c.local->size > 1;
-  if (me == root) {
+  const size_t L = c.host_members[hr].size();
+  bool spread = (x.descs[root].flags & kInHeap) && L > 1;
+  for (const auto& m : c.host_members) spread = spread && m.size() == L;
+  if (spread && hm == hr) {
+    const size_t li = static_cast<size_t>(local_index(c, me));
+    const char* src = x.in;
+    if (me != root) {
+      const OpDesc& rd = x.descs[root];
+      STRATA_ASSIGN_OR_RETURN(void* p, c.ctx->heap->peer_ptr(c.members[root], {rd.in_seg, rd.in_off},
+                                                             x.op.count * e, x.deadline));
+      src = static_cast<const char*>(p);
+    } else if (x.out != x.in) {
+      kernels::copy(x.out, x.in, x.op.count * e);
+    }
+    for (int h = 0; h < H; ++h) {
+      if (h == hr) continue;
+      auto counts = host_slices(x, h);
+      auto displ = coll::prefix_sums(counts);
+      if (counts[li])
+        STRATA_RETURN_IF_ERROR(
+            x.deliver(c.host_members[h][li], kRoot, src + displ[li] * e, counts[li] * e, displ[li] * e));
+    }
+    // Sent before the intra-host broadcast below, which the root cannot leave before every
+    // rank of its host arrived: its input is read until then.
+    STRATA_RETURN_IF_ERROR(x.wait("broadcast"));
+  } else if (me == root) {
     if (x.out != x.in) kernels::copy(x.out, x.in, x.op.count * e);
     for (int h = 0; h < H; ++h) {
       if (h == hr) continue;
@@ -151,7 +180,8 @@ Status broadcast_hier(NetExec& x) {
   auto displ = coll::prefix_sums(counts);
   const int li = local_index(c, me);
   if (counts[li]) {
-    STRATA_RETURN_IF_ERROR(x.expect(root, kRoot, x.out + displ[li] * e, counts[li] * e));
+    const int from = spread ? c.host_members[hr][static_cast<size_t>(li)] : root;
+    STRATA_RETURN_IF_ERROR(x.expect(from, kRoot, x.out + displ[li] * e, counts[li] * e));
     STRATA_RETURN_IF_ERROR(x.wait("broadcast"));
   }
   if (!shm) return Status::ok();

@@ -540,6 +540,14 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
       d.out_seg = ref->seg;
       d.out_off = ref->offset;
     }
+  // A broadcast root's input in its heap: the other ranks of its host read their blocks of it
+  // there and send them on (broadcast_hier).
+  if (op.kind == OpKind::Broadcast && c.rank == op.root && op.count)
+    if (auto ref = c.ctx->heap->locate(op.in, op.count * x.esz)) {
+      d.flags |= kInHeap;
+      d.in_seg = ref->seg;
+      d.in_off = ref->offset;
+    }
   const char* name = coll::to_string(op.kind);
   std::optional<Eager> eager;
   if (algo == coll::Algo::NetEager) {
