@@ -145,8 +145,8 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   // are read and checked when the next operation starts (coll/net/run.cpp, check_late).
   struct LateCheck {
     bool pending = false;
-    coll::Op op;        // the operation (its buffers are not used)
-    coll::OpDesc mine;  // this rank's descriptor of it
+    coll::Op op;                             // the operation (its buffers are not used)
+    coll::OpDesc mine;                       // this rank's descriptor of it
     bool rails = false;                      // its rail round (else the all-pairs round)
     std::vector<int> from;                   // comm rank each receive is from
     std::vector<transport::TransferPtr> rx;  // the receives, into `area`

@@ -175,8 +175,10 @@ TEST(ZeroCopy, SmallExternalInputsRideInTheSlot) {
         for (size_t i = 0; i < count; ++i) in[i] = value(me, i);
       };
 
-      // all_reduce of 1,000 elements (above the inline limit: one-shot), out of place and in place.
-      const size_t ar = 1000;
+      // all_reduce of 1,500 elements (6,000 bytes: above the inline limit with 3 ranks, within
+      // the slot: one-shot), out of place and in place.
+      static_assert(1500 * 4 > detail::kInlineManyBytes && 1500 * 4 <= detail::kSlotInputBytes);
+      const size_t ar = 1500;
       fill(ar);
       std::vector<int32_t> ar_out(ar, -1);
       Stats before = c.stats();
@@ -1262,8 +1264,8 @@ TEST(HostRound, RanksThatNeedNoDataFromOtherHostsDoNotWaitForThem) {
       auto has = [](const std::string& s, const char* w) { return s.find(w) != std::string::npos; };
       if (host_a ? first != "no error" : !has(first, "mismatch"))
         throw std::runtime_error("the mismatched operation: " + first);
-      if (!has(second, "mismatch") || !has(second, host_a ? "returned before the other hosts' descriptors arrived"
-                                                          : "did not match on every rank"))
+      if (!has(second, "mismatch") ||
+          !has(second, host_a ? "returned before the other hosts' descriptors arrived" : "did not match on every rank"))
         throw std::runtime_error("the operation after the mismatch: " + second);
       sum_of_ones("the mismatch and the operation that reported it");
     }));

@@ -141,8 +141,8 @@ Status broadcast_hier(NetExec& x) {
     const char* src = x.in;
     if (me != root) {
       const OpDesc& rd = x.descs[root];
-      STRATA_ASSIGN_OR_RETURN(void* p, c.ctx->heap->peer_ptr(c.members[root], {rd.in_seg, rd.in_off},
-                                                             x.op.count * e, x.deadline));
+      STRATA_ASSIGN_OR_RETURN(
+          void* p, c.ctx->heap->peer_ptr(c.members[root], {rd.in_seg, rd.in_off}, x.op.count * e, x.deadline));
       src = static_cast<const char*>(p);
     } else if (x.out != x.in) {
       kernels::copy(x.out, x.in, x.op.count * e);

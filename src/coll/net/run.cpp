@@ -23,6 +23,17 @@ struct HostRound {
   bool late = false;     // the mismatch is a's kLateMismatch flag, not a difference
 };
 
+/// Where a first round's messages land: scratch block 2, or, when this rank does not wait for
+/// them, the communicator's late area, which stays untouched until the next operation read them.
+Result<char*> receive_area(CommImpl& c, bool defer, size_t bytes) {
+  if (defer) {
+    c.late.area.resize(bytes);
+    return c.late.area.data();
+  }
+  STRATA_ASSIGN_OR_RETURN(void* p, c.scratch_block(2, bytes));
+  return static_cast<char*>(p);
+}
+
 /// The first round of every operation: each member sends every other one message holding
 /// its descriptor, then its count vector (v-collectives), then, for an eager operation, that
 /// peer's data. It is the cross-host mismatch check (the form of check_descriptors in
@@ -53,18 +64,11 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
       if (!eager->into[r]) body_al = std::max(body_al, align(eager->from_bytes[r]));
   // A rank that receives no data (the root of a broadcast or scatter, the ranks of a gather or
   // reduce but the root) does not wait for the others' messages (CommImpl::LateCheck).
-  const bool rooted = kind == OpKind::Broadcast || kind == OpKind::Scatter || kind == OpKind::Gather ||
-                      kind == OpKind::Reduce;
+  const bool rooted =
+      kind == OpKind::Broadcast || kind == OpKind::Scatter || kind == OpKind::Gather || kind == OpKind::Reduce;
   bool defer = eager && rooted && !(mine.flags & kLateMismatch);
   for (int r = 0; r < n && defer; ++r) defer = r == me || eager->from_bytes[r] == 0;
-  char* heads = nullptr;
-  if (defer) {
-    c.late.area.resize(n * (head_al + body_al) + spill);
-    heads = c.late.area.data();
-  } else {
-    STRATA_ASSIGN_OR_RETURN(void* rv, c.scratch_block(2, n * (head_al + body_al) + spill));
-    heads = static_cast<char*>(rv);
-  }
+  STRATA_ASSIGN_OR_RETURN(char* heads, receive_area(c, defer, n * (head_al + body_al) + spill));
   char* spill_at = heads + n * head_al;
   char* bodies = spill_at + spill;
   std::vector<transport::TransferPtr> rx(n);
@@ -319,14 +323,7 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   auto align = [](size_t v) { return (v + 63) & ~size_t{63}; };
   const size_t head_al = align(sizeof(OpDesc)), body_al = align(L * b);
   const size_t spill = align(longest_first_message(n, static_cast<int>(L)));
-  char* heads = nullptr;
-  if (defer) {
-    c.late.area.resize(H * (head_al + body_al) + spill);
-    heads = c.late.area.data();
-  } else {
-    STRATA_ASSIGN_OR_RETURN(void* rv, c.scratch_block(2, H * (head_al + body_al) + spill));
-    heads = static_cast<char*>(rv);
-  }
+  STRATA_ASSIGN_OR_RETURN(char* heads, receive_area(c, defer, H * (head_al + body_al) + spill));
   char* bodies = heads + H * head_al;
   char* spill_at = bodies + H * body_al;
   // What this rank sends the rail peer on host g: the root's data straight from its record,
@@ -566,9 +563,10 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     d.in_seg = static_cast<uint32_t>(c.rank);
   }
   bool done = false;  // the operation completed in its first round
-  Status st = !late.is_ok() && late.code() != Code::InvalidArgument ? late
-              : host_round(c)                                      ? hosts_first(x, d, eager ? &*eager : nullptr, done)
-                                                                   : first_round(x, d, eager ? &*eager : nullptr, nullptr);
+  Status st;
+  if (!late.is_ok() && late.code() != Code::InvalidArgument) st = late;
+  else if (host_round(c)) st = hosts_first(x, d, eager ? &*eager : nullptr, done);
+  else st = first_round(x, d, eager ? &*eager : nullptr, nullptr);
   // Whatever the peers' descriptors held, this rank fails with the cause it found.
   if (late.code() == Code::InvalidArgument && (st.is_ok() || st.code() == Code::InvalidArgument)) st = late;
   if (st.is_ok() && done) {
