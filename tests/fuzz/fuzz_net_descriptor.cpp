@@ -90,7 +90,9 @@ void first_message(Input& in) {
   if (d.is_ok()) {
     // Accepted: the same call, the length this rank expects, and only known flags.
     if (d->kind != mine.kind || d->seq != mine.seq || d->algo != mine.algo || len != head + eager) abort();
-    if (d->flags & ~uint32_t{31}) abort();
+    if (d->flags & ~(uint32_t{31} | detail::kInHeap)) abort();
+    // An input offered for reading only by a broadcast's root.
+    if ((d->flags & detail::kInHeap) && (op.kind != coll::OpKind::Broadcast || r != d->root)) abort();
   } else if (d.status().code() != Code::InvalidArgument || d.status().peer() != r) {
     abort();  // a peer's bad message is the caller's InvalidArgument, naming that peer
   }

@@ -99,6 +99,12 @@ net = {
     "all_reduce_eager": first_message("AllReduce", algo=4, eager=True),
     "all_reduce_direct_heap": first_message("AllReduce", algo=5, flags=2 | 16, out_off=4096),
     "broadcast_root": first_message("Broadcast", n=4, me=2, r=0, root=0, algo=6),
+    # The root's input offered for reading on its host (kInHeap), and the same flag from a rank
+    # that is not the root (refused).
+    "broadcast_root_in_heap": first_message("Broadcast", n=4, me=2, r=0, root=0, algo=6, flags=1 | 512),
+    "broadcast_in_heap_not_root": first_message("Broadcast", n=4, me=0, r=2, root=0, algo=6, flags=1 | 512),
+    # A rank that found the previous operation mismatched (kLateMismatch).
+    "late_mismatch": first_message("AllReduce", algo=4, eager=True, flags=256),
     "all_gather_v": first_message("AllGatherV", n=3, me=1, r=2, counts=[1, 2, 3], vec=[1, 2, 3]),
     "all_to_all_v": first_message("AllToAllV", n=2, counts=[2, 3], vec=[2, 2]),
     "barrier": first_message("Barrier", n=5, me=4, r=1, algo=5),
