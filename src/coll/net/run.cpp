@@ -23,6 +23,19 @@ struct HostRound {
   bool late = false;     // the mismatch is a's kLateMismatch flag, not a difference
 };
 
+/// How an eager operation's data travels (rail_round, hosts_first), and so which ranks need none
+/// from the other hosts (first_round, rail_round).
+struct RailData {
+  bool rooted = false;    // from the root only, to everyone: broadcast, scatter
+  bool to_root = false;   // from everyone, to the root only: gather, reduce
+  bool per_dest = false;  // each rank has a block per destination (its record holds n): all_to_all,
+                          // reduce_scatter, scatter
+};
+RailData rail_data(OpKind k) {
+  return {k == OpKind::Broadcast || k == OpKind::Scatter, k == OpKind::Gather || k == OpKind::Reduce,
+          k == OpKind::AllToAll || k == OpKind::ReduceScatter || k == OpKind::Scatter};
+}
+
 /// Where a first round's messages land: scratch block 2, or, when this rank does not wait for
 /// them, the communicator's late area, which stays untouched until the next operation read them.
 Result<char*> receive_area(CommImpl& c, bool defer, size_t bytes) {
@@ -32,6 +45,23 @@ Result<char*> receive_area(CommImpl& c, bool defer, size_t bytes) {
   }
   STRATA_ASSIGN_OR_RETURN(void* p, c.scratch_block(2, bytes));
   return static_cast<char*>(p);
+}
+
+/// Starts the record of an operation whose first messages this rank does not wait for; the
+/// caller adds each receive (CommImpl::LateCheck).
+CommImpl::LateCheck& keep_late(CommImpl& c, const Op& op, const OpDesc& mine, bool rails) {
+  CommImpl::LateCheck& l = c.late;
+  l.pending = true, l.op = op, l.mine = mine, l.rails = rails;
+  l.from.clear(), l.rx.clear(), l.at.clear();
+  return l;
+}
+
+/// A first message longer than any of this operation's (`ws`, from the wait): a mismatch.
+Status overlong_mismatch(const OpDesc& mine, int me, const Status& ws) {
+  return Status(Code::InvalidArgument,
+                "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(me) +
+                    " called " + coll::describe(mine) + " (" + ws.message() + ")",
+                ws.peer());
 }
 
 /// The first round of every operation: each member sends every other one message holding
@@ -64,9 +94,8 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
       if (!eager->into[r]) body_al = std::max(body_al, align(eager->from_bytes[r]));
   // A rank that receives no data (the root of a broadcast or scatter, the ranks of a gather or
   // reduce but the root) does not wait for the others' messages (CommImpl::LateCheck).
-  const bool rooted =
-      kind == OpKind::Broadcast || kind == OpKind::Scatter || kind == OpKind::Gather || kind == OpKind::Reduce;
-  bool defer = eager && rooted && !(mine.flags & kLateMismatch);
+  const RailData rd = rail_data(kind);
+  bool defer = eager && (rd.rooted || rd.to_root) && !(mine.flags & kLateMismatch);
   for (int r = 0; r < n && defer; ++r) defer = r == me || eager->from_bytes[r] == 0;
   STRATA_ASSIGN_OR_RETURN(char* heads, receive_area(c, defer, n * (head_al + body_al) + spill));
   char* spill_at = heads + n * head_al;
@@ -95,9 +124,7 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
     x.xs.push_back(std::move(t));
   }
   if (defer) {
-    CommImpl::LateCheck& l = c.late;
-    l.pending = true, l.op = x.op, l.mine = mine, l.rails = false;
-    l.from.clear(), l.rx.clear(), l.at.clear();
+    CommImpl::LateCheck& l = keep_late(c, x.op, mine, false);
     for (int r = 0; r < n; ++r)
       if (rx[r]) l.from.push_back(r), l.rx.push_back(rx[r]), l.at.push_back(static_cast<size_t>(r) * head_al);
   }
@@ -182,18 +209,6 @@ bool rails_only(const OpDesc& d) {
     return algo == coll::Algo::NetEager;
   // A rail peer's message is sent after its host round, which every rank of its host reached.
   return kind == OpKind::Barrier;
-}
-
-/// How an eager operation's data travels in the rail round (rail_round, hosts_first).
-struct RailData {
-  bool rooted = false;    // from the root only, to everyone: broadcast, scatter
-  bool to_root = false;   // from everyone, to the root only: gather, reduce
-  bool per_dest = false;  // each rank has a block per destination (its record holds n): all_to_all,
-                          // reduce_scatter, scatter
-};
-RailData rail_data(OpKind k) {
-  return {k == OpKind::Broadcast || k == OpKind::Scatter, k == OpKind::Gather || k == OpKind::Reduce,
-          k == OpKind::AllToAll || k == OpKind::ReduceScatter || k == OpKind::Scatter};
 }
 
 /// The intra-host all_gather of one record per rank: its descriptor, then `slots.size()`
@@ -370,9 +385,8 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
     sent[r] = 1;
   }
   if (defer) {
-    CommImpl::LateCheck& l = c.late;
-    l.pending = true, l.op = x.op, l.mine = mine, l.rails = true, l.sent = sent, l.got = got;
-    l.from.clear(), l.rx.clear(), l.at.clear();
+    CommImpl::LateCheck& l = keep_late(c, x.op, mine, true);
+    l.sent = sent, l.got = got;
     for (int k = 1; k < H; ++k) {
       const int g = (hm + k) % H;
       l.from.push_back(c.host_members[g][li]);
@@ -385,10 +399,7 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   Status why;
   if (!ws.is_ok()) {
     if (ws.code() != Code::InvalidArgument) return ws;
-    why = Status(Code::InvalidArgument,
-                 "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(me) +
-                     " called " + coll::describe(mine) + " (" + ws.message() + ")",
-                 ws.peer());
+    why = overlong_mismatch(mine, me, ws);
   }
   x.descs.assign(n, mine);
   for (auto& d : x.descs) d.flags &= ~kOutHeap;  // members not met: never written to
@@ -494,11 +505,7 @@ Status check_late(CommImpl& c, Deadline deadline) {
   Status ws = x.wait(coll::to_string(l.op.kind));
   if (!ws.is_ok() && ws.code() != Code::InvalidArgument) return ws.with_context(when());
   Status why;
-  if (!ws.is_ok())
-    why = Status(Code::InvalidArgument,
-                 "collective mismatch on operation #" + std::to_string(l.mine.seq) + ": rank " +
-                     std::to_string(c.rank) + " called " + coll::describe(l.mine) + " (" + ws.message() + ")",
-                 ws.peer());
+  if (!ws.is_ok()) why = overlong_mismatch(l.mine, c.rank, ws);
   for (size_t i = 0; i < rx.size() && why.is_ok(); ++i) {
     auto d = read_first_message(l.op, l.mine, c.rank, c.size, l.from[i], l.area.data() + l.at[i], rx[i]->received, 0);
     if (!d.is_ok()) why = d.status();
@@ -538,8 +545,8 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
       d.out_off = ref->offset;
     }
   // A broadcast root's input in its heap: the other ranks of its host read their blocks of it
-  // there and send them on (broadcast_hier).
-  if (op.kind == OpKind::Broadcast && c.rank == op.root && op.count)
+  // there and send them on (broadcast_hier; the other forms do not look it up).
+  if (hier && op.kind == OpKind::Broadcast && c.rank == op.root && op.count)
     if (auto ref = c.ctx->heap->locate(op.in, op.count * x.esz)) {
       d.flags |= kInHeap;
       d.in_seg = ref->seg;
