@@ -135,7 +135,7 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   std::vector<int> host_of;                    // comm rank -> host index (hosts ordered by first comm rank)
   std::vector<int> local_of;                   // comm rank -> index among its host's members
   std::vector<std::vector<int>> host_members;  // host index -> comm ranks
-  uint64_t tag_base = 0;                       // communicator id hash, top 16 bits of every tag
+  uint64_t tag_base = 0;                       // unique in the job (claimed in the store), bits 61..48 of every tag
   // The recovery epoch this communicator was last rebuilt in, in every tag (4 bits): a message
   // a survivor sent in an interrupted epoch can never match a receive of the next one.
   uint32_t tag_epoch = 0;

@@ -363,10 +363,28 @@ std::string world_record(const ContextImpl& ctx, const memory::SegRef& ctrl) {
 
 namespace {
 
-uint64_t fnv1a16(const std::string& s) {
+constexpr uint64_t kTagBases = uint64_t{1} << 14;  // bits 61..48 of a tag
+
+uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-  return (h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) & 0xffff;
+  return h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48);
+}
+
+/// The communicator's tag base, unique in the job: two communicators whose members meet
+/// across hosts must never share one, or their messages would match each other's receives.
+/// Claimed in the store by id, from the id's hash on (the next free one on a collision):
+/// every member, the replacement of a failed one included, gets the same answer.
+Result<uint64_t> claim_tag_base(ContextImpl& ctx, const std::string& id) {
+  const uint64_t h = fnv1a(id);
+  for (uint64_t i = 0; i < kTagBases; ++i) {
+    const uint64_t b = (h + i) % kTagBases;
+    const std::string key = "strata/" + ctx.job.job_id + "/tagbase/" + std::to_string(b);
+    STRATA_ASSIGN_OR_RETURN(std::string owner, ctx.store->compare_set(key, "", id));
+    if (owner == id) return b;
+  }
+  return unavailable("communicator '" + id + "': the job already has " + std::to_string(kTagBases) +
+                     " communicators across hosts, the most it can tell apart");
 }
 
 Status ensure_net(ContextImpl& ctx) {
@@ -394,7 +412,8 @@ Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImp
   STRATA_RETURN_IF_ERROR(ensure_net(*ctx));
   auto c = base_comm(ctx, std::move(id), std::move(members), rank);
   c->net = ctx->net.get();
-  c->tag_base = fnv1a16(c->id);
+  static_assert(((kTagBases - 1) << 48 & transport::kTransportTagBits) == 0);
+  STRATA_ASSIGN_OR_RETURN(c->tag_base, claim_tag_base(*ctx, c->id));
   c->flight.init(ctx->env.flight_recorder);  // no block of its own: process memory
   c->host_of.assign(c->size, -1);
   c->local_of.assign(c->size, -1);

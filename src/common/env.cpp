@@ -215,6 +215,14 @@ Env parse(Lookup lookup, void* ctx) {
   if (auto s = get("STRATA_UCX_NET_DEVICES")) e.ucx_net_devices = *s;
   if (auto s = get("STRATA_UCX_RNDV_THRESH")) e.ucx_rndv_thresh = *s;
   else if (get("UCX_RNDV_THRESH")) e.ucx_rndv_thresh.clear();  // tuned through UCX itself
+  if (auto v = to_int(get("STRATA_UCX_LANES"), 1, Env::kMaxUcxLanes)) e.ucx_lanes = *v;
+  if (auto v = to_size(get("STRATA_UCX_STRIPE_MIN"))) e.ucx_stripe_min = *v;
+  if (auto s = get("STRATA_UCX_STRIPE_PIECE"); s && !s->empty()) {
+    if (auto v = to_size(s)) {
+      if (*v >= 4096) e.ucx_stripe_piece = *v;
+      else s.reject("must be at least 4096 bytes");
+    }
+  }
   if (auto s = get("STRATA_UCX_DATAPATH"); s && !s->empty()) {
     if (*s == "auto" || *s == "tag" || *s == "put") e.ucx_datapath = *s;
     else s.reject("not one of auto, tag, put");

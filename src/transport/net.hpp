@@ -25,6 +25,14 @@ class StoreClient;
 
 namespace strata::transport {
 
+/// Tags are the callers' except the top two bits, where the transport puts the lane (one of
+/// up to kMaxLanes connections to a peer) of each piece of a transfer it stripes
+/// (send_bulk): callers leave them clear.
+inline constexpr int kMaxLanes = Env::kMaxUcxLanes;
+static_assert(kMaxLanes <= 4);
+inline constexpr int kLaneShift = 62;
+inline constexpr uint64_t kTransportTagBits = uint64_t{3} << kLaneShift;
+
 /// One posted transfer. Filled by the transport as it completes; the owner waits on it
 /// through Net::wait. Never destroyed by the transport while in flight: an abandoned
 /// (timed out, aborted) transfer is cancelled and its storage kept until UCX lets go.
@@ -38,6 +46,7 @@ struct Transfer {
   size_t received = 0;             // receives: bytes that arrived
   void* handle = nullptr;          // transport-private (UCX request) while in flight
   int stage = 0;                   // transport-private (multi-step transfers such as put + notify)
+  Transfer* whole = nullptr;       // transport-private: the striped transfer this one is a piece of
   std::shared_ptr<Transfer> self;  // keeps the object alive while the transport holds it
 };
 using TransferPtr = std::shared_ptr<Transfer>;
@@ -70,6 +79,17 @@ class Net {
                                     size_t body_bytes) = 0;
   /// Receives a message with `tag` from `peer` straight into `buf` (at most `bytes`).
   virtual Result<TransferPtr> recv(int peer, uint64_t tag, void* buf, size_t bytes) = 0;
+  /// A send whose size the receiver knows exactly (the operation's descriptors were compared
+  /// first): the transport may cut it into pieces spread over several connections to `peer`
+  /// (STRATA_UCX_LANES). Received only by recv_bulk with the same `bytes`; never mixed with
+  /// send/recv on one tag.
+  virtual Result<TransferPtr> send_bulk(int peer, uint64_t tag, const void* buf, size_t bytes) {
+    return send(peer, tag, buf, bytes);
+  }
+  /// The receiving side of send_bulk: exactly `bytes` into `buf`.
+  virtual Result<TransferPtr> recv_bulk(int peer, uint64_t tag, void* buf, size_t bytes) {
+    return recv(peer, tag, buf, bytes);
+  }
   /// Receives one message with `tag` from `peer` scattered over `parts` in order (at most
   /// 3), e.g. a record, then the user buffer its data belongs in, then a spill area. A
   /// shorter message is not an error: Transfer::received tells its length.
@@ -88,6 +108,8 @@ class Net {
   /// Drives progress once and reports whether a message with exactly `tag` from `peer` has
   /// arrived and waits for its receive (it stays queued: a later recv takes it).
   virtual bool probe(int peer, uint64_t tag) = 0;
+  /// How many connections to `peer` are open (lanes made so far).
+  virtual int connections(int peer) const = 0;
   /// Whether an endpoint error was seen for `peer` (it died or its link broke).
   virtual bool peer_failed(int peer) const = 0;
   /// Forgets everything about `peer` (its endpoint, its memory keys, its failure): it was

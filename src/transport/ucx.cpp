@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <iterator>
@@ -68,10 +69,30 @@ class Ucx;
 struct PeerState {
   Ucx* net = nullptr;
   int rank = -1;
-  ucp_ep_h ep = nullptr;
+  // ep[0] carries every message; the others (lanes) are made on the first striped transfer.
+  ucp_ep_h ep[kMaxLanes] = {};
   std::atomic<bool> failed{false};
   ucs_status_t error = UCS_OK;
   uint64_t gen = 0;  // the recovery epoch the peer's process started in (0: with the job)
+};
+
+/// A bulk transfer cut into pieces (send_bulk/recv_bulk): piece i travels over lane
+/// i % lanes, i.e. its own endpoint and connection to the peer, with the lane number in the
+/// tag's transport bits. Pieces on one lane share a tag and are matched in order (UCX keeps
+/// the order of messages from one endpoint). Done when every piece is; its status is the
+/// first failed piece's.
+struct StripedTransfer : Transfer {
+  static constexpr int kStage = -1;  // marks a striped transfer (Transfer::stage)
+  std::vector<TransferPtr> pieces;
+  size_t open = 0;
+  /// Called as a piece finishes, under the worker's mutex.
+  void piece_done(const Transfer& h) {
+    if (!h.status.is_ok() && status.is_ok()) status = h.status;
+    received += h.received;
+    if (--open) return;
+    TransferPtr keep = std::move(self);  // the last reference may be this one
+    done.store(true, std::memory_order_release);
+  }
 };
 
 struct RemoteSeg {
@@ -103,12 +124,26 @@ class Ucx final : public Net {
     return post_recv(peer, tag, buf, bytes, true);
   }
   Result<TransferPtr> recv_parts(int peer, uint64_t tag, std::span<const Part> parts) override;
+  Result<TransferPtr> send_bulk(int peer, uint64_t tag, const void* buf, size_t bytes) override {
+    if (lanes_ < 2 || !stripe_min_ || bytes < stripe_min_) return send(peer, tag, buf, bytes);
+    return striped(peer, tag, const_cast<void*>(buf), bytes, false);
+  }
+  Result<TransferPtr> recv_bulk(int peer, uint64_t tag, void* buf, size_t bytes) override {
+    if (lanes_ < 2 || !stripe_min_ || bytes < stripe_min_) return recv(peer, tag, buf, bytes);
+    return striped(peer, tag, buf, bytes, true);
+  }
   Result<TransferPtr> put(int peer, uint64_t tag, const void* buf, size_t bytes, RemoteRef dst) override;
   Status wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, const char* what) override;
   bool test(const Transfer& x) override;
   bool probe(int peer, uint64_t tag) override;
   bool peer_failed(int peer) const override { return peers_[peer]->failed.load(std::memory_order_acquire); }
   void reset_peer(int peer, uint64_t gen) override;
+  int connections(int peer) const override {
+    std::lock_guard<std::mutex> g(mu_);
+    int n = 0;
+    for (ucp_ep_h e : peers_[peer]->ep) n += e != nullptr;
+    return n;
+  }
 
   static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
     auto* p = static_cast<PeerState*>(arg);
@@ -124,7 +159,7 @@ class Ucx final : public Net {
     std::string k = "strata/" + job_ + "/ucx/" + what + "/" + std::to_string(r);
     return gen ? k + "@" + std::to_string(gen) : k;
   }
-  Result<ucp_ep_h> endpoint(int peer);                   // under mu_
+  Result<ucp_ep_h> endpoint(int peer, int lane = 0);  // under mu_
   Result<RemoteSeg> remote_seg(int peer, uint32_t seg);  // under mu_
   void map_segment(uint32_t id, void* base, size_t size);
   void progress_locked() {
@@ -132,6 +167,8 @@ class Ucx final : public Net {
     }
   }
   Result<TransferPtr> post_recv(int peer, uint64_t tag, void* buf, size_t bytes, bool exact);
+  void post_recv_locked(const TransferPtr& x, uint64_t tag, void* buf, size_t bytes);  // x: filled in
+  Result<TransferPtr> striped(int peer, uint64_t tag, void* buf, size_t bytes, bool is_recv);
   Status post_tag_send(ucp_ep_h ep, uint64_t tag, const void* buf, size_t bytes, const TransferPtr& x,
                        bool iov = false);
   static void on_send(void* req, ucs_status_t st, void* user);
@@ -163,6 +200,9 @@ class Ucx final : public Net {
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
   bool put_ = false;
+  int lanes_ = 1;          // connections per peer for bulk transfers
+  size_t stripe_min_ = 0;  // bulk transfers from this size are striped
+  size_t piece_ = 0;       // bytes per piece
   std::map<uint32_t, ucp_mem_h> memh_;  // own segments
   std::map<std::pair<int, uint32_t>, RemoteSeg> rsegs_;
   // Put transfers waiting for their flush: the notification is sent from the flush callback.
@@ -185,6 +225,9 @@ Status Ucx::start(const Env& env) {
   const std::string& tls = env.ucx_tls;
   const std::string& devices = env.ucx_net_devices;
   put_ = puts_are_datapath(env);
+  lanes_ = std::clamp(env.ucx_lanes, 1, kMaxLanes);
+  stripe_min_ = env.ucx_stripe_min;
+  piece_ = std::max<size_t>(env.ucx_stripe_piece, 4096);
   gen_ = env.epoch;
   ucp_config_t* cfg = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
@@ -268,13 +311,15 @@ Ucx::~Ucx() {
   // Forced close: a polite flush could wait for peers that are already gone.
   std::vector<void*> closing;
   for (auto& p : peers_) {
-    if (!p->ep) continue;
-    ucp_request_param_t cp{};
-    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &cp);
-    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
-    p->ep = nullptr;
+    for (ucp_ep_h& e : p->ep) {
+      if (!e) continue;
+      ucp_request_param_t cp{};
+      cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      ucs_status_ptr_t r = ucp_ep_close_nbx(e, &cp);
+      if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+      e = nullptr;
+    }
   }
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   for (void* r : closing) {
@@ -287,12 +332,14 @@ Ucx::~Ucx() {
   ucp_cleanup(ctx_);
 }
 
-Result<ucp_ep_h> Ucx::endpoint(int peer) {
+Result<ucp_ep_h> Ucx::endpoint(int peer, int lane) {
   PeerState& p = *peers_[peer];
   if (p.failed.load(std::memory_order_acquire))
     return ::strata::peer_failed(
         "world rank " + std::to_string(peer) + " is unreachable: " + ucs_status_string(p.error), peer);
-  if (p.ep) return p.ep;
+  // Each UCP endpoint has its own connection (over TCP, its own stream).
+  ucp_ep_h& slot = p.ep[lane];
+  if (slot) return slot;
   // The address was published at the peer's init; it is in the store by the time any
   // operation with that peer runs, so this waits only if the peer is still starting.
   auto a = store_->get(key("addr", peer, p.gen), timeout_);
@@ -305,12 +352,12 @@ Result<ucp_ep_h> Ucx::endpoint(int peer) {
   ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   ep.err_handler.cb = &Ucx::on_ep_error;
   ep.err_handler.arg = &p;
-  ucs_status_t st = ucp_ep_create(worker_, &ep, &p.ep);
+  ucs_status_t st = ucp_ep_create(worker_, &ep, &slot);
   if (st != UCS_OK) {
-    p.ep = nullptr;
+    slot = nullptr;
     return from_ucs(st, peer, "ucx: connecting to rank");
   }
-  return p.ep;
+  return slot;
 }
 
 void Ucx::reset_peer(int peer, uint64_t gen) {
@@ -324,20 +371,21 @@ void Ucx::reset_peer(int peer, uint64_t gen) {
     ucp_rkey_destroy(it->second.rkey);
     it = rsegs_.erase(it);
   }
-  if (p.ep) {
+  for (ucp_ep_h& e : p.ep) {
+    if (!e) continue;
     // Forced: the process behind it is gone, a flush would wait for nothing. Requests still
     // queued on it complete with an error, which their (already discarded) owners ignore.
     ucp_request_param_t cp{};
     cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(p.ep, &cp);
+    ucs_status_ptr_t r = ucp_ep_close_nbx(e, &cp);
     if (UCS_PTR_IS_PTR(r)) {
       auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
       while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < until)
         ucp_worker_progress(worker_);
       ucp_request_free(r);
     }
-    p.ep = nullptr;
+    e = nullptr;
   }
   p.gen = gen;
   p.error = UCS_OK;
@@ -372,6 +420,7 @@ void Ucx::finish(Transfer* x, ucs_status_t st, size_t len) {
                        x->peer);
   x->handle = nullptr;
   x->done.store(true, std::memory_order_release);
+  if (x->whole) static_cast<StripedTransfer*>(x->whole)->piece_done(*x);
 }
 
 void Ucx::on_send(void* req, ucs_status_t st, void* user) {
@@ -463,16 +512,60 @@ Result<TransferPtr> Ucx::post_recv(int peer, uint64_t tag, void* buf, size_t byt
   x->bytes = bytes;
   x->is_recv = true;
   x->exact = exact;
+  std::lock_guard<std::mutex> g(mu_);
+  post_recv_locked(x, tag, buf, bytes);
+  return x;
+}
+
+void Ucx::post_recv_locked(const TransferPtr& x, uint64_t tag, void* buf, size_t bytes) {
   ucp_request_param_t rp{};
   // Completion always through the callback: UCX 1.13 does not report the received length
   // of a receive that completes immediately.
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   rp.cb.recv = &Ucx::on_recv;
   rp.user_data = x.get();
-  std::lock_guard<std::mutex> g(mu_);
   x->self = x;
   track(x, ucp_tag_recv_nbx(worker_, buf, bytes, tag, ~uint64_t{0}, &rp));
-  return x;
+}
+
+Result<TransferPtr> Ucx::striped(int peer, uint64_t tag, void* buf, size_t bytes, bool is_recv) {
+  auto w = std::make_shared<StripedTransfer>();
+  w->peer = peer;
+  w->bytes = bytes;
+  w->is_recv = is_recv;
+  w->stage = StripedTransfer::kStage;
+  // Both sides cut alike, from `bytes` and their settings (the same in every rank of a job).
+  const size_t n = (bytes + piece_ - 1) / piece_;
+  const int lanes = static_cast<int>(std::min<size_t>(n, static_cast<size_t>(lanes_)));
+  std::lock_guard<std::mutex> g(mu_);
+  ucp_ep_h ep[kMaxLanes] = {};
+  if (!is_recv) {
+    for (int l = 0; l < lanes; ++l) {
+      STRATA_ASSIGN_OR_RETURN(ep[l], endpoint(peer, l));
+    }
+  }
+  w->open = n;
+  w->self = w;  // until every piece has finished
+  for (size_t i = 0; i < n; ++i) {
+    auto h = std::make_shared<Transfer>();
+    h->peer = peer;
+    h->is_recv = is_recv;
+    h->bytes = std::min(piece_, bytes - i * piece_);
+    h->whole = w.get();
+    w->pieces.push_back(std::move(h));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const TransferPtr& h = w->pieces[i];
+    char* p = static_cast<char*>(buf) + i * piece_;
+    const auto lane = static_cast<int>(i % static_cast<size_t>(lanes));
+    const uint64_t t = tag | static_cast<uint64_t>(lane) << kLaneShift;
+    if (is_recv) {
+      post_recv_locked(h, t, p, h->bytes);
+    } else {
+      STRATA_RETURN_IF_ERROR(post_tag_send(ep[lane], t, p, h->bytes, h));
+    }
+  }
+  return TransferPtr(w);
 }
 
 void Ucx::on_flush(void* req, ucs_status_t st, void* user) {
@@ -613,8 +706,14 @@ Status Ucx::wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, c
   }
   // Cancel what is still open: a receive must not land in a buffer the caller reuses.
   std::lock_guard<std::mutex> g(mu_);
-  for (const auto& x : xs)
-    if (!x->done.load(std::memory_order_acquire) && x->handle && x->is_recv) ucp_request_cancel(worker_, x->handle);
+  auto cancel = [this](const Transfer& x) {
+    if (!x.done.load(std::memory_order_acquire) && x.handle && x.is_recv) ucp_request_cancel(worker_, x.handle);
+  };
+  for (const auto& x : xs) {
+    if (x->stage != StripedTransfer::kStage) cancel(*x);
+    else
+      for (const TransferPtr& h : static_cast<const StripedTransfer&>(*x).pieces) cancel(*h);
+  }
   progress_locked();
   return fail;
 }

@@ -18,7 +18,7 @@ using coll::Op;
 using coll::OpDesc;
 using coll::OpKind;
 
-// Tag layout: [63:48] communicator hash, [47:40] channel, [39:16] sequence, [15:12] recovery
+// Tag layout: [63:62] the transport's (lanes), [61:48] communicator (claim_tag_base), [47:40] channel, [39:16] sequence, [15:12] recovery
 // epoch (mod 16), [11:0] source (a communicator across hosts has at most kMaxNetRanks members).
 enum Channel : uint64_t {
   kDesc = 0,
@@ -55,14 +55,16 @@ struct NetExec {
   transport::Net& net() { return *c.net; }
   int g(int r) const { return c.members[r]; }
 
+  // Data only, after the first round compared every descriptor: both sides know each
+  // message's size, so the transport may stripe it (send_bulk).
   Status send(int r, uint64_t ch, const void* buf, size_t bytes) {
-    STRATA_ASSIGN_OR_RETURN(auto x, net().send(g(r), make_tag(c, ch, seq, c.rank), buf, bytes));
+    STRATA_ASSIGN_OR_RETURN(auto x, net().send_bulk(g(r), make_tag(c, ch, seq, c.rank), buf, bytes));
     if (ch != kDesc) c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
     xs.push_back(std::move(x));
     return Status::ok();
   }
   Status recv(int r, uint64_t ch, void* buf, size_t bytes) {
-    STRATA_ASSIGN_OR_RETURN(auto x, net().recv(g(r), make_tag(c, ch, seq, r), buf, bytes));
+    STRATA_ASSIGN_OR_RETURN(auto x, net().recv_bulk(g(r), make_tag(c, ch, seq, r), buf, bytes));
     xs.push_back(std::move(x));
     return Status::ok();
   }

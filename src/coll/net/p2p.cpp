@@ -36,7 +36,7 @@ Result<std::shared_ptr<WorkState>> post_send_net(CommImpl& c, const Op& op) {
                                                eager ? op.in : nullptr, eager ? bytes : 0));
   xs.push_back(std::move(h));
   if (!eager) {
-    STRATA_ASSIGN_OR_RETURN(auto dx, c.net->send(g, make_tag(c, kP2pData, s, c.rank), op.in, bytes));
+    STRATA_ASSIGN_OR_RETURN(auto dx, c.net->send_bulk(g, make_tag(c, kP2pData, s, c.rank), op.in, bytes));
     xs.push_back(std::move(dx));
   }
   c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
@@ -137,7 +137,8 @@ Status recv_net(CommImpl& c, const Op& op) {
       return full;
     }
     STRATA_ASSIGN_OR_RETURN(
-        auto dx, c.net->recv(g, make_tag(c, kP2pData, s, peer), match ? op.out : discard.get(), match ? want : got));
+        auto dx,
+        c.net->recv_bulk(g, make_tag(c, kP2pData, s, peer), match ? op.out : discard.get(), match ? want : got));
     Status st = c.net->wait({dx}, c.policy(d), "recv");
     if (!st.is_ok()) return fail(st);
   }
