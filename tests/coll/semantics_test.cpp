@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -1307,6 +1308,101 @@ TEST(HostRound, BroadcastLeavesTheRootsHostFromEveryRankThere) {
     }
   }));
 }
+
+/// Sets the variables for its lifetime (read by init(): set before a team starts), then
+/// restores what was there.
+class EnvOverride {
+ public:
+  explicit EnvOverride(std::vector<std::pair<std::string, std::string>> vars) {
+    for (auto& [k, v] : vars) {
+      const char* old = getenv(k.c_str());
+      saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+      setenv(k.c_str(), v.c_str(), 1);
+    }
+  }
+  ~EnvOverride() {
+    for (auto& [k, v] : saved_) {
+      if (v) setenv(k.c_str(), v->c_str(), 1);
+      else unsetenv(k.c_str());
+    }
+  }
+  EnvOverride(const EnvOverride&) = delete;
+  EnvOverride& operator=(const EnvOverride&) = delete;
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+/// Data between hosts past STRATA_UCX_STRIPE_MIN travels in pieces over `lanes` connections
+/// per peer: every element still lands where it belongs, in every pattern that sends data
+/// after the descriptors (direct, rails, rooted, all_to_all, point to point), with sizes that
+/// are no multiple of the piece. The settings are read once per process (ctest runs each
+/// test in its own).
+void run_striped(int lanes) {
+  // Pieces of one page from 16 KiB: small messages stay whole, the larger ones below make
+  // from 5 to 16 pieces (the most, which then grow), so that each lane carries several in order.
+  EnvOverride env({{"STRATA_UCX_LANES", std::to_string(lanes)},
+                   {"STRATA_UCX_STRIPE_MIN", "16k"},
+                   {"STRATA_UCX_STRIPE_PIECE", "4096"}});
+  if (Env::get().ucx_lanes != lanes || Env::get().ucx_stripe_piece != 4096)
+    GTEST_SKIP() << "this process read its STRATA_* settings before (run this test on its own, as ctest does)";
+  {
+    for (int per_host : {1, 2}) {
+      std::string why;
+      std::unique_ptr<Team> team = two_host_team("stripe" + std::to_string(lanes), 20000ms, why, per_host);
+      if (!team) GTEST_SKIP() << "no transport between hosts in this build: " << why;
+      expect_no_failures(team->run([lanes](Communicator& c) {
+        const int me = c.rank(), n = c.size();
+        auto check = [&](const char* what, const float* got, size_t count, const std::function<float(size_t)>& want) {
+          for (size_t i = 0; i < count; ++i)
+            if (got[i] != want(i))
+              throw std::runtime_error(std::string(what) + ": element " + std::to_string(i) + " is " +
+                                       std::to_string(got[i]) + ", expected " + std::to_string(want(i)));
+        };
+        constexpr size_t kN = 61 * 1024 + 7;  // floats per rank: ~244 KiB, no whole number of pieces
+        std::vector<float> in(kN), out(kN * static_cast<size_t>(n));
+        for (size_t i = 0; i < kN; ++i) in[i] = static_cast<float>(me * 1000000 + i);
+        c.all_gather(in.data(), out.data(), kN, DataType::Float32);
+        check("all_gather", out.data(), out.size(),
+              [&](size_t i) { return static_cast<float>((i / kN) * 1000000 + i % kN); });
+        std::vector<float> a2a_in(kN * static_cast<size_t>(n)), a2a_out(a2a_in.size());
+        for (size_t i = 0; i < a2a_in.size(); ++i) a2a_in[i] = static_cast<float>(me * 1000000 + i);
+        c.all_to_all(a2a_in.data(), a2a_out.data(), kN, DataType::Float32);
+        check("all_to_all", a2a_out.data(), a2a_out.size(),
+              [&](size_t i) { return static_cast<float>((i / kN) * 1000000 + me * kN + i % kN); });
+        std::vector<float> sum(kN);
+        for (size_t i = 0; i < kN; ++i) sum[i] = static_cast<float>(i % 1000 + me);
+        c.all_reduce(sum.data(), sum.data(), kN, DataType::Float32, ReduceOp::Sum);
+        check("all_reduce", sum.data(), kN,
+              [&](size_t i) { return static_cast<float>(n * static_cast<float>(i % 1000) + n * (n - 1) / 2); });
+        std::vector<float> b(kN);
+        for (size_t i = 0; i < kN; ++i) b[i] = me == n - 1 ? static_cast<float>(i) : -1.0f;
+        c.broadcast(b.data(), b.data(), kN, DataType::Float32, n - 1);
+        check("broadcast", b.data(), kN, [](size_t i) { return static_cast<float>(i); });
+        // Point to point between the hosts: rank 0 and the first rank of the other host.
+        const int other = n / 2;
+        if (me == 0 || me == other) {
+          std::vector<float> p(kN);
+          if (me == 0) {
+            for (size_t i = 0; i < kN; ++i) p[i] = static_cast<float>(3 * i);
+            c.send(p.data(), kN, DataType::Float32, other, 5);
+          } else {
+            c.recv(p.data(), kN, DataType::Float32, 0, 5);
+            check("send/recv", p.data(), kN, [](size_t i) { return static_cast<float>(3 * i); });
+          }
+        }
+        const int peer = c.impl()->members[me < n / 2 ? me + n / 2 : me - n / 2];
+        const int conns = c.impl()->net->connections(peer);
+        if (conns != lanes)
+          throw std::runtime_error(std::to_string(conns) + " connections to world rank " + std::to_string(peer) +
+                                   " with STRATA_UCX_LANES=" + std::to_string(lanes));
+      }));
+    }
+  }
+}
+
+TEST(HostRound, BulkDataIsStripedOverSeveralConnections) { run_striped(4); }
+TEST(HostRound, OneLaneKeepsOneConnectionPerPeer) { run_striped(1); }
 
 TEST(Symmetric, SameOffsetsEverywhere) {
   expect_no_failures(Team::get(4).run([](Communicator& c) {

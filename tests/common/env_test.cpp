@@ -212,6 +212,28 @@ TEST(EnvParse, UcxRendezvousThresholdDefaultsUnlessUcxIsTuned) {
   EXPECT_EQ(env_of({{"STRATA_UCX_DATAPATH", "rdma"}}).ucx_datapath, "auto");  // not a choice: the default
 }
 
+// Striping of bulk transfers between hosts: lanes from 1 (off) to the two tag bits' 4, pieces of
+// at least a page; a bad value names the variable and keeps the default.
+TEST(EnvParse, UcxStriping) {
+  const Env d = env_of({});
+  EXPECT_EQ(d.ucx_lanes, 4);
+  EXPECT_EQ(d.ucx_stripe_min, size_t{512} << 10);
+  EXPECT_EQ(d.ucx_stripe_piece, size_t{256} << 10);
+  const Env e = env_of({{"STRATA_UCX_LANES", "2"}, {"STRATA_UCX_STRIPE_MIN", "0"}, {"STRATA_UCX_STRIPE_PIECE", "64k"}});
+  EXPECT_EQ(e.ucx_lanes, 2);
+  EXPECT_EQ(e.ucx_stripe_min, 0u);
+  EXPECT_EQ(e.ucx_stripe_piece, size_t{64} << 10);
+  EXPECT_TRUE(e.invalid.empty());
+  for (auto [var, bad] : {std::pair{"STRATA_UCX_LANES", "0"}, std::pair{"STRATA_UCX_LANES", "5"},
+                          std::pair{"STRATA_UCX_STRIPE_PIECE", "1000"}, std::pair{"STRATA_UCX_STRIPE_MIN", "lots"}}) {
+    const Env b = env_of({{var, bad}});
+    EXPECT_EQ(b.ucx_lanes, 4) << var << "=" << bad;
+    EXPECT_EQ(b.ucx_stripe_piece, size_t{256} << 10) << var << "=" << bad;
+    ASSERT_EQ(b.invalid.size(), 1u) << var << "=" << bad;
+    EXPECT_EQ(b.invalid[0].rfind(std::string(var) + "=" + bad, 0), 0u) << b.invalid[0];
+  }
+}
+
 TEST(EnvParse, BooleanSpellings) {
   for (const char* off : {"0", "false", "no", "off"}) EXPECT_FALSE(env_of({{"STRATA_CMA", off}}).cma) << off;
   for (const char* on : {"1", "true", "yes", "on"})

@@ -18,8 +18,9 @@ using coll::Op;
 using coll::OpDesc;
 using coll::OpKind;
 
-// Tag layout: [63:62] the transport's (lanes), [61:48] communicator (claim_tag_base), [47:40] channel, [39:16] sequence, [15:12] recovery
-// epoch (mod 16), [11:0] source (a communicator across hosts has at most kMaxNetRanks members).
+// Tag layout: [63:62] the transport's (lanes), [61:48] communicator (claim_tag_base), [47:40] channel, [39:16]
+// sequence, [15:12] recovery epoch (mod 16), [11:0] source (a communicator across hosts has at most kMaxNetRanks
+// members).
 enum Channel : uint64_t {
   kDesc = 0,
   kScatterReduce = 1,  // reduce-scatter phase of the direct patterns

@@ -136,9 +136,8 @@ Status recv_net(CommImpl& c, const Op& op) {
       c.set_broken(full);
       return full;
     }
-    STRATA_ASSIGN_OR_RETURN(
-        auto dx,
-        c.net->recv_bulk(g, make_tag(c, kP2pData, s, peer), match ? op.out : discard.get(), match ? want : got));
+    STRATA_ASSIGN_OR_RETURN(auto dx, c.net->recv_bulk(g, make_tag(c, kP2pData, s, peer), match ? op.out : discard.get(),
+                                                      match ? want : got));
     Status st = c.net->wait({dx}, c.policy(d), "recv");
     if (!st.is_ok()) return fail(st);
   }
