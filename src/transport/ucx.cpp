@@ -736,6 +736,12 @@ std::string ucx_summary(const Env& env) {
            : "STRATA_UCX_DATAPATH=" + dp) +
       "), transports " + (env.ucx_tls.empty() ? std::string("UCX default") : env.ucx_tls) + " (STRATA_UCX_TLS)";
   if (!env.ucx_net_devices.empty()) s += ", devices " + env.ucx_net_devices + " (STRATA_UCX_NET_DEVICES)";
+  if (env.ucx_lanes > 1 && env.ucx_stripe_min)
+    s += ", bulk messages from " + std::to_string(env.ucx_stripe_min) + " bytes in pieces of " +
+         std::to_string(env.ucx_stripe_piece) + " over " + std::to_string(env.ucx_lanes) +
+         " connections per peer (STRATA_UCX_STRIPE_MIN, STRATA_UCX_STRIPE_PIECE, STRATA_UCX_LANES)";
+  else
+    s += ", bulk messages whole over one connection per peer (STRATA_UCX_LANES, STRATA_UCX_STRIPE_MIN)";
   if (!put)
     s += ", rendezvous from " +
          (env.ucx_rndv_thresh.empty() ? std::string("UCX's UCX_RNDV_THRESH") : env.ucx_rndv_thresh) +
