@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sched.h>
 #include <ucp/api/ucp.h>
 
@@ -71,6 +72,7 @@ struct PeerState {
   int rank = -1;
   // ep[0] carries every message; the others (lanes) are made on the first striped transfer.
   ucp_ep_h ep[kMaxLanes] = {};
+  std::string addr;  // its worker address, once read from the store
   std::atomic<bool> failed{false};
   ucs_status_t error = UCS_OK;
   uint64_t gen = 0;  // the recovery epoch the peer's process started in (0: with the job)
@@ -205,6 +207,11 @@ class Ucx final : public Net {
   int lanes_ = 1;                       // connections per peer for bulk transfers
   size_t stripe_min_ = 0;               // bulk transfers from this size are striped
   size_t piece_ = 0;                    // bytes per piece
+  // Lanes beyond the first cost a connection (a file descriptor) each: at most a quarter of
+  // the process's descriptor limit goes to them (all_to_all between many hosts meets every
+  // peer).
+  size_t extra_eps_ = 0;
+  size_t max_extra_eps_ = 0;
   std::map<uint32_t, ucp_mem_h> memh_;  // own segments
   std::map<std::pair<int, uint32_t>, RemoteSeg> rsegs_;
   // Put transfers waiting for their flush: the notification is sent from the flush callback.
@@ -230,6 +237,9 @@ Status Ucx::start(const Env& env) {
   lanes_ = std::clamp(env.ucx_lanes, 1, kMaxLanes);
   stripe_min_ = env.ucx_stripe_min;
   piece_ = std::max<size_t>(env.ucx_stripe_piece, 4096);
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0)
+    max_extra_eps_ = nofile.rlim_cur == RLIM_INFINITY ? SIZE_MAX : static_cast<size_t>(nofile.rlim_cur) / 4;
   gen_ = env.epoch;
   ucp_config_t* cfg = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
@@ -342,11 +352,14 @@ Result<ucp_ep_h> Ucx::endpoint(int peer, int lane) {
   // Each UCP endpoint has its own connection (over TCP, its own stream).
   ucp_ep_h& slot = p.ep[lane];
   if (slot) return slot;
-  // The address was published at the peer's init; it is in the store by the time any
-  // operation with that peer runs, so this waits only if the peer is still starting.
-  auto a = store_->get(key("addr", peer, p.gen), timeout_);
-  if (!a.is_ok()) return a.status().with_context("ucx: worker address of rank " + std::to_string(peer) + ": ");
-  STRATA_ASSIGN_OR_RETURN(std::string addr, decode_worker_address(a.value(), peer));
+  if (p.addr.empty()) {
+    // The address was published at the peer's init; it is in the store by the time any
+    // operation with that peer runs, so this waits only if the peer is still starting.
+    auto a = store_->get(key("addr", peer, p.gen), timeout_);
+    if (!a.is_ok()) return a.status().with_context("ucx: worker address of rank " + std::to_string(peer) + ": ");
+    STRATA_ASSIGN_OR_RETURN(p.addr, decode_worker_address(a.value(), peer));
+  }
+  const std::string& addr = p.addr;
   ucp_ep_params_t ep{};
   ep.field_mask =
       UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -359,6 +372,7 @@ Result<ucp_ep_h> Ucx::endpoint(int peer, int lane) {
     slot = nullptr;
     return from_ucs(st, peer, "ucx: connecting to rank");
   }
+  if (lane) ++extra_eps_;
   return slot;
 }
 
@@ -375,6 +389,7 @@ void Ucx::reset_peer(int peer, uint64_t gen) {
   }
   for (ucp_ep_h& e : p.ep) {
     if (!e) continue;
+    if (&e != &p.ep[0]) --extra_eps_;
     // Forced: the process behind it is gone, a flush would wait for nothing. Requests still
     // queued on it complete with an error, which their (already discarded) owners ignore.
     ucp_request_param_t cp{};
@@ -390,6 +405,7 @@ void Ucx::reset_peer(int peer, uint64_t gen) {
     e = nullptr;
   }
   p.gen = gen;
+  p.addr.clear();
   p.error = UCS_OK;
   p.failed.store(false, std::memory_order_release);
 }
@@ -546,7 +562,15 @@ Result<TransferPtr> Ucx::striped(int peer, uint64_t tag, void* buf, size_t bytes
   std::lock_guard<std::mutex> g(mu_);
   ucp_ep_h ep[kMaxLanes] = {};
   if (!is_recv) {
+    // Each lane's pieces share a tag and go over one endpoint, which keeps them in order; a
+    // lane past the file-descriptor budget rides on the first endpoint instead (the receiver
+    // cannot tell).
+    PeerState& ps = *peers_[peer];
     for (int l = 0; l < lanes; ++l) {
+      if (l && !ps.ep[l] && extra_eps_ >= max_extra_eps_) {
+        ep[l] = ep[0];
+        continue;
+      }
       STRATA_ASSIGN_OR_RETURN(ep[l], endpoint(peer, l));
     }
   }
