@@ -7,8 +7,8 @@
 
 #include <dirent.h>
 #include <poll.h>
-#include <sys/resource.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
@@ -204,9 +204,9 @@ class Ucx final : public Net {
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
   bool put_ = false;
-  int lanes_ = 1;                       // connections per peer for bulk transfers
-  size_t stripe_min_ = 0;               // bulk transfers from this size are striped
-  size_t piece_ = 0;                    // bytes per piece
+  int lanes_ = 1;          // connections per peer for bulk transfers
+  size_t stripe_min_ = 0;  // bulk transfers from this size are striped
+  size_t piece_ = 0;       // bytes per piece
   // Lanes beyond the first cost a connection (a file descriptor) each: at most a quarter of
   // the process's descriptor limit goes to them (all_to_all between many hosts meets every
   // peer).
@@ -764,8 +764,7 @@ std::string ucx_summary(const Env& env) {
     s += ", bulk messages from " + std::to_string(env.ucx_stripe_min) + " bytes in pieces of " +
          std::to_string(env.ucx_stripe_piece) + " over " + std::to_string(env.ucx_lanes) +
          " connections per peer (STRATA_UCX_STRIPE_MIN, STRATA_UCX_STRIPE_PIECE, STRATA_UCX_LANES)";
-  else
-    s += ", bulk messages whole over one connection per peer (STRATA_UCX_LANES, STRATA_UCX_STRIPE_MIN)";
+  else s += ", bulk messages whole over one connection per peer (STRATA_UCX_LANES, STRATA_UCX_STRIPE_MIN)";
   if (!put)
     s += ", rendezvous from " +
          (env.ucx_rndv_thresh.empty() ? std::string("UCX's UCX_RNDV_THRESH") : env.ucx_rndv_thresh) +

@@ -1404,6 +1404,34 @@ void run_striped(int lanes) {
 TEST(HostRound, BulkDataIsStripedOverSeveralConnections) { run_striped(4); }
 TEST(HostRound, OneLaneKeepsOneConnectionPerPeer) { run_striped(1); }
 
+/// Two communicators whose ids hash to the same tag base ("world/53:0" and "world/145:0",
+/// from the 14-bit hash of their ids) still get different ones (claimed in the store), and
+/// their messages, in flight at once, never meet each other's receives.
+TEST(HostRound, CommunicatorsAcrossHostsNeverShareATagBase) {
+  std::string why;
+  std::unique_ptr<Team> team = two_host_team("tagbase", 20000ms, why, 1);
+  if (!team) GTEST_SKIP() << "no transport between hosts in this build: " << why;
+  expect_no_failures(team->run([](Communicator& c) {
+    std::vector<Communicator> subs;
+    for (int k = 0; k <= 145; ++k) subs.push_back(c.split(0, c.rank()));
+    std::set<uint64_t> bases{c.impl()->tag_base};
+    for (const Communicator& s : subs) bases.insert(s.impl()->tag_base);
+    if (bases.size() != subs.size() + 1)
+      throw std::runtime_error(std::to_string(subs.size() + 1 - bases.size()) + " tag base(s) shared among " +
+                               std::to_string(subs.size() + 1) + " communicators");
+    constexpr size_t kN = 1 << 14;
+    std::vector<float> x(kN, static_cast<float>(c.rank() + 1)), y(kN, static_cast<float>(10 * (c.rank() + 1)));
+    Work wa = subs[53].all_reduce_async(x.data(), x.data(), kN, DataType::Float32, ReduceOp::Sum);
+    Work wb = subs[145].all_reduce_async(y.data(), y.data(), kN, DataType::Float32, ReduceOp::Sum);
+    wa.wait();
+    wb.wait();
+    for (size_t i = 0; i < kN; ++i)
+      if (x[i] != 3.0f || y[i] != 30.0f)
+        throw std::runtime_error("element " + std::to_string(i) + ": " + std::to_string(x[i]) + " and " +
+                                 std::to_string(y[i]) + ", expected 3 and 30");
+  }));
+}
+
 TEST(Symmetric, SameOffsetsEverywhere) {
   expect_no_failures(Team::get(4).run([](Communicator& c) {
     auto a = c.alloc_symmetric<float>(1000);
