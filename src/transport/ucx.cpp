@@ -166,7 +166,13 @@ class Ucx final : public Net {
     std::string k = "strata/" + job_ + "/ucx/" + what + "/" + std::to_string(r);
     return gen ? k + "@" + std::to_string(gen) : k;
   }
-  Result<ucp_ep_h> endpoint(int peer, int lane = 0);     // under mu_
+  Result<ucp_ep_h> endpoint(int peer, int lane = 0);  // under mu_
+  /// What a peer must match, published with the worker address: the data path and how bulk
+  /// transfers are cut.
+  std::string settings() const {
+    return std::string("data path ") + (put_ ? "put" : "tag") + ", " + std::to_string(lanes_) + " lane(s), pieces of " +
+           std::to_string(piece_) + " bytes from " + std::to_string(stripe_min_) + " bytes";
+  }
   Result<RemoteSeg> remote_seg(int peer, uint32_t seg);  // under mu_
   void map_segment(uint32_t id, void* base, size_t size);
   void progress_locked() {
@@ -281,7 +287,7 @@ Status Ucx::start(const Env& env) {
     return unavailable(std::string("ucx: ucp_worker_get_address failed: ") + ucs_status_string(st));
   std::string a = to_hex(addr, len);
   ucp_worker_release_address(worker_, addr);
-  STRATA_RETURN_IF_ERROR(store_->set(key("addr", rank_, gen_), a));
+  STRATA_RETURN_IF_ERROR(store_->set(key("addr", rank_, gen_), a + " " + settings()));
   heap_.set_segment_listener([this](uint32_t id, void* base, size_t size) { map_segment(id, base, size); });
   return Status::ok();
 }
@@ -360,7 +366,20 @@ Result<ucp_ep_h> Ucx::endpoint(int peer, int lane) {
     // operation with that peer runs, so this waits only if the peer is still starting.
     auto a = store_->get(key("addr", peer, p.gen), timeout_);
     if (!a.is_ok()) return a.status().with_context("ucx: worker address of rank " + std::to_string(peer) + ": ");
-    STRATA_ASSIGN_OR_RETURN(p.addr, decode_worker_address(a.value(), peer));
+    const std::string& rec = a.value();
+    const size_t cut = rec.find(' ');
+    // Both sides of a transfer must cut and send it alike: settings that differ would leave
+    // pieces no receive matches, so they are refused at the first connection.
+    const std::string theirs = cut == std::string::npos ? std::string() : rec.substr(cut + 1);
+    if (theirs != settings())
+      return Status(Code::InvalidArgument,
+                    "ucx: world rank " + std::to_string(peer) + " runs with " +
+                        (theirs.empty() ? std::string("no settings published") : theirs) + ", world rank " +
+                        std::to_string(rank_) + " with " + settings() +
+                        ": every rank of a job must use the same STRATA_UCX_DATAPATH, STRATA_UCX_LANES, "
+                        "STRATA_UCX_STRIPE_MIN and STRATA_UCX_STRIPE_PIECE",
+                    peer);
+    STRATA_ASSIGN_OR_RETURN(p.addr, decode_worker_address(std::string_view(rec).substr(0, cut), peer));
   }
   const std::string& addr = p.addr;
   ucp_ep_params_t ep{};

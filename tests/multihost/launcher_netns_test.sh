@@ -7,6 +7,7 @@
 #   CASE: smoke | rank_failure | link_down          (the launcher alone)
 #         matrix COUNTS PROGRAM [ARGS...]            (PROGRAM's ranks must all exit 0)
 #         collective_link_down LINKDOWN_RANK         (mh_linkdown_rank.cpp)
+#         settings_mismatch                          (h1 runs with STRATA_UCX_LANES=1)
 #         ft TRAIN_DP                                 (--ft across hosts, examples/train_dp)
 #         ft_spare_host TRAIN_DP                      (--ft --spare: a lost host's ranks move)
 #         ft_store_lost TRAIN_DP                      (--ft, node 0 lost with its store)
@@ -141,6 +142,27 @@ case $case in
     check "no rank ran into a wrong result or a wrong error" bash -c "! grep -h LINKDOWN-BAD $log/h*.out"
     check "h0's launcher reports the failure" grep_in "$log/h0.err" "strata run: "
     finish 3
+    ;;
+  settings_mismatch)
+    # h1's ranks run with one lane, h0's with the default four: bulk transfers would be cut
+    # differently on the two sides, so the first connection between them refuses it, naming
+    # both ranks' settings, and every rank fails at once instead of timing out.
+    mh_setup 2 || exit 1
+    trap 'mh_cleanup; rm -rf "$log"' EXIT
+    export STRATA_UCX_NET_DEVICES=${STRATA_UCX_NET_DEVICES:-eth0} STRATA_TIMEOUT=30s
+    start=$(date +%s.%N)
+    # shellcheck disable=SC2016
+    mh_start_agents "$strata" 1,1 "$log" --timeout 60s -- sh -c \
+      '[ "$STRATA_HOST_ID" = mh-h1 ] && export STRATA_UCX_LANES=1; exec "$0" bench all_reduce --as-rank -b 1M -e 1M -q' \
+      "$strata"
+    check "all agents finish within 40 s" mh_wait_agents "$log" 2 40
+    for i in 0 1; do
+      check "agent h$i fails (got $(mh_rc "$log" $i))" test "$(mh_rc "$log" $i)" != 0
+      took=$(ms_between "$start" "$(mh_end "$log" $i)")
+      check "agent h$i is done within 15 s, long before STRATA_TIMEOUT (took $took ms)" test "$took" -lt 15000
+    done
+    check "a rank names the mismatch" bash -c "cat $log/h*.out $log/h*.err | grep -q 'runs with data path tag, 1 lane(s).*every rank of a job must use the same STRATA_UCX_DATAPATH, STRATA_UCX_LANES'"
+    finish 2
     ;;
   ft)
     # Recovery across hosts (`strata run --ft --nnodes 2`), 2 hosts x 2 ranks of train_dp: a

@@ -32,6 +32,9 @@ if(STRATA_WITH_UCX)
     COMMAND bash ${_mh}/launcher_netns_test.sh $<TARGET_FILE:strata_cli> $<TARGET_FILE:mh_smoke_rank>
             collective_link_down $<TARGET_FILE:mh_linkdown_rank>)
   set_tests_properties(multihost_collective_link_down PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 120)
+  add_test(NAME multihost_settings_mismatch
+    COMMAND bash ${_mh}/launcher_netns_test.sh $<TARGET_FILE:strata_cli> $<TARGET_FILE:mh_smoke_rank> settings_mismatch)
+  set_tests_properties(multihost_settings_mismatch PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 120)
 
   # Recovery across hosts: train_dp under `strata run --ft --nnodes 2`.
   if(TARGET train_dp)
