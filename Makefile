@@ -95,6 +95,7 @@ bench-multihost: build
 	@scripts/install_bench_deps.sh
 	cmake -S . -B $(BUILD_DIR) >/dev/null
 	BUILD_DIR=$(BUILD_DIR) QUICK=$(QUICK) scripts/bench_multihost.sh
+	BUILD_DIR=$(BUILD_DIR) ROUNDS=$(if $(filter 1,$(QUICK)),1,3) scripts/bench_lanes.sh
 
 # perf profiles of the cases that miss a performance target; rewrites docs/PROFILE.md (~1 min)
 profile: build

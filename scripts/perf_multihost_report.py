@@ -21,6 +21,8 @@ SUMMARY_BEGIN = "<!-- multihost-summary:begin -->"
 SUMMARY_END = "<!-- multihost-summary:end -->"
 SECTION_BEGIN = "<!-- multihost:begin -->"
 SECTION_END = "<!-- multihost:end -->"
+LANES_BEGIN = "<!-- lanes:begin -->"  # scripts/perf_lanes_report.py
+LANES_END = "<!-- lanes:end -->"
 TARGET = 1.3        # issue 4: strata busbw >= 1.3x Open MPI at >= 1 MiB (all_reduce, all_to_all)
 TARGET_FROM = 1 << 20
 ROW_TARGET = 1.2    # issue 19: every size, strata >= 1.2x Open MPI (time ratio) in the same run
@@ -275,6 +277,10 @@ def main():
     L += ["## Summary", "", SUMMARY_BEGIN] + ["- " + s for s in summary] + [SUMMARY_END, ""]
 
     path = os.path.join(o.docs, "PERFORMANCE_MULTIHOST.md")
+    # The lanes section comes from its own script (scripts/bench_lanes.sh): kept as it was.
+    lanes = between(read_text(path) or "", LANES_BEGIN, LANES_END)
+    if lanes:
+        L += [LANES_BEGIN] + lanes.splitlines() + [LANES_END, ""]
     write_lines(path, L)
     print("perf_multihost_report: wrote %s" % path)
     refresh_performance_md(o.docs)
