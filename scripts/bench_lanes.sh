@@ -12,7 +12,7 @@
 # ($BUILD_DIR/bench-lanes), DOCS_DIR (docs).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT"
+cd "$ROOT" || exit 1
 BUILD_DIR=${BUILD_DIR:-build} ROUNDS=${ROUNDS:-3} LAYOUTS=${LAYOUTS:-2 1}
 COLLS=${COLLS:-all_reduce all_to_all all_gather reduce_scatter broadcast}
 MIN=${MIN:-256K} MAX=${MAX:-64M} FACTOR=${FACTOR:-4}
