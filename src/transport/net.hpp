@@ -103,6 +103,10 @@ class Net {
   /// error is returned: PeerFailed (endpoint error or the policy's check), Timeout, Aborted,
   /// InvalidArgument (a message longer than its receive buffer).
   virtual Status wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, const char* what) = 0;
+  /// Cancels every unfinished receive among `xs`, for a call that fails before it waited for
+  /// them: no message may land later in a buffer its caller reuses. Unfinished sends go on
+  /// (they only read).
+  virtual void cancel(const std::vector<TransferPtr>& xs) = 0;
   /// Drives progress once and reports whether `x` has finished (for Work::test).
   virtual bool test(const Transfer& x) = 0;
   /// Drives progress once and reports whether a message with exactly `tag` from `peer` has

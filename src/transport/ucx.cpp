@@ -141,6 +141,7 @@ class Ucx final : public Net {
   }
   Result<TransferPtr> put(int peer, uint64_t tag, const void* buf, size_t bytes, RemoteRef dst) override;
   Status wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, const char* what) override;
+  void cancel(const std::vector<TransferPtr>& xs) override;
   bool test(const Transfer& x) override;
   bool probe(int peer, uint64_t tag) override;
   bool peer_failed(int peer) const override { return peers_[peer]->failed.load(std::memory_order_acquire); }
@@ -754,17 +755,21 @@ Status Ucx::wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, c
     }
   }
   // Cancel what is still open: a receive must not land in a buffer the caller reuses.
+  cancel(xs);
+  return fail;
+}
+
+void Ucx::cancel(const std::vector<TransferPtr>& xs) {
   std::lock_guard<std::mutex> g(mu_);
-  auto cancel = [this](const Transfer& x) {
+  auto one = [this](const Transfer& x) {
     if (!x.done.load(std::memory_order_acquire) && x.handle && x.is_recv) ucp_request_cancel(worker_, x.handle);
   };
   for (const auto& x : xs) {
-    if (x->stage != StripedTransfer::kStage) cancel(*x);
+    if (x->stage != StripedTransfer::kStage) one(*x);
     else
-      for (const TransferPtr& h : static_cast<const StripedTransfer&>(*x).pieces) cancel(*h);
+      for (const TransferPtr& h : static_cast<const StripedTransfer&>(*x).pieces) one(*h);
   }
   progress_locked();
-  return fail;
 }
 
 }  // namespace

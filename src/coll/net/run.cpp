@@ -520,6 +520,14 @@ Status check_late(CommImpl& c, Deadline deadline) {
 Status run(CommImpl& c, Op& op, coll::Algo algo) {
   auto timeout = op.opts.timeout.count() > 0 ? op.opts.timeout : c.timeout;
   NetExec x(c, op, Deadline::after(timeout));
+  // A step that fails after posting receives returns before waiting for them: they are
+  // cancelled on the way out, so that no later message lands in this call's buffers.
+  struct CancelLeftovers {
+    NetExec& x;
+    ~CancelLeftovers() {
+      if (!x.xs.empty()) x.net().cancel(x.xs);
+    }
+  } leftovers{x};
   x.esz = dtype_size(op.dtype);
   // No staging: UCX moves data from and into any memory, heap or not.
   x.in = const_cast<char*>(static_cast<const char*>(op.in));
