@@ -44,6 +44,15 @@ finish() {
 # Seconds between two epoch timestamps, as an integer number of milliseconds.
 ms_between() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%d", (b - a) * 1000 }'; }
 grep_in() { grep -q -- "$2" "$1"; }
+# agents_fail_within K SINCE LIMIT_MS WHAT: each of the K agents failed, LIMIT_MS or less after SINCE.
+agents_fail_within() {
+  local k=$1 since=$2 limit=$3 what=$4 i took
+  for ((i = 0; i < k; i++)); do
+    check "agent h$i fails (got $(mh_rc "$log" $i))" test "$(mh_rc "$log" $i)" != 0
+    took=$(ms_between "$since" "$(mh_end "$log" $i)")
+    check "agent h$i is done within $what (took $took ms)" test "$took" -lt "$limit"
+  done
+}
 
 case $case in
   smoke)
@@ -90,11 +99,7 @@ case $case in
     cut=$(date +%s.%N)
     mh_link_down 1
     check "all agents finish within 20 s" mh_wait_agents "$log" 2 20
-    for i in 0 1; do
-      check "agent h$i fails (got $(mh_rc "$log" $i))" test "$(mh_rc "$log" $i)" != 0
-      took=$(ms_between "$cut" "$(mh_end "$log" $i)")
-      check "agent h$i is done within 2 x 2 s of the cut (took $took ms)" test "$took" -lt 4000
-    done
+    agents_fail_within 2 "$cut" 4000 "2 x 2 s of the cut"
     check "h0 names the silent node" grep_in "$log/h0.err" "the agent of node 1 (h1) sent no heartbeat for [0-9.]* s"
     check "h0 stops its ranks" grep_in "$log/h0.err" "stopping the 2 rank(s) on h0"
     check "h1 reports the lost store" grep_in "$log/h1.err" "lost the store of node 0 at 10.77.0.1:$MH_STORE_PORT"
@@ -156,11 +161,7 @@ case $case in
       '[ "$STRATA_HOST_ID" = mh-h1 ] && export STRATA_UCX_LANES=1; exec "$0" bench all_reduce --as-rank -b 1M -e 1M -q' \
       "$strata"
     check "all agents finish within 40 s" mh_wait_agents "$log" 2 40
-    for i in 0 1; do
-      check "agent h$i fails (got $(mh_rc "$log" $i))" test "$(mh_rc "$log" $i)" != 0
-      took=$(ms_between "$start" "$(mh_end "$log" $i)")
-      check "agent h$i is done within 15 s, long before STRATA_TIMEOUT (took $took ms)" test "$took" -lt 15000
-    done
+    agents_fail_within 2 "$start" 15000 "15 s, long before STRATA_TIMEOUT"
     check "a rank names the mismatch" bash -c "cat $log/h*.out $log/h*.err | grep -q 'runs with data path tag, 1 lane(s).*every rank of a job must use the same STRATA_UCX_DATAPATH, STRATA_UCX_LANES'"
     # The failed call had posted its receives before the send that failed: they are cancelled
     # (UCX complains at exit about a request still held otherwise).
