@@ -132,11 +132,11 @@ class Ucx final : public Net {
   }
   Result<TransferPtr> recv_parts(int peer, uint64_t tag, std::span<const Part> parts) override;
   Result<TransferPtr> send_bulk(int peer, uint64_t tag, const void* buf, size_t bytes) override {
-    if (lanes_ < 2 || !stripe_min_ || bytes < stripe_min_) return send(peer, tag, buf, bytes);
+    if (!stripes(bytes)) return send(peer, tag, buf, bytes);
     return striped(peer, tag, const_cast<void*>(buf), bytes, false);
   }
   Result<TransferPtr> recv_bulk(int peer, uint64_t tag, void* buf, size_t bytes) override {
-    if (lanes_ < 2 || !stripe_min_ || bytes < stripe_min_) return recv(peer, tag, buf, bytes);
+    if (!stripes(bytes)) return recv(peer, tag, buf, bytes);
     return striped(peer, tag, buf, bytes, true);
   }
   Result<TransferPtr> put(int peer, uint64_t tag, const void* buf, size_t bytes, RemoteRef dst) override;
@@ -168,12 +168,10 @@ class Ucx final : public Net {
     return gen ? k + "@" + std::to_string(gen) : k;
   }
   Result<ucp_ep_h> endpoint(int peer, int lane = 0);  // under mu_
-  /// What a peer must match, published with the worker address: the data path and how bulk
-  /// transfers are cut.
-  std::string settings() const {
-    return std::string("data path ") + (put_ ? "put" : "tag") + ", " + std::to_string(lanes_) + " lane(s), pieces of " +
-           std::to_string(piece_) + " bytes from " + std::to_string(stripe_min_) + " bytes";
-  }
+  // Force-closes every endpoint of `p` (under mu_), collecting the close requests that are still
+  // in flight; await_closes drives them for at most `grace`, then frees them.
+  void force_close(PeerState& p, std::vector<void*>& closing);
+  void await_closes(const std::vector<void*>& closing, std::chrono::milliseconds grace);
   Result<RemoteSeg> remote_seg(int peer, uint32_t seg);  // under mu_
   void map_segment(uint32_t id, void* base, size_t size);
   void progress_locked() {
@@ -182,6 +180,7 @@ class Ucx final : public Net {
   }
   Result<TransferPtr> post_recv(int peer, uint64_t tag, void* buf, size_t bytes, bool exact);
   void post_recv_locked(const TransferPtr& x, uint64_t tag, void* buf, size_t bytes);  // x: filled in
+  bool stripes(size_t bytes) const { return lanes_ > 1 && stripe_min_ && bytes >= stripe_min_; }
   Result<TransferPtr> striped(int peer, uint64_t tag, void* buf, size_t bytes, bool is_recv);
   Status post_tag_send(ucp_ep_h ep, uint64_t tag, const void* buf, size_t bytes, const TransferPtr& x,
                        bool iov = false);
@@ -217,6 +216,9 @@ class Ucx final : public Net {
   int lanes_ = 1;          // connections per peer for bulk transfers
   size_t stripe_min_ = 0;  // bulk transfers from this size are striped
   size_t piece_ = 0;       // bytes per piece
+  // What a peer must match, published with the worker address: the data path and how bulk
+  // transfers are cut (set in start()).
+  std::string settings_;
   // Lanes beyond the first cost a connection (a file descriptor) each: at most a quarter of
   // the process's descriptor limit goes to them (all_to_all between many hosts meets every
   // peer).
@@ -247,6 +249,8 @@ Status Ucx::start(const Env& env) {
   lanes_ = std::clamp(env.ucx_lanes, 1, kMaxLanes);
   stripe_min_ = env.ucx_stripe_min;
   piece_ = std::max<size_t>(env.ucx_stripe_piece, 4096);
+  settings_ = std::string("data path ") + (put_ ? "put" : "tag") + ", " + std::to_string(lanes_) +
+              " lane(s), pieces of " + std::to_string(piece_) + " bytes from " + std::to_string(stripe_min_) + " bytes";
   rlimit nofile{};
   if (getrlimit(RLIMIT_NOFILE, &nofile) == 0)
     max_extra_eps_ = nofile.rlim_cur == RLIM_INFINITY ? SIZE_MAX : static_cast<size_t>(nofile.rlim_cur) / 4;
@@ -288,7 +292,7 @@ Status Ucx::start(const Env& env) {
     return unavailable(std::string("ucx: ucp_worker_get_address failed: ") + ucs_status_string(st));
   std::string a = to_hex(addr, len);
   ucp_worker_release_address(worker_, addr);
-  STRATA_RETURN_IF_ERROR(store_->set(key("addr", rank_, gen_), a + " " + settings()));
+  STRATA_RETURN_IF_ERROR(store_->set(key("addr", rank_, gen_), a + " " + settings_));
   heap_.set_segment_listener([this](uint32_t id, void* base, size_t size) { map_segment(id, base, size); });
   return Status::ok();
 }
@@ -330,25 +334,9 @@ Ucx::~Ucx() {
   }
   std::lock_guard<std::mutex> g(mu_);
   for (auto& [k, rs] : rsegs_) ucp_rkey_destroy(rs.rkey);
-  // Forced close: a polite flush could wait for peers that are already gone.
   std::vector<void*> closing;
-  for (auto& p : peers_) {
-    for (ucp_ep_h& e : p->ep) {
-      if (!e) continue;
-      ucp_request_param_t cp{};
-      cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      ucs_status_ptr_t r = ucp_ep_close_nbx(e, &cp);
-      if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
-      e = nullptr;
-    }
-  }
-  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  for (void* r : closing) {
-    while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < until)
-      ucp_worker_progress(worker_);
-    ucp_request_free(r);
-  }
+  for (auto& p : peers_) force_close(*p, closing);
+  await_closes(closing, std::chrono::seconds(1));
   for (auto& [id, m] : memh_) ucp_mem_unmap(ctx_, m);
   ucp_worker_destroy(worker_);
   ucp_cleanup(ctx_);
@@ -372,11 +360,11 @@ Result<ucp_ep_h> Ucx::endpoint(int peer, int lane) {
     // Both sides of a transfer must cut and send it alike: settings that differ would leave
     // pieces no receive matches, so they are refused at the first connection.
     const std::string theirs = cut == std::string::npos ? std::string() : rec.substr(cut + 1);
-    if (theirs != settings())
+    if (theirs != settings_)
       return Status(Code::InvalidArgument,
                     "ucx: world rank " + std::to_string(peer) + " runs with " +
                         (theirs.empty() ? std::string("no settings published") : theirs) + ", world rank " +
-                        std::to_string(rank_) + " with " + settings() +
+                        std::to_string(rank_) + " with " + settings_ +
                         ": every rank of a job must use the same STRATA_UCX_DATAPATH, STRATA_UCX_LANES, "
                         "STRATA_UCX_STRIPE_MIN and STRATA_UCX_STRIPE_PIECE",
                     peer);
@@ -399,6 +387,30 @@ Result<ucp_ep_h> Ucx::endpoint(int peer, int lane) {
   return slot;
 }
 
+void Ucx::force_close(PeerState& p, std::vector<void*>& closing) {
+  for (ucp_ep_h& e : p.ep) {
+    if (!e) continue;
+    if (&e != &p.ep[0]) --extra_eps_;
+    // Forced: a polite flush could wait for a peer that is already gone. Requests still
+    // queued on it complete with an error, which their (already discarded) owners ignore.
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(e, &cp);
+    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+    e = nullptr;
+  }
+}
+
+void Ucx::await_closes(const std::vector<void*>& closing, std::chrono::milliseconds grace) {
+  const auto until = std::chrono::steady_clock::now() + grace;
+  for (void* r : closing) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < until)
+      ucp_worker_progress(worker_);
+    ucp_request_free(r);
+  }
+}
+
 void Ucx::reset_peer(int peer, uint64_t gen) {
   std::lock_guard<std::mutex> g(mu_);
   PeerState& p = *peers_[peer];
@@ -410,23 +422,9 @@ void Ucx::reset_peer(int peer, uint64_t gen) {
     ucp_rkey_destroy(it->second.rkey);
     it = rsegs_.erase(it);
   }
-  for (ucp_ep_h& e : p.ep) {
-    if (!e) continue;
-    if (&e != &p.ep[0]) --extra_eps_;
-    // Forced: the process behind it is gone, a flush would wait for nothing. Requests still
-    // queued on it complete with an error, which their (already discarded) owners ignore.
-    ucp_request_param_t cp{};
-    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(e, &cp);
-    if (UCS_PTR_IS_PTR(r)) {
-      auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-      while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < until)
-        ucp_worker_progress(worker_);
-      ucp_request_free(r);
-    }
-    e = nullptr;
-  }
+  std::vector<void*> closing;
+  force_close(p, closing);
+  await_closes(closing, std::chrono::milliseconds(200));
   p.gen = gen;
   p.addr.clear();
   p.error = UCS_OK;
@@ -596,16 +594,13 @@ Result<TransferPtr> Ucx::striped(int peer, uint64_t tag, void* buf, size_t bytes
   }
   w->open = n;
   w->self = w;  // until every piece has finished
+  w->pieces.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    auto h = std::make_shared<Transfer>();
+    const TransferPtr& h = w->pieces.emplace_back(std::make_shared<Transfer>());
     h->peer = peer;
     h->is_recv = is_recv;
     h->bytes = std::min(piece, bytes - i * piece);
     h->whole = w.get();
-    w->pieces.push_back(std::move(h));
-  }
-  for (size_t i = 0; i < n; ++i) {
-    const TransferPtr& h = w->pieces[i];
     char* p = static_cast<char*>(buf) + i * piece;
     const auto lane = static_cast<int>(i % static_cast<size_t>(lanes));
     const uint64_t t = tag | static_cast<uint64_t>(lane) << kLaneShift;
