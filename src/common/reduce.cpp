@@ -162,10 +162,9 @@ constexpr uint16_t kF16Inf = 0x7c00;
 // hence only for calls whose sources are larger than L2 (1 MiB here) and likely to come from DRAM.
 constexpr size_t kPrefetchMinBytes = size_t{1} << 20;  // per source (beyond L2)
 constexpr size_t kPrefetchDistance = 1024;             // bytes ahead of the loads
-// AVX-512 reductions of 32- and 64-bit types write results at least this large with
+// AVX-512 reductions of 32- and 64-bit types write results of kStreamMinBytes and more with
 // non-temporal stores: they leave the cache anyway, and streaming them skips reading every
 // destination line first.
-constexpr size_t kStreamMinBytes = size_t{8} << 20;
 
 template <size_t kBytes>
 __attribute__((always_inline)) inline void prefetch_ahead(const void* p) {

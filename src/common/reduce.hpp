@@ -12,6 +12,15 @@ namespace strata::kernels {
 /// Streaming needs AVX-512 and 32- or 64-bit elements; elsewhere both write through the cache.
 enum class Stores { Auto, Streamed };
 
+/// Results at least this large are written around the cache under Stores::Auto.
+inline constexpr size_t kStreamMinBytes = size_t{8} << 20;
+
+/// The store mode for one piece of a result of `total_bytes` reduced in several calls: a
+/// piece decides by the whole result's size, not its own, as a single call would.
+inline Stores stores_for_whole(Stores requested, size_t total_bytes) {
+  return total_bytes >= kStreamMinBytes ? Stores::Streamed : requested;
+}
+
 /// dst[i] = op(srcs[0][i], ..., srcs[nsrcs-1][i]) for i < count.
 /// Avg sums and divides by `avg_divisor` (the number of ranks), floating types only.
 /// float16/bfloat16 accumulate in float32 over all sources and are rounded once.

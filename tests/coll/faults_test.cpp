@@ -17,6 +17,7 @@
 #include "coll/comm_impl.hpp"
 #include "coll/context_impl.hpp"
 #include "coll/harness.hpp"
+#include "common/reduce.hpp"
 
 namespace strata::test {
 namespace {
@@ -222,6 +223,44 @@ TEST(Forked, ExternalAllToAllTriesStagedAndCmaThenKeepsOne) { external_input_tri
 TEST(Forked, ExternalAllGatherTriesStagedAndCmaThenKeepsOne) { external_input_tries_staged_and_cma(OpKind::AllGather); }
 TEST(Forked, ExternalReduceScatterTriesStagedAndCmaThenKeepsOne) {
   external_input_tries_staged_and_cma(OpKind::ReduceScatter);
+}
+
+// A reduction whose peer inputs are read by CMA works in pieces of kCmaChunkBytes; from
+// kernels::kStreamMinBytes of result every piece is written around the cache, as one call
+// over the whole result would be. Results past that size (each rank's block or slice),
+// ending mid-piece and mid-vector, must be exact in every element.
+TEST(Forked, CmaReductionsOfLargeResultsAreExactInEveryElement) {
+  auto results = run_forked(3, 30000ms, [](Communicator& c, std::string& report) {
+    const int n = c.size(), me = c.rank();
+    // Each rank's block (reduce_scatter) and slice (all_reduce) just past the threshold.
+    const size_t q = kernels::kStreamMinBytes / sizeof(float) + 4099;
+    auto value = [](int r, size_t i) { return static_cast<float>(r + 1) * 0.5f + static_cast<float>(i % 1021); };
+    std::vector<float> in(q * static_cast<size_t>(n)), out(q);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = value(me, i);
+    Registration reg = c.register_buffer(in.data(), in.size() * sizeof(float));
+    c.impl()->ctx->env.reduce_scatter_cma = 1;
+    const Stats s0 = c.stats();
+    c.reduce_scatter(in.data(), out.data(), q, DataType::Float32, ReduceOp::Sum);
+    if (c.stats().cma_bytes == s0.cma_bytes) return report = "reduce_scatter read nothing by CMA", 2;
+    for (size_t i = 0; i < q; ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += value(r, static_cast<size_t>(me) * q + i);
+      if (out[i] != want) return report = "reduce_scatter: element " + std::to_string(i) + " wrong", 1;
+    }
+    // reduce: every rank reduces its slice of the registered inputs into the root's output.
+    std::vector<float> sum(me == 0 ? in.size() : 0);
+    const Stats s1 = c.stats();
+    c.reduce(in.data(), sum.data(), in.size(), DataType::Float32, ReduceOp::Sum, 0);
+    if (c.stats().cma_bytes == s1.cma_bytes) return report = "reduce read nothing by CMA", 2;
+    for (size_t i = 0; i < sum.size(); ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += value(r, i);
+      if (sum[i] != want) return report = "reduce: element " + std::to_string(i) + " wrong", 1;
+    }
+    return 0;
+  });
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
 }
 
 /// Ranks loop on large all_reduces; the parent signals rank 1 mid-way. The others must fail

@@ -61,6 +61,7 @@ Status reduce_range(Exec& x, char* dst, size_t lo, size_t hi, kernels::Stores st
   const int n = x.c.size, me = x.c.rank;
   const size_t e = x.esz;
   const size_t step = x.reduce_step(hi - lo);
+  stores = kernels::stores_for_whole(stores, (hi - lo) * e);
   Srcs srcs(n);
   for (size_t a = lo; a < hi; a += step) {
     const size_t b = std::min(hi, a + step);

@@ -204,6 +204,7 @@ Status reduce_scatter_piped(Exec& x) {
   const auto [lo, hi] = reduced_block(x, me);
   const char* own = x.piped_src ? x.piped_src : x.in;
   const size_t step = x.reduce_step(ce);
+  const kernels::Stores stores = kernels::stores_for_whole(kernels::Stores::Auto, (hi - lo) * e);
   Srcs srcs(n);
   for (int k = 0; k < mine.rounds; ++k) {
     const size_t a = lo + std::min(hi - lo, static_cast<size_t>(k) * ce), b = std::min(hi, a + ce);
@@ -220,7 +221,7 @@ Status reduce_scatter_piped(Exec& x) {
         STRATA_ASSIGN_OR_RETURN(char* p, x.peer_in(r, off, (t - s) * e));
         srcs[i] = p;
       }
-      kernels::reduce(x.op.dtype, x.op.rop, x.out + (s - lo) * e, srcs.data(), n, t - s, divisor(x));
+      kernels::reduce(x.op.dtype, x.op.rop, x.out + (s - lo) * e, srcs.data(), n, t - s, divisor(x), stores);
     }
     if (x.piped_src) fill_round(x, k + 1);
     STRATA_RETURN_IF_ERROR(x.sync("reduce_scatter"));
