@@ -120,6 +120,14 @@ TEST(ZeroCopy, ExternalBuffersAreStagedAndCorrect) {
     for (size_t i = 0; i < w.size(); ++i)
       if (w[i] != 3.0 * static_cast<double>(i))
         throw std::runtime_error("two-shot in place: wrong value at " + std::to_string(i));
+    // A reduced slice of several pieces (two_shot.cpp's kSharedPieceBytes, 256 KiB), the last
+    // one partial: every element of it must reach both the output and the peer.
+    std::vector<double> big(2 * (3 * 32768 + 11) + 1), big_out(big.size());
+    for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<double>(i % 4093) * (c.rank() + 1);
+    c.all_reduce(big.data(), big_out.data(), big.size(), DataType::Float64, ReduceOp::Sum, two_shot);
+    for (size_t i = 0; i < big.size(); ++i)
+      if (big_out[i] != 3.0 * static_cast<double>(i % 4093))
+        throw std::runtime_error("two-shot, slices of several pieces: wrong value at " + std::to_string(i));
     // reduce_scatter and all_to_all_v out of place: only the blocks peers read are staged.
     std::vector<double> rs_in(2 * 500), rs_out(500);
     for (size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = static_cast<double>(i) + c.rank();

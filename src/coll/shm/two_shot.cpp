@@ -9,6 +9,8 @@ namespace strata::detail::shm {
 namespace {
 // In-place two-shot all_reduce gathers slices of at least this size with streaming stores.
 constexpr size_t kUncachedMinBytes = size_t{1} << 20;
+// An external output's reduced slice is written in pieces of this size (they stay in L2).
+constexpr size_t kSharedPieceBytes = size_t{256} << 10;
 }  // namespace
 
 Status all_reduce_two_shot(Exec& x) {
@@ -16,13 +18,22 @@ Status all_reduce_two_shot(Exec& x) {
   const size_t count = x.op.count, e = x.esz;
   // Two-shot: reduce-scatter straight into each rank's own output slice, then all-gather.
   auto [lo, hi] = slice(count, n, me, e);
-  if (hi > lo) {
-    char* shared = x.peer_view_out ? x.peer_view_out : x.out;
-    STRATA_RETURN_IF_ERROR(reduce_range(x, shared + lo * e, lo, hi, x.shared_stores));
-    if (x.peer_view_out) {
-      kernels::copy(x.out + lo * e, shared + lo * e, (hi - lo) * e);
-      x.c.staged_bytes.fetch_add((hi - lo) * e, std::memory_order_relaxed);
+  if (hi > lo && !x.peer_view_out) {
+    STRATA_RETURN_IF_ERROR(reduce_range(x, x.out + lo * e, lo, hi, x.shared_stores));
+  } else if (hi > lo) {
+    // An external output: the reduced slice goes to it and to the heap scratch peers read.
+    // Piece by piece, so that the second write copies from the cache, not from memory
+    // (2 ranks, external, 2 / 4 / 16 MiB: 9-19% faster than reducing the whole slice into
+    // the scratch and copying it out afterwards).
+    const size_t piece = std::max<size_t>(1, kSharedPieceBytes / e);
+    for (size_t a = lo; a < hi; a += piece) {
+      const size_t b = std::min(hi, a + piece);
+      STRATA_RETURN_IF_ERROR(reduce_range(x, x.out + a * e, a, b));
+      if (x.shared_stores == kernels::Stores::Streamed)
+        kernels::copy_uncached(x.peer_view_out + a * e, x.out + a * e, (b - a) * e);
+      else kernels::copy(x.peer_view_out + a * e, x.out + a * e, (b - a) * e);
     }
+    x.c.staged_bytes.fetch_add((hi - lo) * e, std::memory_order_relaxed);
   }
   STRATA_RETURN_IF_ERROR(x.sync("all_reduce"));
   for (int k = 1; k < n; ++k) {
