@@ -46,7 +46,7 @@ def kv(line):
 def strata_once(build, n, steps, fail_step, hidden, env, spares=0):
     cmd = [f"{build}/strata", "run", "--ft", "--spares", str(spares), "-n", str(n), "--",
            f"{build}/examples/train_dp", "--steps", str(steps),
-           "--hidden", str(hidden), "--quiet", "--times", "--fail", f"1:{fail_step}:kill"]
+           "--hidden", str(hidden), "--times", "--fail", f"1:{fail_step}:kill"]
     rc, out, err, _ = run(cmd, env)
     if rc != 0:
         raise RuntimeError(f"strata run failed (rc {rc}):\n{err[-3000:]}")
@@ -57,6 +57,7 @@ def strata_once(build, n, steps, fail_step, hidden, env, spares=0):
     inj = r0["injected"]
     ms = lambda a, b: (b - a) / 1e6
     return {
+        "step": normal_step(out, fail_step),
         "detect_all": ms(inj, max(r["seen"] for r in survivors)),
         "rto": ms(inj, r0["step_done"]),
         "detect": ms(inj, r0["detected"]),
@@ -68,6 +69,18 @@ def strata_once(build, n, steps, fail_step, hidden, env, spares=0):
         "redo": ms(r0["restored"], r0["step_done"]),
         "bytes": max(r["bytes"] for r in recs),
     }
+
+
+def normal_step(out, fail_step):
+    """Median time of one step before the failure (rank 0's STEP_DONE lines, the first step
+    left out as warm-up): what the redone step costs with nothing to recover."""
+    done = {}
+    for l in out.splitlines():
+        if "STEP_DONE step=" in l:
+            d = kv(l)
+            done.setdefault(d["step"], d["t"])
+    gaps = [(done[s] - done[s - 1]) / 1e6 for s in range(2, fail_step) if s in done and s - 1 in done]
+    return statistics.median(gaps) if gaps else float("nan")
 
 
 def cost_once(build, n, env):
@@ -123,6 +136,8 @@ def main():
     ap.add_argument("--fail-step", type=int, default=8)
     ap.add_argument("--checkpoint-every", type=int, default=5)
     ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--light-hidden", type=int, default=64,
+                    help="hidden size of the hot-spare runs whose step costs little (0: skip them)")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "RECOVERY.md"))
     ap.add_argument("--no-baseline", action="store_true", help="skip the restart-all runs (the slowest)")
     ap.add_argument("--cost-ranks", default="4,16,64,256", help="job sizes of the counted-cost table")
@@ -132,10 +147,12 @@ def main():
     ranks = [int(x) for x in a.ranks.split(",")]
     rows = []
     for n in ranks:
-        s_runs, h_runs, b_runs = [], [], []
+        s_runs, h_runs, b_runs, l_runs = [], [], [], []
         for i in range(a.repeats):
             s_runs.append(strata_once(a.build, n, a.steps, a.fail_step, a.hidden, env))
             h_runs.append(strata_once(a.build, n, a.steps, a.fail_step, a.hidden, env, spares=1))
+            if a.light_hidden:
+                l_runs.append(strata_once(a.build, n, a.steps, a.fail_step, a.light_hidden, env, spares=1))
             if not a.no_baseline:
                 b_runs.append(baseline_once(a.build, n, a.steps, a.fail_step, a.hidden, a.checkpoint_every, env))
             print(f"N={n} run {i + 1}/{a.repeats}: strata RTO {s_runs[-1]['rto']:.0f} ms, with a hot spare "
@@ -145,6 +162,7 @@ def main():
         nan = float("nan")
         rows.append({"n": n, **{k: med(s_runs, k) for k in s_runs[0]},
                      "hot": {k: med(h_runs, k) for k in h_runs[0]},
+                     "light": {k: med(l_runs, k) for k in l_runs[0]} if l_runs else None,
                      "base_rto": med(b_runs, "rto") if b_runs else nan,
                      "base_reload": med(b_runs, "reload") if b_runs else nan,
                      "lost": b_runs[0]["lost"] if b_runs else 0})
@@ -167,7 +185,8 @@ def write_doc(a, rows, costs):
     cmd = "make bench-recovery   # = /usr/bin/python3 scripts/bench_recovery.py" + \
         (f" --ranks {a.ranks}" if a.ranks != "4,8,16,32,64" else "") + \
         (f" --repeats {a.repeats}" if a.repeats != 3 else "") + (" --no-baseline" if a.no_baseline else "") + \
-        (f" --cost-ranks {a.cost_ranks}" if a.cost_ranks != "4,16,64,256" else "")
+        (f" --cost-ranks {a.cost_ranks}" if a.cost_ranks != "4,16,64,256" else "") + \
+        (f" --light-hidden {a.light_hidden}" if a.light_hidden != 64 else "")
     state_kib = rows[0]["bytes"] / 1024
     L = []
     L.append("# Failure recovery: measured\n")
@@ -194,10 +213,14 @@ def write_doc(a, rows, costs):
 
     def breakdown(r):
         return (f"{r['detect']:.1f} | {r['spawn']:.1f} | {r['replacement_start']:.1f} | {r['join']:.1f} | "
-                f"{r['rebuild']:.1f} | {r['state']:.1f} | {r['redo']:.1f}")
+                f"{r['rebuild']:.1f} | {r['state']:.1f} | {r['redo']:.1f} | {r['step']:.1f}")
+
+    L.append("- *step*: one step before the failure (median of rank 0's, the first left out), i.e. what the "
+             "redone step costs with nothing to recover. On 2 cores it grows with N: every rank computes its "
+             "own gradients, so N ranks' compute shares 2 cores.\n")
 
     L.append("### Replacement started after the failure (`--ft`)\n")
-    head = ["ranks", "detection", "RTO", "detect", "spawn", "start", "join", "rebuild", "state", "redo"]
+    head = ["ranks", "detection", "RTO", "detect", "spawn", "start", "join", "rebuild", "state", "redo", "step"]
     if not a.no_baseline:
         head += ["baseline RTO", "baseline / strata"]
     L.append(md_row(head))
@@ -210,8 +233,8 @@ def write_doc(a, rows, costs):
     L.append("")
     L.append("### Hot spare (`--ft --spares 1`)\n")
     L.append(md_row(["ranks", "detection", "RTO", "detect", "spawn", "start", "join", "rebuild", "state", "redo",
-                     "RTO without spare / with"]))
-    L.append(md_rule("r" * 11))
+                     "step", "RTO without spare / with"]))
+    L.append(md_rule("r" * 12))
     for r in rows:
         h = r["hot"]
         L.append(f"| {r['n']} | {h['detect_all']:.1f} | {h['rto']:.1f} | {breakdown(h)} | {r['rto'] / h['rto']:.2f}× |")
@@ -222,6 +245,24 @@ def write_doc(a, rows, costs):
              f"RTO({first['n']}) = {first['hot']['rto']:.1f} ms (target ≤ 30 ms). 0 steps lost in every strata run "
              "(the final parameters are bit-identical to a run without failure: `tests/recovery/recovery_test.cpp` "
              "checks this for every fault kind, with and without spares).\n")
+    hot_less = [r["hot"]["rto"] - r["hot"]["step"] for r in (first, last)]
+    L.append(f"The redone step is one step of the job, and at {last['n']} ranks on 2 cores one step alone takes "
+             f"{last['hot']['step']:.1f} ms ({first['hot']['step']:.1f} ms at {first['n']}). Less one step, the "
+             f"hot-spare RTO is {hot_less[0]:.1f} ms at {first['n']} ranks and {hot_less[1]:.1f} ms at {last['n']}: "
+             f"{hot_less[1] / hot_less[0]:.2f}×.\n")
+    if first.get("light"):
+        L.append(f"### Hot spare, light step (`--hidden {a.light_hidden}`)\n")
+        L.append(f"The same runs with hidden {a.light_hidden}, so that the redone step costs little and the RTO is "
+                 "mostly recovery itself: detection, hand-off to the spare, the join, the state transfer.\n")
+        L.append(md_row(["ranks", "detection", "RTO", "detect", "spawn", "start", "join", "rebuild", "state", "redo",
+                         "step"]))
+        L.append(md_rule("r" * 11))
+        for r in rows:
+            h = r["light"]
+            L.append(f"| {r['n']} | {h['detect_all']:.1f} | {h['rto']:.1f} | {breakdown(h)} |")
+        L.append("")
+        L.append(f"RTO({last['n']}) / RTO({first['n']}) with a light step: "
+                 f"{last['light']['rto'] / first['light']['rto']:.2f} (target ≤ 1.5).\n")
     if costs:
         L.append("### The cost of one recovery, counted\n")
         L.append("Idle ranks (`examples/train_dp --hidden 16 --steps 4`, rank 1 SIGKILLed at step 2, no spare); "
