@@ -66,7 +66,10 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   uint32_t phase = 0;              // sync steps published
   std::vector<uint32_t> send_seq;  // per peer
   std::vector<uint32_t> recv_seq;  // per peer
-  int any_source_next = 0;         // where a receive from any rank starts its scan
+  // Receives from this rank itself queued on the copy engine and not finished: a blocking
+  // send to itself completes only through one of them (communicator.cpp).
+  std::atomic<int> self_recvs_queued{0};
+  int any_source_next = 0;  // where a receive from any rank starts its scan
   // Across hosts, a receive from any rank must read a header to learn its tag; one whose tag
   // did not match waits here (per peer) for the receive that takes it (coll/net/p2p.cpp).
   struct StashedHeader {

@@ -230,6 +230,14 @@ Status take_message(CommImpl& c, const Op& op, int peer, uint32_t r, Deadline d)
   return Status::ok();
 }
 
+/// Whether this rank's next message to itself is posted. A blocking receive runs after every
+/// call issued before it, and sends are posted when called: if it is not posted by then, no
+/// call of this rank will post it while the receive waits.
+bool self_message_posted(const CommImpl& c) {
+  return transport::reached(c.peers[c.rank].send_posted(c.rank).value.load(std::memory_order_acquire),
+                            c.recv_seq[c.rank] + 1);
+}
+
 Status do_recv(CommImpl& c, const Op& op) {
   STRATA_RETURN_IF_ERROR(c.broken());
   const int peer = op.peer;
@@ -461,11 +469,29 @@ void run_blocking(const std::shared_ptr<detail::CommImpl>& impl, Op op) {
   if (op.kind == OpKind::Send || op.kind == OpKind::Recv) {
     throw_if_error(detail::check_p2p(c, op, coll::to_string(op.kind)), c.rank);
     if (op.kind == OpKind::Send) {
+      // Within a host a send completes when it is received, and its receive would have to
+      // be issued while this call blocks the caller: only a receive queued before it
+      // (recv_async) can take the message. (Across hosts a small send completes on its own.)
+      if (!c.net && op.peer == c.rank && c.self_recvs_queued.load(std::memory_order_acquire) == 0)
+        throw Error(Code::InvalidArgument,
+                    "send: peer " + std::to_string(op.peer) +
+                        " is this rank itself, and no receive from itself is queued, so the send could never "
+                        "complete; use send_async() and then recv(), or recv_async() before send()",
+                    c.rank, op.peer);
       auto w = value_or_throw(posted_send(c, op), c.rank);
       Work(w).wait();
       return;
     }
-    throw_if_error(detail::execute(c, [&] { return recorded_recv(c, op, 0); }), c.rank);
+    throw_if_error(detail::execute(c,
+                                   [&] {
+                                     if (!c.net && op.peer == c.rank && !detail::self_message_posted(c))
+                                       return strata::invalid_argument(
+                                           "recv: peer " + std::to_string(op.peer) +
+                                           " is this rank itself, and no send to itself is pending, so the "
+                                           "receive could never complete; post the send first with send_async()");
+                                     return recorded_recv(c, op, 0);
+                                   }),
+                   c.rank);
     return;
   }
   throw_if_error(detail::validate(c, op), c.rank);
@@ -484,7 +510,13 @@ Work run_async(const std::shared_ptr<detail::CommImpl>& impl, Op op) {
     throw_if_error(detail::check_p2p(c, op, "recv"), c.rank);
     auto keep = impl;
     const uint64_t q = detail::flight_queue(c, op);
-    return Work(detail::submit(c, [keep, op, q]() mutable { return recorded_recv(*keep, op, q); }));
+    const bool self = op.peer == c.rank;
+    if (self) c.self_recvs_queued.fetch_add(1, std::memory_order_acq_rel);
+    return Work(detail::submit(c, [keep, op, q, self]() mutable {
+      Status st = recorded_recv(*keep, op, q);
+      if (self) keep->self_recvs_queued.fetch_sub(1, std::memory_order_acq_rel);
+      return st;
+    }));
   }
   throw_if_error(detail::validate(c, op), c.rank);
   auto keep = impl;

@@ -754,6 +754,39 @@ TEST(PointToPoint, RingSendRecvAndTags) {
   }));
 }
 
+// A blocking send to itself with no receive queued, or a blocking receive from itself with
+// no send pending, could never complete: refused at once, not left to the timeout (20 s
+// here). Queued the other way round they work.
+TEST(PointToPoint, SelfMessagesThatCouldNeverCompleteAreRefusedAtOnce) {
+  expect_no_failures(on_fresh_team(2, 20000ms, [](Communicator& c) {
+    const int me = c.rank();
+    std::vector<float> v(16, static_cast<float>(me + 1)), got(16);
+    auto refused = [&](const char* what, const std::function<void()>& f) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        f();
+      } catch (const Error& e) {
+        if (e.code() != Code::InvalidArgument || std::string(e.what()).find("itself") == std::string::npos)
+          throw std::runtime_error(std::string(what) + ": wrong error: " + e.what());
+        if (std::chrono::steady_clock::now() - t0 > 2s) throw std::runtime_error(std::string(what) + ": refused late");
+        return;
+      }
+      throw std::runtime_error(std::string(what) + ": not refused");
+    };
+    refused("blocking send to itself", [&] { c.send(v, me); });
+    refused("blocking recv from itself", [&] { c.recv(got, me); });
+    Work r = c.recv_async(got, me);
+    c.send(v, me);
+    r.wait();
+    if (got[15] != static_cast<float>(me + 1)) throw std::runtime_error("recv_async then send: wrong data");
+    Work s = c.send_async(v, me, 3);
+    c.recv(got, me, 3);
+    s.wait();
+    c.all_reduce(v, ReduceOp::Sum);
+    if (v[0] != 3.0f) throw std::runtime_error("all_reduce after the refusals: wrong sum");
+  }));
+}
+
 TEST(PointToPoint, TagMismatchNamesBoth) {
   std::atomic<int> ok{0};
   expect_no_failures(on_fresh_team(2, 3000ms, [&](Communicator& c) {
