@@ -140,6 +140,10 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
             if (xv.dtype != cfg.dtype)
               invalid("moe.dispatch: x has dtype " + std::string(to_string(xv.dtype)) + ", the buffer was made for " +
                       to_string(cfg.dtype));
+            // [T, hidden]; a flat array of T * hidden elements is taken too.
+            if (xv.shape.size() > 1 && static_cast<size_t>(xv.shape.back()) != cfg.hidden)
+              invalid("moe.dispatch: x has shape " + py::str(x.attr("shape")).cast<std::string>() +
+                      ", expected [T, hidden = " + std::to_string(cfg.hidden) + "]");
             if (xv.count % cfg.hidden != 0)
               invalid("moe.dispatch: x has " + std::to_string(xv.count) +
                       " elements, not a multiple of hidden = " + std::to_string(cfg.hidden));

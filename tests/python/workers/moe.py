@@ -60,7 +60,10 @@ for sched in strata.moe.SCHEDULES:
     outs.append(out)
 assert all(np.array_equal(outs[0], o) for o in outs[1:]), "schedules disagree"
 
-for bad, what in (((np.ascontiguousarray(x[:, :5]), idx, w), "not a multiple of hidden"),
+for bad, what in (((np.ascontiguousarray(x[:, :5]), idx, w), "expected [T, hidden"),
+                  # Rows of half the hidden size: as many elements as T / 2 tokens would have.
+                  ((x.reshape(-1, H // 2), idx, w), "expected [T, hidden"),
+                  ((np.ascontiguousarray(x[:, :5]).reshape(-1), idx, w), "not a multiple of hidden"),
                   ((x, np.ascontiguousarray(idx[:, :1]), w), "topk_idx has"),
                   ((x.astype(np.float64), idx, w), "dtype")):
     try:
