@@ -156,7 +156,7 @@ std::string parse_options(int argc, char** argv, int first, Tool tool, Options& 
       if (!err.empty()) return err;
       if (!strata) return "the MPI peer takes its rank count from mpirun -np";
       auto n = to_int(v, 1, 4096);
-      if (!n) return "-n must be a number of ranks >= 1, got '" + v + "'";
+      if (!n) return "-n must be a number of ranks from 1 to 4096, got '" + v + "'";
       o.nranks = *n;
     } else if (take(i, {"--iters"}, v, err)) {
       if (!err.empty()) return err;

@@ -111,7 +111,8 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
     if (take_option(argc, argv, i, {"-n", "--np", "-np", "--nproc"}, value, error)) {
       if (!error.empty()) return usage_error(error);
       auto n = parse_int(value);
-      if (!n || *n < 1 || *n > 65536) return usage_error("-n must be a number of ranks >= 1, got '" + value + "'");
+      if (!n || *n < 1 || *n > 65536)
+        return usage_error("-n must be a number of ranks from 1 to 65536, got '" + value + "'");
       o.nranks = static_cast<int>(*n);
     } else if (take_option(argc, argv, i, {"--timeout"}, value, error)) {
       if (!error.empty()) return usage_error(error);

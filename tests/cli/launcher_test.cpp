@@ -321,7 +321,8 @@ TEST(LauncherTest, UsageErrorsExitWithTwoAndSayWhatIsWrong) {
     const char* message;
   };
   const Case cases[] = {
-      {{"run", "-n", "0", "true"}, "-n must be a number of ranks >= 1, got '0'"},
+      {{"run", "-n", "0", "true"}, "-n must be a number of ranks from 1 to 65536, got '0'"},
+      {{"run", "-n", "99999", "true"}, "-n must be a number of ranks from 1 to 65536, got '99999'"},
       {{"run", "-n", "x", "true"}, "got 'x'"},
       {{"run", "-n", "2"}, "missing the program to run"},
       {{"run", "true"}, "missing -n N"},
