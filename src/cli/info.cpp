@@ -16,6 +16,7 @@
 
 #include "bootstrap/job_info.hpp"
 #include "cli/commands.hpp"
+#include "common/cpu_cache.hpp"
 #include "common/env.hpp"
 #include "common/parse.hpp"
 #include "memory/fd_channel.hpp"
@@ -75,6 +76,14 @@ std::string cpus() {
   if (::sched_getaffinity(0, sizeof set, &set) == 0)
     s += ", " + std::to_string(CPU_COUNT(&set)) + " usable by this process";
   return s;
+}
+
+std::string llc() {
+  const LastLevelCache& c = last_level_cache();
+  if (!c.level) return "unknown (sysfs does not describe it)";
+  return "L" + std::to_string(c.level) + ", " + format_bytes(c.bytes) +
+         (c.shared ? ", one for every CPU (external inputs are staged in rounds at every size)"
+                   : ", not one for every CPU");
 }
 
 std::string numa_nodes() {
@@ -200,6 +209,7 @@ int info_main(int argc, char** argv) {
   row("host id", bootstrap::host_identity(env) + (env.host_id.empty() ? "" : " (STRATA_HOST_ID)"));
   row("cpus", cpus());
   row("numa nodes", numa_nodes());
+  row("last-level cache", llc());
   std::printf("transports\n");
   row("  shm", probe_shm());
   row("  CMA", probe_cma(env));

@@ -6,4 +6,5 @@ target_sources(strata PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/datatype.cpp
   ${CMAKE_CURRENT_LIST_DIR}/reduce.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sha256.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/cpu_cache.cpp
 )

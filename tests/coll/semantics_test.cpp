@@ -18,6 +18,7 @@
 #include "coll/comm_impl.hpp"
 #include "coll/counts.hpp"
 #include "coll/harness.hpp"
+#include "coll/shm/exec.hpp"
 
 namespace strata::test {
 namespace {
@@ -266,8 +267,27 @@ TEST(ZeroCopy, SmallExternalInputsRideInTheSlot) {
 // read the previous one (coll/shm/pipe.cpp). Ranks differ in what they pipe: rank 0's input is
 // on the heap, the others' are external, and their sizes (hence their round counts) differ,
 // so a round taken from the wrong slot, offset or rank shows in the values.
+void external_inputs_staged_in_rounds_are_exact();
+void reductions_of_external_inputs_in_rounds_are_exact();
+
+// Both staging layouts, whatever this host's caches: with one last-level cache for every CPU
+// every block goes in rounds, without one large blocks are staged whole (coll/shm/pipe.cpp).
+// Fresh communicators for each: their first calls of a size try staging and CMA in turn.
+void on_both_llc_layouts(void (*body)()) {
+  for (int shared : {0, 1}) {
+    SCOPED_TRACE(shared ? "rounds at every size" : "large blocks staged whole");
+    detail::shm::override_shared_llc_for_tests(shared);
+    body();
+  }
+  detail::shm::override_shared_llc_for_tests(-1);
+}
+
 TEST(ZeroCopy, ExternalInputsStagedInRoundsAreExact) {
-  expect_no_failures(Team::get(3).run([](Communicator& c) {
+  on_both_llc_layouts(external_inputs_staged_in_rounds_are_exact);
+}
+
+void external_inputs_staged_in_rounds_are_exact() {
+  expect_no_failures(on_fresh_team(3, 20000ms, [](Communicator& c) {
     const int n = c.size();
     const size_t me = static_cast<size_t>(c.rank());
     auto value = [](size_t rank, size_t i) { return static_cast<int32_t>(rank * 100000007u + i * 7u + 1u); };
@@ -376,7 +396,11 @@ TEST(ZeroCopy, ExternalInputsStagedInRoundsAreExact) {
 // has heap buffers throughout, ranks 1 and 2 external inputs, and one of them an external
 // output (which one differs per call); the first reduce_scatter_v takes 7 rounds of 128 KiB.
 TEST(ZeroCopy, ReductionsOfExternalInputsInRoundsAreExact) {
-  expect_no_failures(Team::get(3).run([](Communicator& c) {
+  on_both_llc_layouts(reductions_of_external_inputs_in_rounds_are_exact);
+}
+
+void reductions_of_external_inputs_in_rounds_are_exact() {
+  expect_no_failures(on_fresh_team(3, 20000ms, [](Communicator& c) {
     const int n = c.size();
     const size_t me = static_cast<size_t>(c.rank());
     auto value = [](size_t rank, size_t i) { return static_cast<int32_t>((rank + 1) * 1000003u + i * 7u); };

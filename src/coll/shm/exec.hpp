@@ -226,6 +226,9 @@ void fill_round(Exec& x, int k);
 Status copy_piped(Exec& x, int r, int k, size_t bytes, char* dst);
 /// Whether any rank stages its input in rounds this operation.
 bool any_piped(const Exec& x);
+/// Tests only, with every rank in this process: 1 / 0 stage as where one last-level cache does
+/// / does not serve every CPU (rounds at every size / large blocks whole); -1 reads the host.
+void override_shared_llc_for_tests(int shared);
 /// reduce_scatter(v) in rounds, where some rank pipes its input (any_piped).
 Status reduce_scatter_piped(Exec& x);
 
