@@ -42,10 +42,10 @@ size_t align64(size_t v) { return (v + 63) & ~size_t{63}; }
 // size, and rounds win at every size: 2 ranks on an Intel Xeon VM (one 480 MiB L3),
 // external, staged, 32 / 64 MiB: all_gather 3.2 / 10.1 ms in rounds against 5.6 / 11.9
 // whole, all_to_all 3.9 / 10.7 against 5.0 / 12.4, reduce_scatter 16 / 64 MiB 1.5 / 7.4
-// against 1.8 / 9.6. The thresholds above stand where the cores do not share one (the AMD
-// EPYC VM they were measured on). The same on every rank of a host: it is read from the
-// host's sysfs, not from the process's CPU affinity, and every rank computes every rank's
-// rounds.
+// against 1.8 / 9.6. The thresholds above (measured on an AMD EPYC VM) stand wherever sysfs
+// does not show one cache for every CPU. The answer is the same on every rank of a host: it
+// is read from the host's sysfs, not from the process's CPU affinity, and every rank computes
+// every rank's rounds.
 std::atomic<int> g_shared_llc_override{-1};
 
 size_t whole_min_bytes(OpKind k) {
