@@ -19,8 +19,9 @@ std::chrono::milliseconds to_ms(py::handle t, const char* what) {
   if (py::hasattr(t, "total_seconds")) s = t.attr("total_seconds")().cast<double>();
   else if (PyFloat_Check(t.ptr()) || PyIndex_Check(t.ptr())) s = t.cast<double>();
   else invalid(std::string(what) + " must be seconds (int or float) or a datetime.timedelta");
-  if (!(s > 0) || !std::isfinite(s))
-    invalid(std::string(what) + " must be positive, got " + py::repr(t).cast<std::string>());
+  if (!(s > 0)) invalid(std::string(what) + " must be positive, got " + py::repr(t).cast<std::string>());
+  // float('inf') or timedelta.max: no deadline (Deadline::after saturates at max()).
+  if (!std::isfinite(s) || s * 1000 >= 9e18) return std::chrono::milliseconds::max();
   return std::chrono::milliseconds(std::max<long long>(1, std::llround(s * 1000)));
 }
 

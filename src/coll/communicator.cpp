@@ -316,7 +316,7 @@ void Work::wait() {
 
 bool Work::wait_for(std::chrono::milliseconds d) {
   if (!state_) return true;
-  auto until = std::chrono::steady_clock::now() + d;
+  const auto until = Deadline::after(d).at();  // saturates: milliseconds::max() waits forever
   if (state_->poll) {
     while (!completed() && std::chrono::steady_clock::now() < until) {
       complete_poll(*state_, false);

@@ -129,7 +129,10 @@ Status CommImpl::sync(Deadline d, const char* what) {
     Status s = transport::wait_reached(peers[r].hdr()->slot(seq).ready, phase, pol, what);
     if (!s.is_ok()) {
       std::string msg = s.message() + " on rank " + std::to_string(rank) + " waiting for rank " + std::to_string(r) +
-                        " (operation #" + std::to_string(seq) + ", timeout " + std::to_string(timeout.count()) + " ms)";
+                        " (operation #" + std::to_string(seq) + ", timeout " +
+                        (d.budget() == std::chrono::milliseconds::max() ? std::string("none")
+                                                                        : std::to_string(d.budget().count()) + " ms") +
+                        ")";
       if (s.code() == Code::Timeout || s.code() == Code::PeerFailed) {
         std::string peer = peer_activity(*this, r);
         if (!peer.empty()) msg += "; " + peer;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -51,18 +52,31 @@ Status compare_descriptor(const Op& op, const OpDesc& mine, int me, const OpDesc
                 std::to_string(me) + " but " + std::to_string(vec[j]) + " on rank " + std::to_string(r) + ")";
       }
   }
-  if (same && vec && kind == OpKind::AllToAllV && vec[me] != op.rcounts[r]) {
-    same = false;
-    extra = " (rank " + std::to_string(r) + " sends " + std::to_string(vec[me]) + " elements to rank " +
-            std::to_string(me) + ", which expects recv_counts[" + std::to_string(r) +
-            "]=" + std::to_string(op.rcounts[r]) + ")";
-  }
   if (same) return Status::ok();
   return Status(Code::InvalidArgument,
                 "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(me) +
                     " called " + coll::describe(mine) + " but rank " + std::to_string(r) + " called " +
                     coll::describe(d) + extra,
                 r);
+}
+
+Status check_all_to_all_v_counts(const OpDesc& mine, int me, int n, const std::function<const uint64_t*(int)>& sends,
+                                 const std::function<const uint64_t*(int)>& recvs) {
+  for (int r = 0; r < n; ++r) {
+    const uint64_t* s = sends(r);
+    for (int j = 0; j < n; ++j) {
+      const uint64_t expects = recvs(j)[r];
+      if (s[j] == expects) continue;
+      return Status(Code::InvalidArgument,
+                    "collective mismatch on operation #" + std::to_string(mine.seq) + " (" + coll::describe(mine) +
+                        "): rank " + std::to_string(r) + " sends " + std::to_string(s[j]) + " elements to rank " +
+                        std::to_string(j) + ", which expects recv_counts[" + std::to_string(r) +
+                        "]=" + std::to_string(expects) + (r == j ? " (its own block)" : "") + "; found by rank " +
+                        std::to_string(me),
+                    r == me ? j : r);
+    }
+  }
+  return Status::ok();
 }
 
 Status compare_algorithm(const OpDesc& mine, int me, const OpDesc& d, int r) {
@@ -78,11 +92,16 @@ Status compare_algorithm(const OpDesc& mine, int me, const OpDesc& d, int r) {
 
 size_t longest_first_message(int n, int local_size) {
   return sizeof(OpDesc) +
-         std::max(static_cast<size_t>(local_size) * coll::kEagerBytes, static_cast<size_t>(n) * sizeof(uint64_t));
+         std::max(static_cast<size_t>(local_size) * coll::kEagerBytes, 2 * static_cast<size_t>(n) * sizeof(uint64_t));
 }
 
 size_t first_message_head(OpKind kind, int n) {
-  return sizeof(OpDesc) + (has_vec(kind) ? static_cast<size_t>(n) * sizeof(uint64_t) : 0);
+  return sizeof(OpDesc) + first_message_words(kind, n) * sizeof(uint64_t);
+}
+
+size_t first_message_words(OpKind kind, int n) {
+  if (kind == OpKind::AllToAllV) return 2 * static_cast<size_t>(n);
+  return has_vec(kind) ? static_cast<size_t>(n) : 0;
 }
 
 Status late_mismatch(const OpDesc& mine, int me, int finder, int r) {
@@ -118,7 +137,7 @@ Result<OpDesc> read_first_message(const Op& op, const OpDesc& mine, int me, int 
   // The record area is only 8-byte aligned by convention: copy the counts out.
   std::vector<uint64_t> vec;
   if (len >= head && has_vec(kind)) {
-    vec.resize(static_cast<size_t>(n));
+    vec.resize(first_message_words(kind, n));
     std::memcpy(vec.data(), static_cast<const char*>(record) + sizeof(OpDesc), vec.size() * sizeof(uint64_t));
   }
   STRATA_RETURN_IF_ERROR(compare_algorithm(mine, me, d, r));

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "coll/op.hpp"
 #include "common/status.hpp"
@@ -43,6 +44,14 @@ Status late_mismatch(const coll::OpDesc& mine, int me, int finder, int r);
 Status compare_descriptor(const coll::Op& op, const coll::OpDesc& mine, int me, const coll::OpDesc& d,
                           const uint64_t* vec, int r, int n);
 
+/// all_to_all_v, once every descriptor matched: rank r's n send counts (`sends(r)`) against
+/// what each receiver j expects from it (`recvs(j)[r]`), for every pair, this rank's own
+/// block included. Every rank checks every pair in the same order, so all of them fail after
+/// the same step and name the same pair; a rank whose own counts disagree is named too.
+Status check_all_to_all_v_counts(const coll::OpDesc& mine, int me, int n,
+                                 const std::function<const uint64_t*(int)>& sends,
+                                 const std::function<const uint64_t*(int)>& recvs);
+
 /// InvalidArgument naming both ranks and patterns when peer r runs this rank's operation (same
 /// kind and sequence, as in `d`) with another algorithm than `mine`, else ok.
 Status compare_algorithm(const coll::OpDesc& mine, int me, const coll::OpDesc& d, int r);
@@ -54,8 +63,11 @@ Status compare_algorithm(const coll::OpDesc& mine, int me, const coll::OpDesc& d
 size_t longest_first_message(int n, int local_size);
 
 /// Bytes of the record that opens every first message of `kind` in a communicator of n
-/// ranks: the descriptor, then n counts for the v-collectives.
+/// ranks: the descriptor, then first_message_words(kind, n) counts.
 size_t first_message_head(coll::OpKind kind, int n);
+/// The counts after the descriptor: n for the v-collectives (all_to_all_v: the n send counts,
+/// then the n receive counts), none for the others.
+size_t first_message_words(coll::OpKind kind, int n);
 
 /// Reads peer r's first message of an operation across hosts: `len` bytes arrived in all, of
 /// which the first min(len, first_message_head) are at `record`; `eager_bytes` is the data

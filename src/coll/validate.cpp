@@ -94,6 +94,11 @@ Status validate(const CommImpl& c, const Op& op) {
       STRATA_RETURN_IF_ERROR(check_count(op.rcounts[j], "recv_counts entry"));
       STRATA_RETURN_IF_ERROR(check_count(op.rdispls[j], "recv_displs entry"));
     }
+    // A rank's own block: with peers, their descriptor check names it on every rank at once
+    // (compare_descriptor); alone, nobody else would.
+    if (n == 1 && op.counts[0] != op.rcounts[0])
+      return invalid_argument(str(": this rank sends itself send_counts[0]=", std::to_string(op.counts[0]),
+                                  " elements but expects recv_counts[0]=", std::to_string(op.rcounts[0])));
     // Receive ranges must not overlap each other, or two peers would write the same bytes.
     std::vector<std::pair<size_t, size_t>> ranges;
     for (int j = 0; j < n; ++j)

@@ -606,6 +606,56 @@ TEST(Mismatch, InlineAgainstHeapPathStaysUsable) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5000ms) << "detected by descriptor, not by timeout";
 }
 
+// all_to_all_v counts that disagree fail on every rank after the same step, whichever side
+// of a pair is wrong and when a rank's own block disagrees with itself (no peer involved):
+// never one rank failing while the others wait for it, never a copy of the wrong length.
+// Then the communicator works. `team` is 3 ranks on one host, or 2 x 2 across hosts.
+void all_to_all_v_count_mismatches_fail_everywhere(Team& team) {
+  std::atomic<int> errors{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_no_failures(team.run([&](Communicator& c) {
+    const int n = c.size(), me = c.rank();
+    const size_t k = 4;
+    std::vector<size_t> sc(n, k), sd(n), rc(n, k), rd(n);
+    for (int j = 0; j < n; ++j) sd[j] = k * j, rd[j] = 2 * k * j;  // room for a longer block
+    std::vector<float> in(k * n, static_cast<float>(me)), out(2 * k * n);
+    for (int variant = 0; variant < 3; ++variant) {
+      std::vector<size_t> mrc = rc;
+      if (variant == 0 && me == 1) mrc[0] = k - 1;  // rank 0 sends k: only rank 1 sees it directly
+      if (variant == 1 && me == 1) mrc[0] = k + 1;
+      if (variant == 2 && me == n - 1) mrc[me] = k + 2;  // its own block, past the send block
+      try {
+        c.all_to_all_v(in.data(), sc.data(), sd.data(), out.data(), mrc.data(), rd.data(), DataType::Float32);
+        throw std::runtime_error("variant " + std::to_string(variant) + ": no error");
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        if (e.code() != Code::InvalidArgument || m.find("recv_counts") == std::string::npos)
+          throw std::runtime_error("variant " + std::to_string(variant) + ": " + m);
+        if (variant == 2 && m.find("own block") == std::string::npos)
+          throw std::runtime_error("variant 2 does not name the own block: " + m);
+        ++errors;
+      }
+      std::vector<float> v(8, 1.0f);
+      c.all_reduce(v.data(), v.data(), v.size(), DataType::Float32, ReduceOp::Sum);
+      if (v[7] != static_cast<float>(n)) throw std::runtime_error("all_reduce after the mismatch: wrong sum");
+    }
+  }));
+  EXPECT_EQ(errors.load(), 3 * team.size());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10000ms) << "detected by descriptor, not by timeout";
+}
+
+TEST(Mismatch, AllToAllVCountsFailOnEveryRank) {
+  Team team(3, 20000ms);
+  all_to_all_v_count_mismatches_fail_everywhere(team);
+}
+
+TEST(Mismatch, AllToAllVCountsFailOnEveryRankAcrossHosts) {
+  std::string why;
+  std::unique_ptr<Team> team = two_host_team("a2avmm", 20000ms, why);
+  if (!team) GTEST_SKIP() << "no transport between hosts in this build: " << why;
+  all_to_all_v_count_mismatches_fail_everywhere(*team);
+}
+
 TEST(Mismatch, DtypeAndRootAndKind) {
   for (int variant = 0; variant < 3; ++variant) {
     std::atomic<int> errors{0};
@@ -1549,6 +1599,36 @@ TEST(Timeout, StalledPeerGivesTimeoutWithinTwiceTheDeadline) {
   }));
   EXPECT_EQ(timeouts.load(), 2);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1000ms + 2000ms /* team setup */);
+}
+
+// "Wait forever" (milliseconds::max()) waits for a late peer instead of wrapping the deadline
+// into the past; a per-call timeout that expires is the one the error names.
+TEST(Timeout, PerCallTimeoutsHugeOrShortAreTheOnesApplied) {
+  std::atomic<int> named{0};
+  expect_no_failures(on_fresh_team(2, 5000ms, [&](Communicator& c) {
+    std::vector<float> v(16, 1.0f);
+    CollOptions forever;
+    forever.timeout = std::chrono::milliseconds::max();
+    if (c.rank() == 1) std::this_thread::sleep_for(300ms);
+    c.all_reduce(v, ReduceOp::Sum, forever);
+    if (v[0] != 2.0f) throw std::runtime_error("all_reduce with timeout max: wrong sum");
+    Work w = c.barrier_async(forever);
+    if (!w.wait_for(std::chrono::milliseconds::max())) throw std::runtime_error("wait_for(max) gave up");
+    CollOptions short_one;
+    short_one.timeout = 50ms;
+    if (c.rank() == 0) {
+      try {
+        c.all_reduce(v, ReduceOp::Sum, short_one);
+        throw std::runtime_error("no timeout");
+      } catch (const Error& e) {
+        if (e.code() != Code::Timeout) throw;
+        if (std::string(e.what()).find("timeout 50 ms") == std::string::npos)
+          throw std::runtime_error(std::string("the error does not name the call's 50 ms: ") + e.what());
+        ++named;
+      }
+    }
+  }));
+  EXPECT_EQ(named.load(), 1);
 }
 
 TEST(Determinism, AllRanksAndRunsGetIdenticalBits) {

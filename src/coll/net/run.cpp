@@ -82,6 +82,8 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
   std::memcpy(out_head.data(), &mine, sizeof mine);
   if (has_vec)
     for (int j = 0; j < n; ++j) out_head[sizeof(OpDesc) / sizeof(uint64_t) + j] = x.op.counts[j];
+  if (kind == OpKind::AllToAllV)  // then the receive counts (read_first_message)
+    for (int j = 0; j < n; ++j) out_head[sizeof(OpDesc) / sizeof(uint64_t) + n + j] = x.op.rcounts[j];
   // Each message is received in three parts: the record; the data, straight into its place
   // in the output (or into this receive area when it is to be combined first); and a spill
   // area with room for the largest first message of any operation, so that a peer that
@@ -152,6 +154,16 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
     // comes here: they all meet their rails, see hosts_first).
     const char* rec = host->recs + static_cast<size_t>(c.local_of[r]) * host->rec;
     STRATA_ASSIGN_OR_RETURN(x.descs[r], read_first_message(x.op, mine, me, n, r, rec, head, 0));
+  }
+  // The v-forms meet every rank here (hosts_first passes no host round), so every rank's
+  // counts are at hand.
+  if (kind == OpKind::AllToAllV && !defer && !host) {
+    auto counts = [&](int r) {
+      return reinterpret_cast<const uint64_t*>(heads + static_cast<size_t>(r) * head_al + sizeof(OpDesc));
+    };
+    return check_all_to_all_v_counts(
+        mine, me, n, [&](int r) { return r == me ? x.op.counts.data() : counts(r); },
+        [&](int r) { return r == me ? x.op.rcounts.data() : counts(r) + n; });
   }
   return Status::ok();
 }

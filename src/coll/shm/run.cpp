@@ -26,6 +26,11 @@ Status check_descriptors(const CommImpl& c, const Op& op, const OpDesc& mine) {
     STRATA_RETURN_IF_ERROR(compare_descriptor(op, mine, c.rank, c.peers[r].hdr()->slot(c.seq).desc,
                                               has_vec ? c.peers[r].vec() : nullptr, r, n));
   }
+  // all_to_all_v publishes send counts, send displacements, receive counts, receive displacements.
+  if (kind == OpKind::AllToAllV)
+    return check_all_to_all_v_counts(
+        mine, c.rank, n, [&](int r) { return r == c.rank ? op.counts.data() : c.peers[r].vec(); },
+        [&](int r) { return r == c.rank ? op.rcounts.data() : c.peers[r].vec() + 2 * n; });
   return Status::ok();
 }
 

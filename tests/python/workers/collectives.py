@@ -253,5 +253,12 @@ y = comm.empty((4,), np.int64)  # heap arrays of the parent work in the child (o
 y[:] = 1
 chk.equal("split heap array", sub.all_reduce(y), np.full(4, len(members), np.int64))
 assert comm.split(-1) is None
+
+# ---- "no deadline": float('inf') and timedelta.max wait (they timed out at once, wrapped) ----------
+import datetime  # noqa: E402
+
+for forever in (float("inf"), datetime.timedelta.max, 1e10):
+    x = np.ones(4, np.float32)
+    chk.equal(f"all_reduce timeout={forever!r}", comm.all_reduce(x, timeout=forever), np.full(4, n, np.float32))
 comm.barrier()
 chk.ok()
