@@ -184,14 +184,17 @@ class Communicator {
   /// Local, cheap, registered on allocation (no collective).
   template <class T>
   Buffer<T> alloc(size_t count) {
-    return Buffer<T>(context(), static_cast<T*>(alloc_bytes(count * sizeof(T), alignof(T) < 64 ? 64 : alignof(T))),
-                     count, false);
+    const size_t bytes = bytes_of(count, sizeof(T), "alloc");
+    return Buffer<T>(context(), static_cast<T*>(alloc_bytes(bytes, alignof(T) < 64 ? 64 : alignof(T))), count, false);
   }
   /// Collective: the same offset in every rank's symmetric arena.
   template <class T>
   Buffer<T> alloc_symmetric(size_t count) {
-    return Buffer<T>(context(), static_cast<T*>(alloc_symmetric_bytes(count * sizeof(T))), count, true);
+    const size_t bytes = bytes_of(count, sizeof(T), "alloc_symmetric");
+    return Buffer<T>(context(), static_cast<T*>(alloc_symmetric_bytes(bytes)), count, true);
   }
+  /// count * elem_size; throws InvalidArgument naming `what` when the product overflows.
+  size_t bytes_of(size_t count, size_t elem_size, const char* what) const;
   /// Untyped allocation for bindings; free with free_bytes.
   void* alloc_bytes(size_t bytes, size_t alignment = 64);
   void* alloc_symmetric_bytes(size_t bytes);

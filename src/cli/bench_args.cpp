@@ -167,6 +167,8 @@ std::string parse_options(int argc, char** argv, int first, Tool tool, Options& 
       if (!err.empty()) return err;
       auto b = parse_bytes(v);
       if (!b) return "-b: " + b.status().message();
+      // Sizes grow by multiplying: from 0 they never would.
+      if (*b == 0) return "-b must be at least 1 byte, got '" + v + "'";
       o.min_bytes = *b;
     } else if (take(i, {"-e", "--maxbytes"}, v, err)) {
       if (!err.empty()) return err;

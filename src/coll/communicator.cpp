@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <limits>
 
 #include "coll/comm_impl.hpp"
 #include "common/log.hpp"
@@ -404,6 +405,15 @@ Stats Communicator::stats() const {
   return {c.ops.load(), c.staged_bytes.load(), c.direct_bytes.load(), c.cma_bytes.load(), c.temp_bytes.load()};
 }
 std::shared_ptr<detail::ContextImpl> Communicator::context() const { return need_impl(impl_).ctx; }
+
+size_t Communicator::bytes_of(size_t count, size_t elem_size, const char* what) const {
+  if (elem_size && count > std::numeric_limits<size_t>::max() / elem_size)
+    throw Error(Code::InvalidArgument,
+                std::string(what) + ": " + std::to_string(count) + " elements of " + std::to_string(elem_size) +
+                    " bytes overflow the byte size",
+                impl_ ? impl_->rank : -1);
+  return count * elem_size;
+}
 
 void* Communicator::alloc_bytes(size_t bytes, size_t alignment) {
   auto& c = need_impl(impl_);

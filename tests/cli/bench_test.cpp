@@ -276,6 +276,10 @@ TEST(BenchCli, BadCommandLinesAreUsageErrors) {
   EXPECT_EQ(run_cli({"bench", "all_reduce"}).exit_code, 2);                         // no -n
   EXPECT_EQ(run_cli({"bench", "all_reduce", "-n", "2", "-b", "8X"}).exit_code, 2);  // bad size
   EXPECT_EQ(run_cli({"bench", "all_reduce", "-n", "2", "--buffers", "gpu"}).exit_code, 2);
+  // From 0 the sizes would never grow (it looped forever).
+  Outcome zero = run_cli({"bench", "all_reduce", "-n", "2", "-b", "0", "-e", "64"});
+  EXPECT_EQ(zero.exit_code, 2) << zero.out << zero.err;
+  EXPECT_TRUE(contains(zero.err, "-b must be at least 1 byte")) << zero.err;
   Outcome help = run_cli({"bench", "--help"});
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_TRUE(contains(help.out, "usage: strata bench")) << help.out;

@@ -1547,6 +1547,26 @@ TEST(HostRound, CommunicatorsAcrossHostsNeverShareATagBase) {
   }));
 }
 
+// A count whose byte size overflows is refused; it wrapped to a small block before, which
+// writes within the Buffer's size then overran into other allocations.
+TEST(Alloc, CountsWhoseByteSizeOverflowsAreRefused) {
+  expect_no_failures(on_fresh_team(2, 5000ms, [](Communicator& c) {
+    for (const char* what : {"alloc", "alloc_symmetric"}) {
+      try {
+        if (std::string(what) == "alloc") (void)c.alloc<float>((size_t{1} << 62) + 16);
+        else (void)c.alloc_symmetric<double>((size_t{1} << 61) + 2);
+        throw std::runtime_error(std::string(what) + ": no error");
+      } catch (const Error& e) {
+        if (e.code() != Code::InvalidArgument || std::string(e.what()).find("overflow") == std::string::npos ||
+            std::string(e.what()).find(what) == std::string::npos)
+          throw std::runtime_error(std::string(what) + ": wrong error: " + e.what());
+      }
+    }
+    auto ok = c.alloc_symmetric<float>(16);  // the arena still works, collectively
+    if (ok.size() != 16) throw std::runtime_error("alloc_symmetric after the refusals");
+  }));
+}
+
 TEST(Symmetric, SameOffsetsEverywhere) {
   expect_no_failures(Team::get(4).run([](Communicator& c) {
     auto a = c.alloc_symmetric<float>(1000);
