@@ -731,8 +731,9 @@ Work Communicator::recv_async(void* buf, size_t count, DataType dt, int peer, in
 namespace {
 
 /// All-gather of a small fixed-size record through the heap (used by split and symmetric alloc).
+/// `what` names the call in errors: a peer that called something else sees an all_gather.
 template <class T>
-std::vector<T> gather_records(const std::shared_ptr<detail::CommImpl>& impl, const T& mine) {
+std::vector<T> gather_records(const std::shared_ptr<detail::CommImpl>& impl, const T& mine, const char* what) {
   auto& c = *impl;
   auto& heap = *c.ctx->heap;
   void* in = value_or_throw(heap.alloc(sizeof(T)), c.rank);
@@ -742,6 +743,13 @@ std::vector<T> gather_records(const std::shared_ptr<detail::CommImpl>& impl, con
   try {
     run_blocking(impl, make(OpKind::AllGather, in, out, sizeof(T), DataType::UInt8, {}));
     std::memcpy(all.data(), out, sizeof(T) * c.size);
+  } catch (const Error& e) {
+    (void)heap.free(in);
+    (void)heap.free(out);
+    throw Error(e.code(),
+                std::string(what) + " (its exchange among the ranks, an all_gather of " + std::to_string(sizeof(T)) +
+                    " bytes per rank): " + e.what(),
+                e.rank(), e.peer());
   } catch (...) {
     (void)heap.free(in);
     (void)heap.free(out);
@@ -759,7 +767,7 @@ Communicator Communicator::split(int color, int key) const {
   struct Entry {
     int32_t color, key;
   };
-  auto entries = gather_records(impl_, Entry{color < 0 ? -1 : color, key});
+  auto entries = gather_records(impl_, Entry{color < 0 ? -1 : color, key}, "split");
   std::vector<int> order;  // parent ranks of our new group
   for (int r = 0; r < c.size; ++r)
     if (color >= 0 && entries[r].color == color) order.push_back(r);
@@ -792,7 +800,7 @@ Communicator Communicator::split(int color, int key) const {
               : value_or_throw(detail::new_ctrl_block(*c.ctx, new_rank, n), c.rank);
     ref = *c.ctx->heap->locate(ctrl, 1);
   }
-  auto refs_all = gather_records(impl_, ref);
+  auto refs_all = gather_records(impl_, ref, "split");
   int split_no = c.split_count++;
   if (color < 0) return Communicator();
 
@@ -814,19 +822,31 @@ Communicator Communicator::split(int color, int key) const {
 
 void* Communicator::alloc_symmetric_bytes(size_t bytes) {
   auto& c = need_impl(impl_);
-  void* p = value_or_throw(c.ctx->heap->alloc_symmetric(bytes), c.rank);
+  // A rank whose allocation fails still takes part in the exchange, so that every rank
+  // fails this call (not the next one, against an exchange the others are still waiting in).
+  constexpr uint64_t kFailed = ~uint64_t{0};
+  Result<void*> got = c.ctx->heap->alloc_symmetric(bytes);
+  void* p = got.is_ok() ? got.value() : nullptr;
   struct Rec {
     uint64_t bytes, offset;
   };
-  auto ref = c.ctx->heap->locate(p, 1);
+  auto ref = p ? c.ctx->heap->locate(p, 1) : std::nullopt;
   std::vector<Rec> all;
   try {
-    all = gather_records(impl_, Rec{bytes, ref ? ref->offset : 0});
+    all = gather_records(impl_, Rec{bytes, ref ? ref->offset : kFailed}, "alloc_symmetric");
   } catch (...) {
-    (void)c.ctx->heap->free_symmetric(p);
+    if (p) (void)c.ctx->heap->free_symmetric(p);
     throw;
   }
+  if (!got.is_ok()) throw_if_error(got.status(), c.rank);
   for (int r = 0; r < c.size; ++r) {
+    if (all[r].offset == kFailed) {
+      (void)c.ctx->heap->free_symmetric(p);
+      throw Error(Code::Unavailable,
+                  "alloc_symmetric: rank " + std::to_string(r) + " could not allocate " + std::to_string(all[r].bytes) +
+                      " bytes (see its error), so no rank keeps this allocation",
+                  c.rank, r);
+    }
     if (all[r].bytes != bytes || all[r].offset != ref->offset) {
       (void)c.ctx->heap->free_symmetric(p);
       throw Error(Code::InvalidArgument,

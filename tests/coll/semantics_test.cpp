@@ -1567,6 +1567,36 @@ TEST(Alloc, CountsWhoseByteSizeOverflowsAreRefused) {
   }));
 }
 
+// A symmetric allocation that fails on one rank (past the arena there) fails on every rank
+// in the same call, and a mismatch inside its exchange names alloc_symmetric, not only the
+// all_gather it is made of; the communicator works afterwards.
+TEST(Alloc, SymmetricFailureOnOneRankFailsItEverywhere) {
+  std::atomic<int> unavailable{0}, named{0};
+  expect_no_failures(on_fresh_team(2, 5000ms, [&](Communicator& c) {
+    try {
+      (void)c.alloc_symmetric<char>(c.rank() == 0 ? (size_t{4} << 40) : 64);
+      throw std::runtime_error("no error");
+    } catch (const Error& e) {
+      if (e.code() != Code::Unavailable) throw;
+      ++unavailable;
+    }
+    try {
+      if (c.rank() == 0) (void)c.alloc_symmetric<float>(4);
+      else c.barrier();
+      throw std::runtime_error("no mismatch");
+    } catch (const Error& e) {
+      if (e.code() != Code::InvalidArgument) throw;
+      if (c.rank() == 0 && std::string(e.what()).find("alloc_symmetric") != std::string::npos) ++named;
+    }
+    auto ok = c.alloc_symmetric<float>(16);
+    std::fill(ok.begin(), ok.end(), 1.0f);
+    c.all_reduce(ok, ReduceOp::Sum);
+    if (ok[15] != 2.0f) throw std::runtime_error("all_reduce after the failures: wrong sum");
+  }));
+  EXPECT_EQ(unavailable.load(), 2);
+  EXPECT_EQ(named.load(), 1);
+}
+
 TEST(Symmetric, SameOffsetsEverywhere) {
   expect_no_failures(Team::get(4).run([](Communicator& c) {
     auto a = c.alloc_symmetric<float>(1000);
