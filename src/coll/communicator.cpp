@@ -130,8 +130,9 @@ Status send_done(CommImpl& c, int peer, uint32_t s, Deadline d, bool block) {
                         std::to_string(peer) + " to receive (send #" + std::to_string(s) + ")";
       if (std::string a = peer_activity(c, peer); !a.empty()) msg += "; " + a;
       Status full(st.code(), std::move(msg), peer);
-      if (st.code() != Code::Timeout) c.set_broken(full);
-      else flight_dump_stderr(c, "timed out");
+      // Revoked as after any timeout: the message stays posted, and a receiver that takes it
+      // later would read a buffer the caller may reuse by then.
+      c.set_broken(full);
       return full;
     }
   } else if (!transport::reached(done.value.load(std::memory_order_acquire), s)) {
@@ -175,8 +176,14 @@ Result<std::shared_ptr<WorkState>> post_send(CommImpl& c, const Op& op) {
     Status st = transport::wait_reached(c.peers[peer].recv_done(c.rank), s - kP2pDepth, c.policy(d), "send");
     if (!st.is_ok()) {
       if (staged) (void)heap.free(staged);
-      return st.with_context("rank " + std::to_string(c.rank) + " waiting for rank " + std::to_string(peer) +
-                             " to drain earlier sends: ");
+      --c.send_seq[peer];  // nothing was posted
+      std::string msg = st.message() + " on rank " + std::to_string(c.rank) + " waiting for rank " +
+                        std::to_string(peer) + " to receive one of the " + std::to_string(kP2pDepth) +
+                        " sends already posted to it (send #" + std::to_string(s) + " needs a free place)";
+      if (std::string a = peer_activity(c, peer); !a.empty()) msg += "; " + a;
+      Status full(st.code(), std::move(msg), peer);
+      c.set_broken(full);
+      return full;
     }
   }
   P2pSlot& sl = c.self.slot(peer, s);
@@ -251,8 +258,9 @@ Status do_recv(CommImpl& c, const Op& op) {
                       std::to_string(peer) + " (receive #" + std::to_string(r) + ")";
     if (std::string a = peer_activity(c, peer); !a.empty()) msg += "; " + a;
     Status full(st.code(), std::move(msg), peer);
-    if (st.code() != Code::Timeout) c.set_broken(full);
-    else flight_dump_stderr(c, "timed out");
+    // Revoked as after any timeout: this receive's number is taken, so every later receive
+    // from this peer would be matched against the wrong message.
+    c.set_broken(full);
     return full;
   }
   return take_message(c, op, peer, r, d);
@@ -282,7 +290,7 @@ Status do_recv_any(CommImpl& c, const Op& op, int* source) {
   if (!st.is_ok()) {
     Status full(st.code(), st.message() + " on rank " + std::to_string(c.rank) + " waiting for a send with tag " +
                                std::to_string(op.tag) + " from any rank");
-    if (st.code() != Code::Timeout) c.set_broken(full);
+    c.set_broken(full);
     return full;
   }
   c.any_source_next = (found + 1) % c.size;

@@ -861,6 +861,45 @@ TEST(PointToPoint, SelfMessagesThatCouldNeverCompleteAreRefusedAtOnce) {
   }));
 }
 
+// A send or receive that times out revokes the communicator like any other timeout: the
+// receive's number is taken (later receives would meet the wrong message) and a timed-out
+// send stays posted over a buffer the caller may reuse. Past the 8 sends a pair may have
+// posted ahead, a send waits for a free place and says so, naming the peer.
+TEST(PointToPoint, TimeoutsRevokeTheCommunicator) {
+  std::atomic<int> revoked{0}, full_ring{0};
+  expect_no_failures(on_fresh_team(3, 3000ms, [&](Communicator& c) {
+    std::vector<float> v(4, 1.0f);
+    CollOptions quick;
+    quick.timeout = 100ms;
+    if (c.rank() == 0) {  // rank 2 never sends
+      try {
+        c.recv(v, 2, 0, quick);
+        throw std::runtime_error("recv: no timeout");
+      } catch (const Error& e) {
+        if (e.code() != Code::Timeout) throw;
+      }
+      try {
+        c.send(v, 1);
+        throw std::runtime_error("send after the timed-out recv: no error");
+      } catch (const Error& e) {
+        if (e.code() == Code::Timeout && std::string(e.what()).find("unusable") != std::string::npos) ++revoked;
+      }
+    } else if (c.rank() == 1) {  // rank 2 never receives
+      std::vector<Work> ws;
+      try {
+        for (int i = 0; i < 9; ++i) ws.push_back(c.send_async(v, 2, 5, quick));
+        throw std::runtime_error("9 sends ahead: no timeout");
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        if (e.code() == Code::Timeout && e.peer() == 2 && m.find("already posted") != std::string::npos) ++full_ring;
+        else throw std::runtime_error("9th send: " + m);
+      }
+    }
+  }));
+  EXPECT_EQ(revoked.load(), 1);
+  EXPECT_EQ(full_ring.load(), 1);
+}
+
 TEST(PointToPoint, TagMismatchNamesBoth) {
   std::atomic<int> ok{0};
   expect_no_failures(on_fresh_team(2, 3000ms, [&](Communicator& c) {

@@ -58,7 +58,7 @@ Result<std::shared_ptr<WorkState>> post_send_net(CommImpl& c, const Op& op) {
       Status full(st.code(),
                   st.message() + " on rank " + std::to_string(cc.rank) + " sending to rank " + std::to_string(peer),
                   peer);
-      if (st.code() != Code::Timeout) cc.set_broken(full);
+      cc.set_broken(full);  // as after any timeout (SEMANTICS: errors)
       return full;
     }
     return st;
@@ -75,7 +75,8 @@ Status recv_net(CommImpl& c, const Op& op) {
     Status full(st.code(),
                 st.message() + " on rank " + std::to_string(c.rank) + " receiving from rank " + std::to_string(peer),
                 peer);
-    if (st.code() != Code::Timeout && st.code() != Code::InvalidArgument) c.set_broken(full);
+    // A mismatch leaves the communicator usable; a timeout revokes it, as everywhere.
+    if (st.code() != Code::InvalidArgument) c.set_broken(full);
     return full;
   };
   // The header, then the data of a small message (see post_send_net) straight into the
@@ -197,7 +198,7 @@ Status recv_any_net(CommImpl& c, const Op& op, int* source) {
     st = Status(st.code(), st.message() + " on rank " + std::to_string(c.rank) + " waiting for a send with tag " +
                                std::to_string(op.tag) + " from any rank");
   if (!st.is_ok()) {
-    if (st.code() != Code::Timeout) c.set_broken(st);
+    c.set_broken(st);
     return st;
   }
   c.any_source_next = (found + 1) % c.size;
