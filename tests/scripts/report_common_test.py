@@ -182,15 +182,18 @@ def multihost(out, rng=None, rounds=2, link=True, strata_fails=False, layouts=(2
 
 RECOVERY_ROWS = [
     {"n": 4, "detect_all": 2.5, "rto": 100.0, "detect": 1.5, "spawn": 3.0, "replacement_start": 20.0, "join": 40.0,
-     "rebuild": 5.0, "state": 2.0, "redo": 10.0, "bytes": 8 * MiB, "base_rto": 400.0, "base_reload": 300.0,
-     "lost": 3},
+     "rebuild": 5.0, "state": 2.0, "redo": 10.0, "step": 8.0, "bytes": 8 * MiB, "base_rto": 400.0,
+     "base_reload": 300.0, "lost": 3},
     {"n": 8, "detect_all": 3.5, "rto": 150.0, "detect": 1.5, "spawn": 3.0, "replacement_start": 30.0, "join": 60.0,
-     "rebuild": 6.0, "state": 2.0, "redo": 12.0, "bytes": 8 * MiB, "base_rto": 900.0, "base_reload": 700.0,
-     "lost": 3},
+     "rebuild": 6.0, "state": 2.0, "redo": 12.0, "step": 11.0, "bytes": 8 * MiB, "base_rto": 900.0,
+     "base_reload": 700.0, "lost": 3},
 ]
 # With a hot spare: the same runs without the replacement's start-up.
 for _row, _rto in zip(RECOVERY_ROWS, (20.0, 25.0)):
     _row["hot"] = dict(_row, rto=_rto, replacement_start=1.0, join=5.0)
+# With a hot spare and a light step (--light-hidden): the step costs little.
+for _row, _rto in zip(RECOVERY_ROWS, (4.0, 6.0)):
+    _row["light"] = dict(_row["hot"], rto=_rto, redo=0.5, step=0.4)
 _COUNTS = {"store_ops": 7, "store_bytes": 575, "peer_waits": 8, "agree_bytes": 448}
 RECOVERY_COSTS = [{"n": n, "surv_max": dict(_COUNTS), "surv_median": dict(_COUNTS, peer_waits=6, agree_bytes=336),
                    "r0": dict(_COUNTS, peer_waits=13), "repl": dict(_COUNTS, store_ops=12), "ctl_ops": 4,
@@ -246,7 +249,7 @@ def recovery_doc(out):
     """bench_recovery.py's document for RECOVERY_ROWS, written to out (as write_doc does after a run)."""
     br = import_script("bench_recovery")
     a = types.SimpleNamespace(ranks="4,8", repeats=3, hidden=1024, steps=12, fail_step=8, checkpoint_every=5,
-                              out=out, no_baseline=False, cost_ranks="4,16", load_before=0.5)
+                              out=out, no_baseline=False, cost_ranks="4,16", load_before=0.5, light_hidden=64)
     with contextlib.redirect_stderr(io.StringIO()):
         br.write_doc(a, RECOVERY_ROWS, RECOVERY_COSTS)
 
@@ -518,11 +521,15 @@ def test_recovery_and_demo(tmp, have_mpl):
         f.write("# old\n\n" + torch_section + "\n")
     recovery_doc(out)
     rec = read(out)
-    has(rec, "| ranks | detection | RTO | detect | spawn | start | join | rebuild | state | redo | baseline RTO | "
-        "baseline / strata |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", "RECOVERY.md")
-    has(rec, "| 8 | 3.5 | 150.0 | 1.5 | 3.0 | 30.0 | 60.0 | 6.0 | 2.0 | 12.0 | 900 | 6.0× |", "RECOVERY.md")
-    has(rec, "| 8 | 3.5 | 25.0 | 1.5 | 3.0 | 1.0 | 5.0 | 6.0 | 2.0 | 12.0 | 6.00× |", "RECOVERY.md (hot spare)")
+    has(rec, "| ranks | detection | RTO | detect | spawn | start | join | rebuild | state | redo | step | "
+        "baseline RTO | baseline / strata |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "RECOVERY.md")
+    has(rec, "| 8 | 3.5 | 150.0 | 1.5 | 3.0 | 30.0 | 60.0 | 6.0 | 2.0 | 12.0 | 11.0 | 900 | 6.0× |", "RECOVERY.md")
+    has(rec, "| 8 | 3.5 | 25.0 | 1.5 | 3.0 | 1.0 | 5.0 | 6.0 | 2.0 | 12.0 | 11.0 | 6.00× |", "RECOVERY.md (hot spare)")
     has(rec, "RTO(8) / RTO(4): 1.50 without a spare, 1.25 with a hot spare", "RECOVERY.md")
+    has(rec, "Less one step, the hot-spare RTO is 12.0 ms at 4 ranks and 14.0 ms at 8: 1.17×", "RECOVERY.md (less a step)")
+    has(rec, "| 8 | 3.5 | 6.0 | 1.5 | 3.0 | 1.0 | 5.0 | 6.0 | 2.0 | 0.5 | 0.4 |", "RECOVERY.md (light step)")
+    has(rec, "RTO(8) / RTO(4) with a light step: 1.50 (target ≤ 1.5)", "RECOVERY.md (light step)")
     has(rec, "| 16 | 7 | 575 | 8 (6) | 448 (336) | 7 | 13 | 448 | 12 | 575 | 4 | 278 |", "RECOVERY.md (counted cost)")
     has(rec, torch_section, "RECOVERY.md (the torch section kept)")
     check("# old" not in rec, "RECOVERY.md rewritten outside the torch section")
