@@ -220,8 +220,13 @@ int Launcher::run() {
   }
   auto path = find_program(opts_.argv[0]);
   if (!path) {
-    bool is_path = opts_.argv[0].find('/') != std::string::npos;
-    say(opts_.argv[0] + (is_path ? ": no such executable file" : ": command not found in PATH"));
+    const bool is_path = opts_.argv[0].find('/') != std::string::npos;
+    struct stat st {};
+    const bool exists = is_path && ::stat(opts_.argv[0].c_str(), &st) == 0;
+    say(opts_.argv[0] + (!is_path              ? ": command not found in PATH"
+                         : !exists             ? ": no such file"
+                         : S_ISDIR(st.st_mode) ? ": is a directory, not a program"
+                                               : ": is not executable (chmod +x, or run it through its interpreter)"));
     return kNotFoundExit;
   }
   path_ = *path;

@@ -316,7 +316,7 @@ void State::restore() {
                 "recovery::State::restore: rank " + std::to_string(verdict.rank) +
                     " registered different buffers than rank " + std::to_string(verdict.other) +
                     " of its replica group; register the same names and sizes in the same order on every replica",
-                me, static_cast<int>(verdict.rank));
+                me, static_cast<int>(verdict.rank == me ? verdict.other : verdict.rank));  // the other one
   if (verdict.verdict == kNoReplica)
     throw Error(Code::Unavailable,
                 "recovery::State::restore: no healthy replica holds the state of rank(s) " +

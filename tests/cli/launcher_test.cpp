@@ -2,7 +2,11 @@
 // real signals. Each failure test checks the exit status, the message, the time taken and
 // that no rank (or anything a rank started) outlives the launcher.
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <fstream>
 #include <iterator>
 #include <set>
 
@@ -354,6 +358,18 @@ TEST(LauncherTest, MissingProgramIsReportedBeforeAnyRankStarts) {
   auto r = run_cli({"run", "-n", "2", "--", "strata-no-such-program-xyz"});
   EXPECT_EQ(r.exit_code, 127);
   EXPECT_TRUE(contains(r.err, "strata-no-such-program-xyz: command not found")) << r.err;
+  // A path says which of its problems it has.
+  const std::string plain = "/tmp/strata-not-executable-" + std::to_string(::getpid());
+  std::ofstream(plain) << "echo hi\n";
+  ::chmod(plain.c_str(), 0644);
+  for (const auto& [path, says] : {std::pair<std::string, std::string>{"/strata-no-such-file", "no such file"},
+                                   {plain, "is not executable"},
+                                   {"/tmp", "is a directory"}}) {
+    auto p = run_cli({"run", "-n", "2", "--", path});
+    EXPECT_EQ(p.exit_code, 127) << path;
+    EXPECT_TRUE(contains(p.err, path + ": " + says)) << p.err;
+  }
+  ::unlink(plain.c_str());
 }
 
 TEST(CliStoreTest, StandaloneStoreServesClientsUntilSigterm) {
