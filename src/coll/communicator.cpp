@@ -258,9 +258,14 @@ Status do_recv(CommImpl& c, const Op& op) {
                       std::to_string(peer) + " (receive #" + std::to_string(r) + ")";
     if (std::string a = peer_activity(c, peer); !a.empty()) msg += "; " + a;
     Status full(st.code(), std::move(msg), peer);
-    // Revoked as after any timeout: this receive's number is taken, so every later receive
-    // from this peer would be matched against the wrong message.
-    c.set_broken(full);
+    if (st.code() == Code::Timeout) {
+      // Nothing was taken: the number goes back, and the same receive may be called again
+      // (the monitored barrier of the torch backend polls ranks this way).
+      --c.recv_seq[peer];
+      flight_dump_stderr(c, "timed out");
+    } else {
+      c.set_broken(full);
+    }
     return full;
   }
   return take_message(c, op, peer, r, d);
@@ -290,7 +295,7 @@ Status do_recv_any(CommImpl& c, const Op& op, int* source) {
   if (!st.is_ok()) {
     Status full(st.code(), st.message() + " on rank " + std::to_string(c.rank) + " waiting for a send with tag " +
                                std::to_string(op.tag) + " from any rank");
-    c.set_broken(full);
+    if (st.code() != Code::Timeout) c.set_broken(full);  // a timeout took nothing
     return full;
   }
   c.any_source_next = (found + 1) % c.size;
