@@ -110,13 +110,20 @@ void CommImpl::drop_late() {
 }
 
 Status CommImpl::check_peers() {
+  // Every rank that has exited is named: a survivor that failed because of the first one
+  // may have exited too by the time this rank looks, and naming only the lowest rank would
+  // blame it.
+  std::string who;
+  int first = -1, dead = 0;
   for (int r = 0; r < size; ++r) {
     if (pidfds[r] < 0) continue;
     pollfd p{pidfds[r], POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0)
-      return peer_failed("rank " + std::to_string(r) + " (pid " + std::to_string(pids[r]) + ") exited", r);
+    if (::poll(&p, 1, 0) <= 0) continue;
+    who += std::string(dead++ ? " and " : "") + "rank " + std::to_string(r) + " (pid " + std::to_string(pids[r]) + ")";
+    if (first < 0) first = r;
   }
-  return Status::ok();
+  if (!dead) return Status::ok();
+  return peer_failed(who + " exited", first);
 }
 
 Status CommImpl::sync(Deadline d, const char* what) {
