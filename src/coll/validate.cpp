@@ -95,7 +95,7 @@ Status validate(const CommImpl& c, const Op& op) {
       STRATA_RETURN_IF_ERROR(check_count(op.rdispls[j], "recv_displs entry"));
     }
     // A rank's own block: with peers, their descriptor check names it on every rank at once
-    // (compare_descriptor); alone, nobody else would.
+    // (check_all_to_all_v_counts); alone, nobody else would.
     if (n == 1 && op.counts[0] != op.rcounts[0])
       return invalid_argument(str(": this rank sends itself send_counts[0]=", std::to_string(op.counts[0]),
                                   " elements but expects recv_counts[0]=", std::to_string(op.rcounts[0])));
