@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include "bootstrap/job_info.hpp"
@@ -43,13 +42,6 @@ const char kUsage[] =
 
 void row(const std::string& label, const std::string& value) {
   std::printf("%-18s %s\n", label.c_str(), value.c_str());
-}
-
-std::string read_line(const std::string& path) {
-  std::ifstream f(path);
-  std::string line;
-  std::getline(f, line);
-  return line;
 }
 
 std::string format_bytes(size_t b) {
@@ -95,7 +87,7 @@ std::string numa_nodes() {
     if (!name.starts_with("node")) continue;
     auto id = parse_int(std::string_view(name).substr(4));
     if (!id) continue;
-    nodes.emplace_back(static_cast<int>(*id), read_line(e.path().string() + "/cpulist"));
+    nodes.emplace_back(static_cast<int>(*id), read_first_line(e.path().string() + "/cpulist"));
   }
   if (nodes.empty()) return "unknown (no /sys/devices/system/node)";
   std::sort(nodes.begin(), nodes.end());
@@ -167,7 +159,7 @@ std::string probe_cma(const Env& env) {
       result = "yes (process_vm_readv between sibling processes)";
     } else {
       result = "no (" + msg + ")";
-      std::string scope = read_line("/proc/sys/kernel/yama/ptrace_scope");
+      std::string scope = read_first_line("/proc/sys/kernel/yama/ptrace_scope");
       if (!scope.empty()) result += "; kernel.yama.ptrace_scope=" + scope;
     }
   }

@@ -751,25 +751,22 @@ std::vector<T> gather_records(const std::shared_ptr<detail::CommImpl>& impl, con
   auto& heap = *c.ctx->heap;
   void* in = value_or_throw(heap.alloc(sizeof(T)), c.rank);
   void* out = value_or_throw(heap.alloc(sizeof(T) * c.size), c.rank);
+  struct Free {
+    memory::Heap& heap;
+    void *in, *out;
+    ~Free() { (void)heap.free(in), (void)heap.free(out); }
+  } free_both{heap, in, out};
   std::memcpy(in, &mine, sizeof(T));
   std::vector<T> all(c.size);
   try {
     run_blocking(impl, make(OpKind::AllGather, in, out, sizeof(T), DataType::UInt8, {}));
-    std::memcpy(all.data(), out, sizeof(T) * c.size);
   } catch (const Error& e) {
-    (void)heap.free(in);
-    (void)heap.free(out);
     throw Error(e.code(),
                 std::string(what) + " (its exchange among the ranks, an all_gather of " + std::to_string(sizeof(T)) +
                     " bytes per rank): " + e.what(),
                 e.rank(), e.peer());
-  } catch (...) {
-    (void)heap.free(in);
-    (void)heap.free(out);
-    throw;
   }
-  (void)heap.free(in);
-  (void)heap.free(out);
+  std::memcpy(all.data(), out, sizeof(T) * c.size);
   return all;
 }
 

@@ -7,16 +7,12 @@
 #include "common/parse.hpp"
 
 namespace strata {
-namespace {
-
-std::string first_line(const std::string& path) {
+std::string read_first_line(const std::string& path) {
   std::ifstream f(path);
   std::string s;
   std::getline(f, s);
   return s;
 }
-
-}  // namespace
 
 std::vector<int> parse_cpu_list(std::string_view text) {
   std::vector<int> cpus;
@@ -39,7 +35,7 @@ std::vector<int> parse_cpu_list(std::string_view text) {
 }
 
 LastLevelCache read_last_level_cache(const std::string& root) {
-  const std::vector<int> online = parse_cpu_list(first_line(root + "/online"));
+  const std::vector<int> online = parse_cpu_list(read_first_line(root + "/online"));
   if (online.empty()) return {};
   LastLevelCache llc;
   bool all_shared = true;
@@ -49,18 +45,18 @@ LastLevelCache read_last_level_cache(const std::string& root) {
     std::string best;
     for (int i = 0;; ++i) {
       const std::string dir = root + "/cpu" + std::to_string(cpu) + "/cache/index" + std::to_string(i);
-      const std::string level = first_line(dir + "/level");
+      const std::string level = read_first_line(dir + "/level");
       if (level.empty()) break;
-      if (first_line(dir + "/type") == "Instruction") continue;
+      if (read_first_line(dir + "/type") == "Instruction") continue;
       auto l = parse_int(level, 0, 16);
       if (l.is_ok() && l.value() > best_level) best_level = static_cast<int>(l.value()), best = dir;
     }
     if (best_level == 0) return {};
-    const std::vector<int> sharing = parse_cpu_list(first_line(best + "/shared_cpu_list"));
+    const std::vector<int> sharing = parse_cpu_list(read_first_line(best + "/shared_cpu_list"));
     all_shared = all_shared && std::includes(sharing.begin(), sharing.end(), online.begin(), online.end());
     if (cpu == online.front()) {
       llc.level = best_level;
-      auto size = parse_size(first_line(best + "/size"));  // "491520K": binary units
+      auto size = parse_size(read_first_line(best + "/size"));  // "491520K": binary units
       llc.bytes = size.is_ok() ? size.value() : 0;
     } else if (best_level != llc.level) {
       all_shared = false;

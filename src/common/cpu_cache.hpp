@@ -21,6 +21,10 @@ struct LastLevelCache {
 /// on it. {} when sysfs does not say.
 const LastLevelCache& last_level_cache();
 
+/// The first line of a file (sysfs and procfs hold one value per line); empty when it cannot
+/// be read.
+std::string read_first_line(const std::string& path);
+
 /// Parses a Linux CPU list ("0-3,8,10-11") into CPU numbers; empty on malformed text.
 std::vector<int> parse_cpu_list(std::string_view text);
 

@@ -37,6 +37,8 @@ constexpr size_t kWholeReduceMinBytes = size_t{8} << 20;
 
 size_t align64(size_t v) { return (v + 63) & ~size_t{63}; }
 
+bool reduces(OpKind k) { return k == OpKind::ReduceScatter || k == OpKind::ReduceScatterV; }
+
 // The smallest block staged whole. Where one last-level cache serves every CPU of the host,
 // a round's bytes are still in it when a peer on any core reads them, whatever the block's
 // size, and rounds win at every size: 2 ranks on an Intel Xeon VM (one 480 MiB L3),
@@ -51,10 +53,8 @@ std::atomic<int> g_shared_llc_override{-1};
 size_t whole_min_bytes(OpKind k) {
   const int o = g_shared_llc_override.load(std::memory_order_relaxed);
   if (o < 0 ? last_level_cache().shared : o != 0) return SIZE_MAX;
-  return k == OpKind::ReduceScatter || k == OpKind::ReduceScatterV ? kWholeReduceMinBytes : kWholeMinBytes;
+  return reduces(k) ? kWholeReduceMinBytes : kWholeMinBytes;
 }
-
-bool reduces(OpKind k) { return k == OpKind::ReduceScatter || k == OpKind::ReduceScatterV; }
 
 // all_gather stages one block that every peer reads; the others a block per reader.
 bool per_reader(OpKind k) { return k != OpKind::AllGather && k != OpKind::AllGatherV; }
