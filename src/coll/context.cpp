@@ -92,7 +92,7 @@ transport::WaitPolicy CommImpl::policy(Deadline d) {
   transport::WaitPolicy p;
   p.deadline = d;
   p.abort = &abort_flag;
-  p.spin_us = oversubscribed ? 2 : ctx->env.spin_us;
+  p.spin_us = oversubscribed ? 0 : ctx->env.spin_us;
   p.yield_us = oversubscribed ? 2000 : 200;
   p.check = [this] { return check_peers(); };
   return p;
