@@ -29,8 +29,9 @@ struct WaitPolicy {
   Deadline deadline = Deadline::never();
   const std::atomic<bool>* abort = nullptr;  // set by Communicator::abort() or revocation
   /// Microseconds of pure spinning (CPU pause) before yielding the core, at most. Long when
-  /// every rank has a core of its own (the peer is running and arrives soon), near zero when
-  /// the host is oversubscribed (the peer may need our core to arrive at all). A thread whose
+  /// every rank has a core of its own (the peer is running and arrives soon), zero when the
+  /// host is oversubscribed (the peer may need our core to arrive at all): then a wait polls a
+  /// few times and goes straight to yielding. A thread whose
   /// spins keep running out (the peer was not running beside it) spins less, down to 1/256
   /// (every 256th wait spins in full, to notice when that has changed).
   uint32_t spin_us = 500;
