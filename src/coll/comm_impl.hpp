@@ -107,6 +107,7 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   bool cma_all = false;                    // every member can CMA-read every other member
   bool oversubscribed = false;             // more members than cores this process may use
   std::vector<std::vector<char>> cma_tmp;  // per peer: landing space for CMA reads that feed a reduction
+  std::vector<char> piece;                 // two-shot all_reduce pushing: one reduced piece, in cache
 
   // A choice between two ways of running a call that changes no result, learned per size
   // (log2 of its bytes): each mode is tried kTrials times, then the faster one stays

@@ -80,6 +80,9 @@ struct OpDesc {
   // Within a host: the input lies in the owner's operation slot (OpSlot::inline_data), over
   // in_seg and the fields after it, which the owner then does not publish.
   static constexpr uint32_t kInSlot = 64;
+  // Within a host, two-shot all_reduce: out_seg/out_off name heap scratch where peers read
+  // this rank's reduced slice; its output is an external buffer they cannot write.
+  static constexpr uint32_t kOutViewOnly = 1024;
 };
 static_assert(sizeof(OpDesc) == 48);
 

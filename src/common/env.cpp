@@ -177,6 +177,12 @@ Env parse(Lookup lookup, void* ctx) {
     else if (*s == "streamed") e.two_shot_stores = 1;
     else s.reject("not one of auto, cached, streamed");
   }
+  if (auto s = get("STRATA_TWO_SHOT_PUSH"); s && !s->empty()) {
+    if (*s == "auto") e.two_shot_push = -1;
+    else if (*s == "pull") e.two_shot_push = 0;
+    else if (*s == "push") e.two_shot_push = 1;
+    else s.reject("not one of auto, pull, push");
+  }
   for (auto [name, field] :
        {std::pair{"STRATA_ALL_TO_ALL_CMA", &e.all_to_all_cma}, std::pair{"STRATA_ALL_GATHER_CMA", &e.all_gather_cma},
         std::pair{"STRATA_REDUCE_SCATTER_CMA", &e.reduce_scatter_cma}}) {

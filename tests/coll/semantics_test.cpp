@@ -481,6 +481,45 @@ void reductions_of_external_inputs_in_rounds_are_exact() {
   }));
 }
 
+// Two-shot all_reduce with every output on the heap: each rank writes its reduced slice into
+// every rank's output itself (two_shot.cpp, all_reduce_push), in pieces of 64 KiB. Three
+// ranks, slices of 200,003 elements (13 pieces, the last partial), in place and out of place:
+// every element checked on every rank, and each rank moved exactly n copies of its own slice
+// (pulling, it would have read the n - 1 others' slices instead).
+TEST(ZeroCopy, TwoShotAllReduceIntoHeapOutputsPushesEverySlice) {
+  expect_no_failures(on_fresh_team(3, 20000ms, [](Communicator& c) {
+    const int n = c.size();
+    const size_t me = static_cast<size_t>(c.rank());
+    auto value = [](size_t rank, size_t i) { return static_cast<int32_t>((rank + 1) * 1000003u + i * 13u); };
+    auto sum = [&](size_t i) {
+      int32_t s = 0;
+      for (size_t r = 0; r < 3; ++r) s += value(r, i);
+      return s;
+    };
+    const CollOptions two_shot{.algorithm = Algorithm::TwoShot};
+    const size_t count = 600009;
+    auto [lo, hi] = coll::balanced_slice(count, n, c.rank(), 4);
+    const size_t pushed = (hi - lo) * 4 * static_cast<size_t>(n);
+    Buffer<int32_t> in = c.alloc<int32_t>(count), out = c.alloc<int32_t>(count);
+    for (bool inplace : {false, true}) {
+      const char* how = inplace ? "in place" : "out of place";
+      for (size_t i = 0; i < count; ++i) in.data()[i] = value(me, i);
+      std::fill(out.data(), out.data() + count, -1);
+      int32_t* dst = inplace ? in.data() : out.data();
+      Stats before = c.stats();
+      c.all_reduce(in.data(), dst, count, DataType::Int32, ReduceOp::Sum, two_shot);
+      for (size_t i = 0; i < count; ++i)
+        STRATA_TEST_REQUIRE(dst[i] == sum(i), "all_reduce " << how << ": element " << i << " is " << dst[i]);
+      const Stats after = c.stats();
+      STRATA_TEST_REQUIRE(after.staged_bytes == before.staged_bytes, "all_reduce " << how << ": staged bytes");
+      STRATA_TEST_REQUIRE(after.direct_bytes - before.direct_bytes == pushed,
+                          "all_reduce " << how << ": moved " << after.direct_bytes - before.direct_bytes
+                                        << " bytes, not the " << pushed << " of its slice pushed to " << n
+                                        << " outputs");
+    }
+  }));
+}
+
 // While count x ranks is at most 2 KiB, all_gather, all_to_all and reduce_scatter travel in
 // the control-block slot (coll/shm/inline.cpp): external buffers are not staged, in place
 // works, and the slots alternate correctly with operations that take the direct path between.

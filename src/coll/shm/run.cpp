@@ -274,6 +274,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
       d.out_seg = out_ref->seg;
       d.out_off = out_ref->offset;
     }
+    if (x.peer_view_out) d.flags |= OpDesc::kOutViewOnly;
   }
   uint64_t* vec = c.self.vec();
   const bool has_vec =
