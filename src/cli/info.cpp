@@ -222,10 +222,10 @@ int info_main(int argc, char** argv) {
                   : env.two_shot_stores == 0 ? "cached"
                                              : "streamed") +
           " (STRATA_TWO_SHOT_STORES)");
-  row("  two-shot slices",
-      std::string(env.two_shot_push == 0 ? "pulled: each rank reads the others' reduced slices"
-                                         : "pushed into every output where all outputs are heap buffers") +
-          " (STRATA_TWO_SHOT_PUSH)");
+  row("  push",
+      std::string(env.push == 0 ? "no: two-shot all_reduce and all_gather read the others' data"
+                                : "two-shot all_reduce and all_gather write into every output where all are heap") +
+          " (STRATA_PUSH)");
   for (auto [what, mode, var] :
        {std::tuple{"  all_to_all input", env.all_to_all_cma, "STRATA_ALL_TO_ALL_CMA"},
         std::tuple{"  all_gather input", env.all_gather_cma, "STRATA_ALL_GATHER_CMA"},

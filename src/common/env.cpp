@@ -177,10 +177,10 @@ Env parse(Lookup lookup, void* ctx) {
     else if (*s == "streamed") e.two_shot_stores = 1;
     else s.reject("not one of auto, cached, streamed");
   }
-  if (auto s = get("STRATA_TWO_SHOT_PUSH"); s && !s->empty()) {
-    if (*s == "auto") e.two_shot_push = -1;
-    else if (*s == "pull") e.two_shot_push = 0;
-    else if (*s == "push") e.two_shot_push = 1;
+  if (auto s = get("STRATA_PUSH"); s && !s->empty()) {
+    if (*s == "auto") e.push = -1;
+    else if (*s == "pull") e.push = 0;
+    else if (*s == "push") e.push = 1;
     else s.reject("not one of auto, pull, push");
   }
   for (auto [name, field] :

@@ -55,10 +55,10 @@ struct Env {
   size_t oneshot_max_bytes = 256 * 1024;  // STRATA_ONESHOT_MAX_BYTES: one-shot vs two-shot all_reduce (2 ranks)
   // STRATA_TWO_SHOT_STORES: how two-shot writes the reduced slice peers read next: 0 cached,
   // 1 streamed, -1 (auto) whichever measured faster in this communicator's first calls.
-  // STRATA_TWO_SHOT_PUSH: how two-shot all_reduce moves the reduced slices: 0 each rank reads
-  // the others' (pull); 1 or -1 (auto) each rank writes its slice into every output (push)
-  // where every rank's output is a heap buffer, else pull.
-  int two_shot_push = -1;
+  // STRATA_PUSH: how two-shot all_reduce and all_gather move data within a host: 0 each rank
+  // reads the others' (pull); 1 or -1 (auto) each rank writes its part into every rank's
+  // output (push) where every output is a heap buffer, else pull.
+  int push = -1;
   int two_shot_stores = -1;
   // STRATA_ALL_TO_ALL_CMA, STRATA_ALL_GATHER_CMA, STRATA_REDUCE_SCATTER_CMA: how an
   // out-of-place call of that kind (and its v-form) lets peers read an external input (from

@@ -481,12 +481,13 @@ void reductions_of_external_inputs_in_rounds_are_exact() {
   }));
 }
 
-// Two-shot all_reduce with every output on the heap: each rank writes its reduced slice into
-// every rank's output itself (two_shot.cpp, all_reduce_push), in pieces of 64 KiB. Three
-// ranks, slices of 200,003 elements (13 pieces, the last partial), in place and out of place:
-// every element checked on every rank, and each rank moved exactly n copies of its own slice
-// (pulling, it would have read the n - 1 others' slices instead).
-TEST(ZeroCopy, TwoShotAllReduceIntoHeapOutputsPushesEverySlice) {
+// With every output on the heap, two-shot all_reduce and all_gather (from 1 MiB) push: each
+// rank writes its reduced slice or its block into every rank's output itself (two_shot.cpp),
+// in pieces of 64 KiB. Three ranks; all_reduce slices of 200,003 elements (13 pieces, the
+// last partial), all_gather_v blocks of 300,007 / 0 / 150,001, in place and out of place:
+// every element checked on every rank, and each rank moved exactly n copies of its own part
+// (pulling, it would have read the others' instead).
+TEST(ZeroCopy, HeapOutputsArePushedInto) {
   expect_no_failures(on_fresh_team(3, 20000ms, [](Communicator& c) {
     const int n = c.size();
     const size_t me = static_cast<size_t>(c.rank());
@@ -516,6 +517,26 @@ TEST(ZeroCopy, TwoShotAllReduceIntoHeapOutputsPushesEverySlice) {
                           "all_reduce " << how << ": moved " << after.direct_bytes - before.direct_bytes
                                         << " bytes, not the " << pushed << " of its slice pushed to " << n
                                         << " outputs");
+    }
+    const size_t counts[3] = {300007, 0, 150001};
+    const size_t total = counts[0] + counts[1] + counts[2], at = me == 0 ? 0 : me == 1 ? counts[0] : counts[0] + counts[1];
+    Buffer<int32_t> gin = c.alloc<int32_t>(counts[me] + 1), gout = c.alloc<int32_t>(total);
+    for (bool inplace : {false, true}) {
+      const char* how = inplace ? "in place" : "out of place";
+      std::fill(gout.data(), gout.data() + total, -1);
+      int32_t* src = inplace ? gout.data() + at : gin.data();
+      for (size_t i = 0; i < counts[me]; ++i) src[i] = value(me, i);
+      Stats before = c.stats();
+      c.all_gather_v(src, gout.data(), counts, DataType::Int32);
+      for (size_t r = 0, base = 0; r < 3; base += counts[r++])
+        for (size_t i = 0; i < counts[r]; ++i)
+          STRATA_TEST_REQUIRE(gout.data()[base + i] == value(r, i), "all_gather_v " << how << ": element " << i
+                                                                                    << " of rank " << r << " is "
+                                                                                    << gout.data()[base + i]);
+      // In place, this rank's own copy is no copy.
+      const size_t want = counts[me] * 4 * static_cast<size_t>(inplace ? n - 1 : n);
+      const size_t moved = c.stats().direct_bytes - before.direct_bytes;
+      STRATA_TEST_REQUIRE(moved == want, "all_gather_v " << how << ": moved " << moved << " bytes, not " << want);
     }
   }));
 }

@@ -180,10 +180,10 @@ TEST(EnvParse, BehaviourAndHeapSettings) {
   EXPECT_EQ(env_of({{"STRATA_TWO_SHOT_STORES", "cached"}}).two_shot_stores, 0);
   EXPECT_EQ(env_of({{"STRATA_TWO_SHOT_STORES", "streamed"}}).two_shot_stores, 1);
   EXPECT_EQ(env_of({{"STRATA_TWO_SHOT_STORES", "auto"}}).two_shot_stores, -1);
-  EXPECT_EQ(env_of({}).two_shot_push, -1);
-  EXPECT_EQ(env_of({{"STRATA_TWO_SHOT_PUSH", "pull"}}).two_shot_push, 0);
-  EXPECT_EQ(env_of({{"STRATA_TWO_SHOT_PUSH", "push"}}).two_shot_push, 1);
-  EXPECT_EQ(env_of({{"STRATA_TWO_SHOT_PUSH", "auto"}}).two_shot_push, -1);
+  EXPECT_EQ(env_of({}).push, -1);
+  EXPECT_EQ(env_of({{"STRATA_PUSH", "pull"}}).push, 0);
+  EXPECT_EQ(env_of({{"STRATA_PUSH", "push"}}).push, 1);
+  EXPECT_EQ(env_of({{"STRATA_PUSH", "auto"}}).push, -1);
   EXPECT_EQ(env_of({}).all_to_all_cma, -1);
   EXPECT_EQ(env_of({{"STRATA_ALL_TO_ALL_CMA", "staged"}}).all_to_all_cma, 0);
   EXPECT_EQ(env_of({{"STRATA_ALL_TO_ALL_CMA", "cma"}}).all_to_all_cma, 1);
@@ -284,7 +284,7 @@ TEST(EnvParse, InvalidValuesAreNamedAndChecked) {
                         {"STRATA_UCX_DATAPATH", "rdma"},
                         {"STRATA_LOG", "loud"},
                         {"STRATA_TWO_SHOT_STORES", "fast"},
-                        {"STRATA_TWO_SHOT_PUSH", "both"},
+                        {"STRATA_PUSH", "both"},
                         {"STRATA_ALL_TO_ALL_CMA", "yes"},
                         {"STRATA_REDUCE_SCATTER_CMA", "single"},
                         {"STRATA_HEARTBEAT_TIMEOUT", "0ms"},
@@ -293,7 +293,7 @@ TEST(EnvParse, InvalidValuesAreNamedAndChecked) {
   for (const auto& s : e.invalid) all += s + "\n";
   for (const char* want :
        {"STRATA_TIMEOUT=soon", "STRATA_ONESHOT_MAX_BYTES=12X", "STRATA_SPIN_US=-5", "STRATA_RANK=4294967297",
-        "STRATA_CMA=maybe", "STRATA_UCX_DATAPATH=rdma", "STRATA_LOG=loud", "STRATA_TWO_SHOT_STORES=fast", "STRATA_TWO_SHOT_PUSH=both",
+        "STRATA_CMA=maybe", "STRATA_UCX_DATAPATH=rdma", "STRATA_LOG=loud", "STRATA_TWO_SHOT_STORES=fast", "STRATA_PUSH=both",
         "STRATA_ALL_TO_ALL_CMA=yes", "STRATA_REDUCE_SCATTER_CMA=single", "STRATA_HEARTBEAT_TIMEOUT=0ms"})
     EXPECT_NE(all.find(want), std::string::npos) << want << " missing from:\n" << all;
   EXPECT_EQ(e.invalid.size(), 12u) << "an empty value is unset, not invalid:\n" << all;

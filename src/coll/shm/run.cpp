@@ -265,7 +265,8 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
       d.in_off = in_ref->offset;
     }
   }
-  if (ext.out && !slot_in) {
+  // An external output that only its owner writes is not published (there is no heap place).
+  if (ext.out && !slot_in && (out_cma || out_ref)) {
     d.flags |= OpDesc::kHasOut;
     if (out_cma) {
       d.flags |= OpDesc::kOutCma;

@@ -1,6 +1,8 @@
 // The two-shot family: a direct reduce-scatter (rank i reduces slice i reading every peer's
 // buffer and writes it once), then a direct all-gather. Slices are balanced and cache-line
-// aligned; all_reduce is the two halves in a row.
+// aligned; all_reduce is the two halves in a row. Where every rank's output is a heap buffer,
+// all_reduce and all_gather push instead: each rank writes its reduced slice or its block
+// into every rank's output, so that memory reads each byte once.
 
 #include "coll/shm/exec.hpp"
 
@@ -11,19 +13,44 @@ namespace {
 constexpr size_t kUncachedMinBytes = size_t{1} << 20;
 // An external output's reduced slice is written in pieces of this size (they stay in L2).
 constexpr size_t kSharedPieceBytes = size_t{256} << 10;
-// Pushing, each piece is reduced into a buffer of this size and written to every output.
+// Pushing, data goes to the outputs in pieces of this size: each piece is read (or reduced)
+// once and written to every output from the cache.
 constexpr size_t kPushPieceBytes = size_t{64} << 10;
-// Pushing out of place, outputs are written around the cache from this size (the buffer).
-constexpr size_t kPushStreamMinBytes = size_t{32} << 20;
+// Pushing, outputs are written around the cache once the host's buffers (every rank's input
+// and output) exceed this: 2 ranks, cached against streamed, all_reduce out of place 16 / 32 /
+// 64-256 MiB (64 / 128 / 256-1024 MiB of buffers) 1.36 / 0.93 / 0.68-0.75x, all_gather out of
+// place 1-16 / 64-256 MiB (3-48 / 192-768) 1.25-2.6 / 0.64-0.74x, in place 16-64 / 128-256
+// MiB (32-128 / 256-512) 0.80-0.91 / 1.08-1.16x.
+constexpr size_t kPushStreamMinFootprint = size_t{128} << 20;
+// all_gather pushes from this output size (below it, 64-256 KiB, pushing was 2-3% slower).
+constexpr size_t kGatherPushMinBytes = size_t{1} << 20;
 
-/// Whether every rank's output is its own heap buffer, which peers may write (not a scratch
-/// view in front of an external buffer, nor a CMA one). Every rank sees the same descriptors.
-bool outputs_writable(const Exec& x) {
+/// Whether this call pushes: every rank's output is its own heap buffer, which peers may
+/// write (not a scratch view in front of an external buffer, nor a CMA one), and STRATA_PUSH
+/// allows it. Every rank sees the same descriptors, so all decide alike.
+bool pushes(const Exec& x) {
+  if (x.c.ctx->env.push == 0) return false;
   for (int r = 0; r < x.c.size; ++r) {
     const uint32_t f = x.desc(r).flags;
     if (!(f & OpDesc::kHasOut) || (f & (OpDesc::kOutCma | OpDesc::kOutViewOnly))) return false;
   }
   return true;
+}
+
+/// Whether pushing writes around the cache when the host's buffers total `footprint` bytes
+/// (STRATA_TWO_SHOT_STORES forces either way).
+bool push_uncached(const Exec& x, size_t footprint) {
+  const int forced = x.c.ctx->env.two_shot_stores;
+  return forced >= 0 ? forced == 1 : footprint > kPushStreamMinFootprint;
+}
+
+/// Every rank's output at `offset` <- `bytes` of `src` (this rank's), this rank's own first.
+Status push_piece(Exec& x, const char* src, size_t offset, size_t bytes, bool uncached) {
+  for (int k = 0; k < x.c.size; ++k) {
+    STRATA_ASSIGN_OR_RETURN(char* dst, x.peer_out((x.c.rank + k) % x.c.size, offset, bytes));
+    x.copy(dst, src, bytes, uncached);
+  }
+  return Status::ok();
 }
 
 /// Two-shot with the all-gather folded into the reduction: this rank reduces its slice piece
@@ -33,26 +60,17 @@ bool outputs_writable(const Exec& x) {
 /// bytes of slice i that this rank writes into rank r's buffer are read by no one but this
 /// rank, and it has read them for this piece already.
 Status all_reduce_push(Exec& x, size_t lo, size_t hi) {
-  const int n = x.c.size, me = x.c.rank;
   const size_t e = x.esz;
   // In place, the lines written are the ones just read for this piece, in this core's cache:
-  // cached stores find them there (streaming was 0.8x at 16-256 MiB, 2 ranks). Out of place,
-  // streaming wins once the host's buffers outgrow the cache (2 ranks, cached against
-  // streamed: 16 MiB 1.36x, 32 MiB 0.93x, 64-256 MiB 0.68-0.75x).
-  const int forced = x.c.ctx->env.two_shot_stores;
-  const bool uncached = forced >= 0 ? forced == 1 : x.in != x.out && x.op.count * e >= kPushStreamMinBytes;
+  // cached stores find them there (streaming was 0.8x at 16-256 MiB, 2 ranks).
+  const bool uncached = x.in != x.out && push_uncached(x, 2 * x.op.count * e * static_cast<size_t>(x.c.size));
   const size_t piece = std::max<size_t>(1, kPushPieceBytes / e);
   std::vector<char>& buf = x.c.piece;
   if (buf.size() < piece * e) buf.resize(piece * e);
-  std::vector<char*> outs(n);
   for (size_t a = lo; a < hi; a += piece) {
-    const size_t b = std::min(hi, a + piece), bytes = (b - a) * e;
+    const size_t b = std::min(hi, a + piece);
     STRATA_RETURN_IF_ERROR(reduce_range(x, buf.data(), a, b));
-    for (int k = 0; k < n; ++k) {
-      const int r = (me + k) % n;
-      STRATA_ASSIGN_OR_RETURN(char* dst, x.peer_out(r, a * e, bytes));
-      x.copy(dst, buf.data(), bytes, uncached);
-    }
+    STRATA_RETURN_IF_ERROR(push_piece(x, buf.data(), a * e, (b - a) * e, uncached));
   }
   return Status::ok();
 }
@@ -64,9 +82,8 @@ Status all_reduce_two_shot(Exec& x) {
   // Two-shot: reduce-scatter straight into each rank's own output slice, then all-gather.
   auto [lo, hi] = slice(count, n, me, e);
   // Pushing beat pulling at every size where two-shot runs (2 ranks, heap, 512 KiB-16 MiB:
-  // 1.1-1.6x out of place, 1.7-2.5x in place; 4 and 8 ranks 1.2-1.5x), so it is taken wherever
-  // every output allows it, unless STRATA_TWO_SHOT_PUSH=pull.
-  if (x.c.ctx->env.two_shot_push != 0 && outputs_writable(x)) {
+  // 1.1-1.6x out of place, 1.7-2.5x in place; 4 and 8 ranks 1.2-1.5x).
+  if (pushes(x)) {
     if (hi > lo) STRATA_RETURN_IF_ERROR(all_reduce_push(x, lo, hi));
     return x.sync("all_reduce");
   }
@@ -116,6 +133,19 @@ Status all_gather(Exec& x, const std::vector<size_t>& counts) {
   const int n = x.c.size, me = x.c.rank;
   const size_t e = x.esz;
   std::vector<size_t> displ = coll::prefix_sums(counts);
+  // Pushing, this rank writes its block into every output, reading it once: memory sees 1/n
+  // of the reads of pulling (2 ranks, heap: 1-16 MiB 1.2-1.6x, 256 MiB 1.3x). An external input
+  // is read where it is (it may have been staged already, before the descriptors were seen).
+  const size_t total = (displ[n - 1] + counts[n - 1]) * e;
+  if (total >= kGatherPushMinBytes && pushes(x)) {
+    const char* src = x.piped_src ? x.piped_src : x.in;
+    const size_t bytes = counts[me] * e, at = displ[me] * e;
+    const size_t inputs = x.in == x.out + at ? 0 : total;
+    const bool uncached = push_uncached(x, total * static_cast<size_t>(n) + inputs);
+    for (size_t a = 0; a < bytes; a += kPushPieceBytes)
+      STRATA_RETURN_IF_ERROR(push_piece(x, src + a, at + a, std::min(kPushPieceBytes, bytes - a), uncached));
+    return x.sync("all_gather");
+  }
   // A rank with an external input stages it in rounds (pipe.cpp); the others' inputs are
   // read whole in the first round.
   const int rounds = pipe_rounds(x);
