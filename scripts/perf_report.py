@@ -449,9 +449,11 @@ def main():
           "(the first two share its code, `src/cli/bench_common.hpp`). As in nccl-tests the inputs are not "
           "rewritten between calls, so up to about 1 MiB a peer's input stays in the reader's cache: that flatters "
           "algorithms that read whole inputs (one-shot all_reduce) against a training step, whose gradients are "
-          "written just before the call. Measured both ways on this machine (2 ranks, heap): one-shot against "
-          "two-shot 22 against 37-45 us at 512 KiB with unchanged inputs, 35 against 30 us with inputs written "
-          "before each call (`strata run -n 2 build/bench/fresh_inputs_bench`); the selector follows the second." % (
+          "written just before the call. Measured both ways on this machine (2 ranks, heap, two-shot pushing into "
+          "the outputs): one-shot against two-shot 2.4 against 3.3 us at 64 KiB and 7.6 against 11.1 at 256 KiB "
+          "with unchanged inputs, 7.5 against 4.6 and 22.5 against 14.3 with inputs written before each call "
+          "(`strata run -n 2 build/bench/fresh_inputs_bench`); the selector follows the second (one-shot up to "
+          "16 KiB on 2 ranks)." % (
               _timing(runs, "warmup"), _timing(runs, "target_ms"), _timing(runs, "repeats")),
           "- **Size** (nccl-tests): for all_reduce, reduce, broadcast, sendrecv, the bytes of the buffer each "
           "rank passes; for all_gather, reduce_scatter, all_to_all, gather, scatter the *total* buffer "
@@ -496,8 +498,9 @@ def main():
             ["1 MiB in cache, 1 thread"] + ["%.2f" % d["in_cache_1mib_gbs"] for d in probes],
         ], "l" + "r" * len(names))
         L += ["",
-              "A two-shot all_reduce on 2 ranks moves 1.25× the bytes of a memcpy per process, so busbw ≤ 0.8× "
-              "the per-process copy rate with both cores busy.", ""]
+              "A two-shot all_reduce on 2 ranks that pulls the reduced slices moves 1.25× the bytes of a memcpy per "
+              "process, so busbw ≤ 0.8× the per-process copy rate with both cores busy: the limit the targets use. "
+              "Pushing them into heap outputs (`STRATA_PUSH`), it moves as many bytes as a memcpy (busbw ≤ 1.0×).", ""]
 
     for coll, n in runs.groups():
         L += ["## %s, %d ranks" % (coll, n), ""]

@@ -93,9 +93,10 @@ constexpr Rule kRules[] = {
      "writes each slice where no peer reads (2 ranks: two-shot 1.2-1.6x faster from 8 KiB to 2 MiB)"},
     {false, [](const Call& c) { return c.bytes * static_cast<size_t>(c.s.size) <= 2 * c.s.oneshot_max_bytes; },
      Algo::OneShot,
-     "bytes x ranks <= 2 x STRATA_ONESHOT_MAX_BYTES (256 KiB): one sync and every input read beats two syncs "
-     "(2 ranks, inputs written just before each call: equal at 256 KiB, two-shot 1.15x faster at 512 KiB and 1.7x "
-     "at 1 MiB: bench/fresh_inputs_bench); the limit shrinks as more inputs are read"},
+     "bytes x ranks <= 2 x STRATA_ONESHOT_MAX_BYTES (16 KiB): every rank reads every input, against two-shot's "
+     "slices (2 ranks, inputs written just before each call, two-shot pushing into heap outputs: 1.1x at 4 KiB, "
+     "1.3-1.6x at 8-256 KiB; external buffers, one-shot 1.7x faster at 4 KiB, even at 16-64 KiB: "
+     "bench/fresh_inputs_bench, strata bench --buffers external); the limit shrinks as more inputs are read"},
     {false, [](const Call&) { return true; }, Algo::TwoShot,
      "large: each rank reads only its slice of every input, the bandwidth-optimal direct pattern"},
 
