@@ -65,7 +65,7 @@ Status wait_reached(const Signal& s, uint32_t target, const WaitPolicy& policy, 
   Clock::time_point spin_until{};
   for (uint32_t polls = 0;; ++polls) {
     if (reached(s.value.load(std::memory_order_acquire), target)) {
-      if (polls > 0 && t_missed_spins > 0) --t_missed_spins;
+      if (polls > 0 && t_missed_spins > 0 && policy.spin_us) --t_missed_spins;
       return Status::ok();
     }
     STRATA_CPU_RELAX();
@@ -81,7 +81,8 @@ Status wait_reached(const Signal& s, uint32_t target, const WaitPolicy& policy, 
       break;
     }
   }
-  if (t_missed_spins < kMaxSpinHalvings) ++t_missed_spins;
+  // A wait with no spin to shorten leaves the count to the thread's spinning waits.
+  if (policy.spin_us && t_missed_spins < kMaxSpinHalvings) ++t_missed_spins;
   const auto yield_until = Clock::now() + std::chrono::microseconds(policy.yield_us);
   while (Clock::now() < yield_until) {
     for (int i = 0; i < 4; ++i) {
