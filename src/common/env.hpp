@@ -50,16 +50,17 @@ struct Env {
   // STRATA_AGENT_HEARTBEAT: how often an agent (and a waiting spare host) beats into the
   // store, and how often the watching agents look; 0: an eighth of the agent timeout.
   std::chrono::milliseconds agent_heartbeat{0};
-  uint32_t spin_us = 500;                 // STRATA_SPIN_US: µs a wait spins before yielding/sleeping
-  int oversubscribed = -1;                // STRATA_OVERSUBSCRIBED: 1/0 force the wait policy; -1 (auto): ranks > cores
-  size_t oneshot_max_bytes = 16 * 1024;   // STRATA_ONESHOT_MAX_BYTES: one-shot vs two-shot all_reduce (2 ranks)
+  uint32_t spin_us = 500;                // STRATA_SPIN_US: µs a wait spins before yielding/sleeping
+  int oversubscribed = -1;               // STRATA_OVERSUBSCRIBED: 1/0 force the wait policy; -1 (auto): ranks > cores
+  size_t oneshot_max_bytes = 16 * 1024;  // STRATA_ONESHOT_MAX_BYTES: one-shot vs two-shot all_reduce (2 ranks)
   // STRATA_TWO_SHOT_STORES: how two-shot writes the reduced slice peers read next: 0 cached,
-  // 1 streamed, -1 (auto) whichever measured faster in this communicator's first calls.
+  // 1 streamed, -1 (auto) whichever measured faster in this communicator's first calls
+  // (pushing: cached in place, else streamed past 128 MiB of the host's buffers).
+  int two_shot_stores = -1;
   // STRATA_PUSH: how two-shot all_reduce and all_gather move data within a host: 0 each rank
   // reads the others' (pull); 1 or -1 (auto) each rank writes its part into every rank's
   // output (push) where every output is a heap buffer, else pull.
   int push = -1;
-  int two_shot_stores = -1;
   // STRATA_ALL_TO_ALL_CMA, STRATA_ALL_GATHER_CMA, STRATA_REDUCE_SCATTER_CMA: how an
   // out-of-place call of that kind (and its v-form) lets peers read an external input (from
   // 16 KiB, where every member can CMA): 0 staged in rounds, 1 read by CMA, -1 (auto) whichever

@@ -519,7 +519,9 @@ TEST(ZeroCopy, HeapOutputsArePushedInto) {
                                         << " outputs");
     }
     const size_t counts[3] = {300007, 0, 150001};
-    const size_t total = counts[0] + counts[1] + counts[2], at = me == 0 ? 0 : me == 1 ? counts[0] : counts[0] + counts[1];
+    const size_t total = counts[0] + counts[1] + counts[2], at = me == 0   ? 0
+                                                                 : me == 1 ? counts[0]
+                                                                           : counts[0] + counts[1];
     Buffer<int32_t> gin = c.alloc<int32_t>(counts[me] + 1), gout = c.alloc<int32_t>(total);
     for (bool inplace : {false, true}) {
       const char* how = inplace ? "in place" : "out of place";

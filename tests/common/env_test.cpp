@@ -291,10 +291,10 @@ TEST(EnvParse, InvalidValuesAreNamedAndChecked) {
                         {"STRATA_HEAP_MAX_SIZE", ""}});
   std::string all;
   for (const auto& s : e.invalid) all += s + "\n";
-  for (const char* want :
-       {"STRATA_TIMEOUT=soon", "STRATA_ONESHOT_MAX_BYTES=12X", "STRATA_SPIN_US=-5", "STRATA_RANK=4294967297",
-        "STRATA_CMA=maybe", "STRATA_UCX_DATAPATH=rdma", "STRATA_LOG=loud", "STRATA_TWO_SHOT_STORES=fast", "STRATA_PUSH=both",
-        "STRATA_ALL_TO_ALL_CMA=yes", "STRATA_REDUCE_SCATTER_CMA=single", "STRATA_HEARTBEAT_TIMEOUT=0ms"})
+  for (const char* want : {"STRATA_TIMEOUT=soon", "STRATA_ONESHOT_MAX_BYTES=12X", "STRATA_SPIN_US=-5",
+                           "STRATA_RANK=4294967297", "STRATA_CMA=maybe", "STRATA_UCX_DATAPATH=rdma", "STRATA_LOG=loud",
+                           "STRATA_TWO_SHOT_STORES=fast", "STRATA_PUSH=both", "STRATA_ALL_TO_ALL_CMA=yes",
+                           "STRATA_REDUCE_SCATTER_CMA=single", "STRATA_HEARTBEAT_TIMEOUT=0ms"})
     EXPECT_NE(all.find(want), std::string::npos) << want << " missing from:\n" << all;
   EXPECT_EQ(e.invalid.size(), 12u) << "an empty value is unset, not invalid:\n" << all;
   Status st = e.check();
