@@ -267,6 +267,15 @@ TEST(ZeroCopy, SmallExternalInputsRideInTheSlot) {
 // read the previous one (coll/shm/pipe.cpp). Ranks differ in what they pipe: rank 0's input is
 // on the heap, the others' are external, and their sizes (hence their round counts) differ,
 // so a round taken from the wrong slot, offset or rank shows in the values.
+/// Element i of rank r's input in the three-rank reduction tests (distinct, exact in int32),
+/// and its sum over the three ranks.
+int32_t three_rank_value(size_t rank, size_t i) { return static_cast<int32_t>((rank + 1) * 1000003u + i * 7u); }
+int32_t three_rank_sum(size_t i) {
+  int32_t s = 0;
+  for (size_t r = 0; r < 3; ++r) s += three_rank_value(r, i);
+  return s;
+}
+
 void external_inputs_staged_in_rounds_are_exact();
 void reductions_of_external_inputs_in_rounds_are_exact();
 
@@ -403,12 +412,8 @@ void reductions_of_external_inputs_in_rounds_are_exact() {
   expect_no_failures(on_fresh_team(3, 20000ms, [](Communicator& c) {
     const int n = c.size();
     const size_t me = static_cast<size_t>(c.rank());
-    auto value = [](size_t rank, size_t i) { return static_cast<int32_t>((rank + 1) * 1000003u + i * 7u); };
-    auto sum = [&](size_t i) {
-      int32_t s = 0;
-      for (size_t r = 0; r < 3; ++r) s += value(r, i);
-      return s;
-    };
+    auto value = three_rank_value;
+    auto sum = three_rank_sum;
     struct Buf {
       std::vector<int32_t> ext;
       Buffer<int32_t> heap;
@@ -491,12 +496,8 @@ TEST(ZeroCopy, HeapOutputsArePushedInto) {
   expect_no_failures(on_fresh_team(3, 20000ms, [](Communicator& c) {
     const int n = c.size();
     const size_t me = static_cast<size_t>(c.rank());
-    auto value = [](size_t rank, size_t i) { return static_cast<int32_t>((rank + 1) * 1000003u + i * 13u); };
-    auto sum = [&](size_t i) {
-      int32_t s = 0;
-      for (size_t r = 0; r < 3; ++r) s += value(r, i);
-      return s;
-    };
+    auto value = three_rank_value;
+    auto sum = three_rank_sum;
     const CollOptions two_shot{.algorithm = Algorithm::TwoShot};
     const size_t count = 600009;
     auto [lo, hi] = coll::balanced_slice(count, n, c.rank(), 4);
