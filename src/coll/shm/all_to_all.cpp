@@ -44,10 +44,10 @@ Status all_to_all(Exec& x, void* tmp) {
     if (round + 1 < rounds) {
       // Every peer has read our previous round's slot: the barrier below it passed.
       if (x.piped(me)) fill_round(x, round + 1);
-      STRATA_RETURN_IF_ERROR(x.sync("all_to_all"));
+      STRATA_RETURN_IF_ERROR(x.sync());
     }
   }
-  STRATA_RETURN_IF_ERROR(x.close("all_to_all"));
+  STRATA_RETURN_IF_ERROR(x.close());
   if (dst != x.out) {
     kernels::copy(x.out, dst, out_bytes);
     x.c.temp_bytes.fetch_add(out_bytes, std::memory_order_relaxed);

@@ -19,7 +19,7 @@ Status all_reduce_one_shot(Exec& x, void* tmp) {
   // no temporary): reduce into the temporary, write after they finish.
   char* dst = tmp ? static_cast<char*>(tmp) : x.out;
   kernels::reduce(x.op.dtype, x.op.rop, dst, srcs.data(), n, count, divisor(x));
-  STRATA_RETURN_IF_ERROR(x.close("all_reduce"));
+  STRATA_RETURN_IF_ERROR(x.close());
   if (dst != x.out) {
     kernels::copy(x.out, dst, count * e);
     x.c.temp_bytes.fetch_add(count * e, std::memory_order_relaxed);

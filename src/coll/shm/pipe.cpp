@@ -245,7 +245,7 @@ Status reduce_scatter_piped(Exec& x) {
       kernels::reduce(x.op.dtype, x.op.rop, x.out + (s - lo) * e, srcs.data(), n, t - s, divisor(x), stores);
     }
     if (x.piped_src) fill_round(x, k + 1);
-    STRATA_RETURN_IF_ERROR(x.sync("reduce_scatter"));
+    STRATA_RETURN_IF_ERROR(x.sync());
   }
   return Status::ok();
 }

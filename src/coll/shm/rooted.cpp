@@ -23,7 +23,7 @@ Status reduce(Exec& x) {
       STRATA_RETURN_IF_ERROR(reduce_range(x, dst, lo, hi));
     }
   }
-  return x.sync("reduce");
+  return x.sync();
 }
 
 Status broadcast(Exec& x) {
@@ -31,7 +31,7 @@ Status broadcast(Exec& x) {
   if (bytes) {
     STRATA_RETURN_IF_ERROR(x.copy_from(x.op.root, false, 0, x.out, bytes));
   }
-  return x.close("broadcast");
+  return x.close();
 }
 
 Status gather(Exec& x) {
@@ -40,7 +40,7 @@ Status gather(Exec& x) {
     // Push: every rank writes its block straight into the root's output.
     STRATA_RETURN_IF_ERROR(x.copy_to_out(x.op.root, x.c.rank * bytes, x.in, bytes));
   }
-  return x.sync("gather");
+  return x.sync();
 }
 
 Status scatter(Exec& x) {
@@ -48,7 +48,7 @@ Status scatter(Exec& x) {
   if (bytes) {
     STRATA_RETURN_IF_ERROR(x.copy_from(x.op.root, false, x.c.rank * bytes, x.out, bytes));
   }
-  return x.close("scatter");
+  return x.close();
 }
 
 }  // namespace strata::detail::shm

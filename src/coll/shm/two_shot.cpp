@@ -85,7 +85,7 @@ Status all_reduce_two_shot(Exec& x) {
   // 1.1-1.6x out of place, 1.7-2.5x in place; 4 and 8 ranks 1.2-1.5x).
   if (pushes(x)) {
     if (hi > lo) STRATA_RETURN_IF_ERROR(all_reduce_push(x, lo, hi));
-    return x.sync("all_reduce");
+    return x.sync("closing sync");
   }
   if (hi > lo && !x.peer_view_out) {
     STRATA_RETURN_IF_ERROR(reduce_range(x, x.out + lo * e, lo, hi, x.shared_stores));
@@ -105,7 +105,7 @@ Status all_reduce_two_shot(Exec& x) {
     }
     x.c.staged_bytes.fetch_add((hi - lo) * e, std::memory_order_relaxed);
   }
-  STRATA_RETURN_IF_ERROR(x.sync("all_reduce"));
+  STRATA_RETURN_IF_ERROR(x.sync());
   for (int k = 1; k < n; ++k) {
     int r = (me + k) % n;
     auto [rlo, rhi] = slice(count, n, r, e);
@@ -117,7 +117,7 @@ Status all_reduce_two_shot(Exec& x) {
     const bool uncached = x.in == x.out && bytes >= kUncachedMinBytes;
     STRATA_RETURN_IF_ERROR(x.copy_from(r, true, rlo * e, x.out + rlo * e, bytes, uncached));
   }
-  return x.sync("all_reduce");
+  return x.sync("closing sync");
 }
 
 Status reduce_scatter(Exec& x, const std::vector<size_t>& counts) {
@@ -126,7 +126,7 @@ Status reduce_scatter(Exec& x, const std::vector<size_t>& counts) {
   size_t mine = counts[me];
   // In place, out is our own block of in, which no peer reads: safe to write directly.
   if (mine) STRATA_RETURN_IF_ERROR(reduce_range(x, x.out, displ[me], displ[me] + mine));
-  return x.close("reduce_scatter");
+  return x.close();
 }
 
 Status all_gather(Exec& x, const std::vector<size_t>& counts) {
@@ -144,7 +144,7 @@ Status all_gather(Exec& x, const std::vector<size_t>& counts) {
     const bool uncached = push_uncached(x, total * static_cast<size_t>(n) + inputs);
     for (size_t a = 0; a < bytes; a += kPushPieceBytes)
       STRATA_RETURN_IF_ERROR(push_piece(x, src + a, at + a, std::min(kPushPieceBytes, bytes - a), uncached));
-    return x.sync("all_gather");
+    return x.sync("closing sync");
   }
   // A rank with an external input stages it in rounds (pipe.cpp); the others' inputs are
   // read whole in the first round.
@@ -163,10 +163,10 @@ Status all_gather(Exec& x, const std::vector<size_t>& counts) {
     if (round + 1 < rounds) {
       // Every peer has read our previous round's slot: the barrier below it passed.
       if (x.piped(me)) fill_round(x, round + 1);
-      STRATA_RETURN_IF_ERROR(x.sync("all_gather"));
+      STRATA_RETURN_IF_ERROR(x.sync());
     }
   }
-  return x.close("all_gather");
+  return x.close();
 }
 
 }  // namespace strata::detail::shm
