@@ -83,6 +83,9 @@ struct OpDesc {
   // Within a host, two-shot all_reduce: out_seg/out_off name heap scratch where peers read
   // this rank's reduced slice; its output is an external buffer they cannot write.
   static constexpr uint32_t kOutViewOnly = 1024;
+  // Within a host: this rank's process runs with STRATA_PUSH=pull. Published, because the
+  // number of synchronisations depends on it and every rank must choose alike.
+  static constexpr uint32_t kNoPush = 2048;
 };
 static_assert(sizeof(OpDesc) == 48);
 

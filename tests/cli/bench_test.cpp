@@ -268,6 +268,22 @@ TEST(BenchCli, AllGatherSizeIsTheTotalBuffer) {
   EXPECT_TRUE(seen) << r.out;
 }
 
+// STRATA_PUSH is a per-process setting, but pushing changes how many synchronisations a call
+// makes: one rank set to pull makes every rank pull (the choice rides in the descriptors),
+// rather than ranks counting different steps and mismatching or waiting for the timeout.
+TEST(BenchCli, OneRankThatPullsMakesEveryRankPull) {
+  STRATA_REQUIRE_BIN();
+  for (const char* coll : {"all_reduce", "all_gather"}) {
+    const std::string rank_cmd = "if [ \"$STRATA_RANK\" = 1 ]; then export STRATA_PUSH=pull; fi; exec '" +
+                                 strata_bin() + "' bench " + coll +
+                                 " --as-rank -b 1M -e 4M -f 4 --iters 3 --repeats 2 --warmup 1";
+    Outcome r =
+        run_cli({"run", "-n", "3", "--timeout", "60s", "--", "sh", "-c", rank_cmd}, {"STRATA_TIMEOUT=20s"}, 90s);
+    ASSERT_EQ(r.exit_code, 0) << coll << "\n" << r.out << r.err;
+    EXPECT_TRUE(contains(r.out, "check: all 2 sizes ok")) << coll << "\n" << r.out;
+  }
+}
+
 TEST(BenchCli, BadCommandLinesAreUsageErrors) {
   STRATA_REQUIRE_BIN();
   Outcome bad = run_cli({"bench", "all_reduse", "-n", "2"});

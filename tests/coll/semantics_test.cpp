@@ -519,6 +519,18 @@ TEST(ZeroCopy, HeapOutputsArePushedInto) {
                                         << " bytes, not the " << pushed << " of its slice pushed to " << n
                                         << " outputs");
     }
+    // Rank 1's input external (its peers' slices staged for them), every output on the heap:
+    // still pushed.
+    std::vector<int32_t> ext_in(count);
+    for (size_t i = 0; i < count; ++i) ext_in[i] = in.data()[i] = value(me, i);
+    std::fill(out.data(), out.data() + count, -1);
+    Stats before = c.stats();
+    c.all_reduce(me == 1 ? ext_in.data() : in.data(), out.data(), count, DataType::Int32, ReduceOp::Sum, two_shot);
+    for (size_t i = 0; i < count; ++i)
+      STRATA_TEST_REQUIRE(out.data()[i] == sum(i),
+                          "all_reduce, rank 1's input external: element " << i << " is " << out.data()[i]);
+    STRATA_TEST_REQUIRE(c.stats().direct_bytes - before.direct_bytes == pushed,
+                        "all_reduce, rank 1's input external: not pushed");
     const size_t counts[3] = {300007, 0, 150001};
     const size_t total = counts[0] + counts[1] + counts[2], at = me == 0   ? 0
                                                                  : me == 1 ? counts[0]

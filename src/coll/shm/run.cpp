@@ -277,6 +277,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     }
     if (x.peer_view_out) d.flags |= OpDesc::kOutViewOnly;
   }
+  if (c.ctx->env.push == 0) d.flags |= OpDesc::kNoPush;
   uint64_t* vec = c.self.vec();
   const bool has_vec =
       op.kind == OpKind::AllGatherV || op.kind == OpKind::ReduceScatterV || op.kind == OpKind::AllToAllV;

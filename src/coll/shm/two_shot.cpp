@@ -26,13 +26,13 @@ constexpr size_t kPushStreamMinFootprint = size_t{128} << 20;
 constexpr size_t kGatherPushMinBytes = size_t{1} << 20;
 
 /// Whether this call pushes: every rank's output is its own heap buffer, which peers may
-/// write (not a scratch view in front of an external buffer, nor a CMA one), and STRATA_PUSH
-/// allows it. Every rank sees the same descriptors, so all decide alike.
+/// write (not a scratch view in front of an external buffer, nor a CMA one), and no rank's
+/// STRATA_PUSH says pull. Decided from the descriptors alone, which every rank sees alike:
+/// a rank that pulled while the others pushed would count different synchronisations.
 bool pushes(const Exec& x) {
-  if (x.c.ctx->env.push == 0) return false;
   for (int r = 0; r < x.c.size; ++r) {
     const uint32_t f = x.desc(r).flags;
-    if (!(f & OpDesc::kHasOut) || (f & (OpDesc::kOutCma | OpDesc::kOutViewOnly))) return false;
+    if (!(f & OpDesc::kHasOut) || (f & (OpDesc::kOutCma | OpDesc::kOutViewOnly | OpDesc::kNoPush))) return false;
   }
   return true;
 }
@@ -62,8 +62,10 @@ Status push_piece(Exec& x, const char* src, size_t offset, size_t bytes, bool un
 Status all_reduce_push(Exec& x, size_t lo, size_t hi) {
   const size_t e = x.esz;
   // In place, the lines written are the ones just read for this piece, in this core's cache:
-  // cached stores find them there (streaming was 0.8x at 16-256 MiB, 2 ranks).
-  const bool uncached = x.in != x.out && push_uncached(x, 2 * x.op.count * e * static_cast<size_t>(x.c.size));
+  // cached stores find them there (streaming was 0.8x at 16-256 MiB, 2 ranks), so only a
+  // forced STRATA_TWO_SHOT_STORES streams then.
+  const size_t footprint = x.in == x.out ? 0 : 2 * x.op.count * e * static_cast<size_t>(x.c.size);
+  const bool uncached = push_uncached(x, footprint);
   const size_t piece = std::max<size_t>(1, kPushPieceBytes / e);
   std::vector<char>& buf = x.c.piece;
   if (buf.size() < piece * e) buf.resize(piece * e);
