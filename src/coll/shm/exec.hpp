@@ -38,6 +38,8 @@ struct Exec {
   // Whether the operation ends with a synchronisation: not when no rank's buffer is read or
   // written by a peer (every input in its slot), as all ranks see from the descriptors.
   bool close_sync = true;
+  // This call pushed into every rank's output (two_shot.cpp).
+  bool pushed = false;
 
   const OpDesc& desc(int r) const { return c.peers[r].hdr()->slot(c.seq).desc; }
 

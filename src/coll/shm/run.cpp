@@ -178,6 +178,9 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     choice.emplace(store_choice(c, (hi - lo) * x.esz));
     x.shared_stores = stores_of(*choice);
   }
+  // The store mode is used for this call's staging only where two-shot stages its input
+  // for the peers; pushing uses it for nothing else.
+  const bool stages_for_peers = n > 1 && two_shot_ar && in_ext;
   if (n > 1 && two_shot_ar) {
     STRATA_ASSIGN_OR_RETURN(void* sv, c.scratch_block(0, std::max(ext.in, ext.out)));
     char* s = static_cast<char*>(sv);
@@ -358,8 +361,10 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     c.staged_bytes.fetch_add(back.bytes, std::memory_order_relaxed);
   }
   c.ops.fetch_add(1, std::memory_order_relaxed);
-  if (choice) choice->done();
-  if (route) route->done();
+  // A call that pushed used neither mode of the CMA route, nor (but for its staging) the
+  // store mode: its time would teach the trials nothing.
+  if (choice && (!x.pushed || stages_for_peers)) choice->done();
+  if (route && !x.pushed) route->done();
   return Status::ok();
 }
 

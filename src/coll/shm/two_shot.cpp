@@ -86,6 +86,7 @@ Status all_reduce_two_shot(Exec& x) {
   // Pushing beat pulling at every size where two-shot runs (2 ranks, heap, 512 KiB-16 MiB:
   // 1.1-1.6x out of place, 1.7-2.5x in place; 4 and 8 ranks 1.2-1.5x).
   if (pushes(x)) {
+    x.pushed = true;
     if (hi > lo) STRATA_RETURN_IF_ERROR(all_reduce_push(x, lo, hi));
     return x.sync("closing sync");
   }
@@ -140,6 +141,7 @@ Status all_gather(Exec& x, const std::vector<size_t>& counts) {
   // is read where it is (it may have been staged already, before the descriptors were seen).
   const size_t total = (displ[n - 1] + counts[n - 1]) * e;
   if (total >= kGatherPushMinBytes && pushes(x)) {
+    x.pushed = true;
     const char* src = x.piped_src ? x.piped_src : x.in;
     const size_t bytes = counts[me] * e, at = displ[me] * e;
     const size_t inputs = x.in == x.out + at ? 0 : total;
