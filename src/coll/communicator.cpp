@@ -746,7 +746,8 @@ namespace {
 /// All-gather of a small fixed-size record through the heap (used by split and symmetric alloc).
 /// `what` names the call in errors: a peer that called something else sees an all_gather.
 template <class T>
-std::vector<T> gather_records(const std::shared_ptr<detail::CommImpl>& impl, const T& mine, const char* what) {
+std::vector<T> gather_records(const std::shared_ptr<detail::CommImpl>& impl, const T& mine, const char* what,
+                              int issuer) {
   auto& c = *impl;
   auto& heap = *c.ctx->heap;
   void* in = value_or_throw(heap.alloc(sizeof(T)), c.rank);
@@ -759,7 +760,9 @@ std::vector<T> gather_records(const std::shared_ptr<detail::CommImpl>& impl, con
   std::memcpy(in, &mine, sizeof(T));
   std::vector<T> all(c.size);
   try {
-    run_blocking(impl, make(OpKind::AllGather, in, out, sizeof(T), DataType::UInt8, {}));
+    coll::Op op = make(OpKind::AllGather, in, out, sizeof(T), DataType::UInt8, {});
+    op.root = issuer;  // a peer's all_gather of the same size is a mismatch (coll/op.hpp)
+    run_blocking(impl, op);
   } catch (const Error& e) {
     throw Error(e.code(),
                 std::string(what) + " (its exchange among the ranks, an all_gather of " + std::to_string(sizeof(T)) +
@@ -777,7 +780,7 @@ Communicator Communicator::split(int color, int key) const {
   struct Entry {
     int32_t color, key;
   };
-  auto entries = gather_records(impl_, Entry{color < 0 ? -1 : color, key}, "split");
+  auto entries = gather_records(impl_, Entry{color < 0 ? -1 : color, key}, "split", coll::kRootSplitExchange);
   std::vector<int> order;  // parent ranks of our new group
   for (int r = 0; r < c.size; ++r)
     if (color >= 0 && entries[r].color == color) order.push_back(r);
@@ -810,7 +813,7 @@ Communicator Communicator::split(int color, int key) const {
               : value_or_throw(detail::new_ctrl_block(*c.ctx, new_rank, n), c.rank);
     ref = *c.ctx->heap->locate(ctrl, 1);
   }
-  auto refs_all = gather_records(impl_, ref, "split");
+  auto refs_all = gather_records(impl_, ref, "split", coll::kRootSplitExchange);
   int split_no = c.split_count++;
   if (color < 0) return Communicator();
 
@@ -843,7 +846,8 @@ void* Communicator::alloc_symmetric_bytes(size_t bytes) {
   auto ref = p ? c.ctx->heap->locate(p, 1) : std::nullopt;
   std::vector<Rec> all;
   try {
-    all = gather_records(impl_, Rec{bytes, ref ? ref->offset : kFailed}, "alloc_symmetric");
+    all = gather_records(impl_, Rec{bytes, ref ? ref->offset : kFailed}, "alloc_symmetric",
+                         coll::kRootSymmetricExchange);
   } catch (...) {
     if (p) (void)c.ctx->heap->free_symmetric(p);
     throw;

@@ -38,7 +38,9 @@ Status compare_descriptor(const Op& op, const OpDesc& mine, int me, const OpDesc
   if (same && kind != OpKind::Barrier) same = d.dtype == mine.dtype;
   if (same && has_count(kind)) same = d.count == mine.count;
   if (same && reducing(kind)) same = d.rop == mine.rop;
-  if (same && rooted(kind)) same = d.root == mine.root;
+  // Not rooted, `root` says who issued the call (kRootNone: the user; else split's or
+  // alloc_symmetric's exchange).
+  if (same) same = d.root == mine.root;
   // all_reduce has several algorithms with different steps; an inline operation takes one step
   // where the direct forms take two, so ranks that disagree must fail here, not wait.
   constexpr auto kInline = static_cast<uint8_t>(coll::Algo::Inline);

@@ -33,6 +33,8 @@ const char* to_string(OpKind k) {
 std::string describe(const OpDesc& d) {
   auto k = static_cast<OpKind>(d.kind);
   std::ostringstream os;
+  if (!rooted(k) && d.root == kRootSplitExchange) os << "split (its exchange, ";
+  else if (!rooted(k) && d.root == kRootSymmetricExchange) os << "alloc_symmetric (its exchange, ";
   os << to_string(k) << "(";
   const char* sep = "";
   if (has_count(k)) {
@@ -47,6 +49,7 @@ std::string describe(const OpDesc& d) {
   if (rooted(k)) os << sep << "root=" << d.root;
   if (k == OpKind::AllReduce) os << sep << "algorithm=" << to_string(static_cast<Algo>(d.algo));
   os << ")";
+  if (!rooted(k) && (d.root == kRootSplitExchange || d.root == kRootSymmetricExchange)) os << ")";
   return os.str();
 }
 

@@ -39,12 +39,20 @@ inline bool has_count(OpKind k) {
   return k != OpKind::AllGatherV && k != OpKind::ReduceScatterV && k != OpKind::AllToAllV && k != OpKind::Barrier;
 }
 
+/// In `root` of an operation that has none: who issued it. A user's call has kRootNone; the
+/// exchanges inside split and alloc_symmetric (all_gathers) have their own values, so that a
+/// peer that called all_gather of the same size meanwhile fails as a mismatch naming them
+/// rather than trading records with them.
+inline constexpr int kRootNone = -1;
+inline constexpr int kRootSplitExchange = -2;
+inline constexpr int kRootSymmetricExchange = -3;
+
 /// One operation as issued by the caller.
 struct Op {
   OpKind kind = OpKind::Barrier;
   DataType dtype = DataType::UInt8;
   ReduceOp rop = ReduceOp::Sum;
-  int root = -1;
+  int root = kRootNone;
   int peer = -1;
   int tag = 0;
   const void* in = nullptr;

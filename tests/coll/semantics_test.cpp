@@ -1690,6 +1690,34 @@ TEST(Alloc, CountsWhoseByteSizeOverflowsAreRefused) {
 // A symmetric allocation that fails on one rank (past the arena there) fails on every rank
 // in the same call, and a mismatch inside its exchange names alloc_symmetric, not only the
 // all_gather it is made of; the communicator works afterwards.
+// split and alloc_symmetric exchange records with an all_gather; a peer that called a user
+// all_gather of the same size meanwhile must fail as a mismatch that names them, not trade
+// records with them (it did: the descriptors matched).
+TEST(Mismatch, UserAllGatherAgainstSplitOrAllocSymmetricFailsOnBothRanks) {
+  std::atomic<int> named{0};
+  expect_no_failures(on_fresh_team(2, 5000ms, [&](Communicator& c) {
+    // split's record: two ints (color, key); alloc_symmetric's: two 64-bit words.
+    for (const char* call : {"split", "alloc_symmetric"}) {
+      const size_t record = std::string(call) == "split" ? 8 : 16;
+      auto in = c.alloc<uint8_t>(record);
+      auto out = c.alloc<uint8_t>(record * 2);
+      try {
+        if (c.rank() == 0 && record == 8) (void)c.split(0, 0);
+        else if (c.rank() == 0) (void)c.alloc_symmetric<float>(4);
+        else c.all_gather(in.data(), out.data(), record, DataType::UInt8);
+        throw std::runtime_error(std::string(call) + " against all_gather: no mismatch");
+      } catch (const Error& e) {
+        if (e.code() != Code::InvalidArgument) throw;
+        if (std::string(e.what()).find(std::string(call) + " (its exchange") != std::string::npos) ++named;
+      }
+    }
+    c.barrier();
+    Communicator sub = c.split(0, c.rank());
+    if (sub.size() != 2) throw std::runtime_error("split after the mismatches");
+  }));
+  EXPECT_EQ(named.load(), 4) << "both ranks' errors name the call, for split and alloc_symmetric";
+}
+
 TEST(Alloc, SymmetricFailureOnOneRankFailsItEverywhere) {
   std::atomic<int> unavailable{0}, named{0};
   expect_no_failures(on_fresh_team(2, 5000ms, [&](Communicator& c) {
