@@ -846,8 +846,8 @@ void* Communicator::alloc_symmetric_bytes(size_t bytes) {
   auto ref = p ? c.ctx->heap->locate(p, 1) : std::nullopt;
   std::vector<Rec> all;
   try {
-    all = gather_records(impl_, Rec{bytes, ref ? ref->offset : kFailed}, "alloc_symmetric",
-                         coll::kRootSymmetricExchange);
+    all =
+        gather_records(impl_, Rec{bytes, ref ? ref->offset : kFailed}, "alloc_symmetric", coll::kRootSymmetricExchange);
   } catch (...) {
     if (p) (void)c.ctx->heap->free_symmetric(p);
     throw;
