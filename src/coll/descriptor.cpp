@@ -19,7 +19,6 @@ using coll::Op;
 using coll::OpDesc;
 using coll::OpKind;
 using coll::reducing;
-using coll::rooted;
 
 namespace {
 
