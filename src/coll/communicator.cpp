@@ -743,11 +743,10 @@ Work Communicator::recv_async(void* buf, size_t count, DataType dt, int peer, in
 
 namespace {
 
-/// All-gather of a small fixed-size record through the heap (used by split and symmetric alloc).
-/// `what` names the call in errors: a peer that called something else sees an all_gather.
+/// All-gather of a small fixed-size record through the heap, for the call `issuer` names
+/// (coll::kRootSplitExchange, kRootSymmetricExchange: errors here and on peers name it).
 template <class T>
-std::vector<T> gather_records(const std::shared_ptr<detail::CommImpl>& impl, const T& mine, const char* what,
-                              int issuer) {
+std::vector<T> gather_records(const std::shared_ptr<detail::CommImpl>& impl, const T& mine, int issuer) {
   auto& c = *impl;
   auto& heap = *c.ctx->heap;
   void* in = value_or_throw(heap.alloc(sizeof(T)), c.rank);
@@ -765,7 +764,8 @@ std::vector<T> gather_records(const std::shared_ptr<detail::CommImpl>& impl, con
     run_blocking(impl, op);
   } catch (const Error& e) {
     throw Error(e.code(),
-                std::string(what) + " (its exchange among the ranks, an all_gather of " + std::to_string(sizeof(T)) +
+                std::string(coll::exchange_of(OpKind::AllGather, issuer)) +
+                    " (its exchange among the ranks, an all_gather of " + std::to_string(sizeof(T)) +
                     " bytes per rank): " + e.what(),
                 e.rank(), e.peer());
   }
@@ -780,7 +780,7 @@ Communicator Communicator::split(int color, int key) const {
   struct Entry {
     int32_t color, key;
   };
-  auto entries = gather_records(impl_, Entry{color < 0 ? -1 : color, key}, "split", coll::kRootSplitExchange);
+  auto entries = gather_records(impl_, Entry{color < 0 ? -1 : color, key}, coll::kRootSplitExchange);
   std::vector<int> order;  // parent ranks of our new group
   for (int r = 0; r < c.size; ++r)
     if (color >= 0 && entries[r].color == color) order.push_back(r);
@@ -813,7 +813,7 @@ Communicator Communicator::split(int color, int key) const {
               : value_or_throw(detail::new_ctrl_block(*c.ctx, new_rank, n), c.rank);
     ref = *c.ctx->heap->locate(ctrl, 1);
   }
-  auto refs_all = gather_records(impl_, ref, "split", coll::kRootSplitExchange);
+  auto refs_all = gather_records(impl_, ref, coll::kRootSplitExchange);
   int split_no = c.split_count++;
   if (color < 0) return Communicator();
 
@@ -846,8 +846,7 @@ void* Communicator::alloc_symmetric_bytes(size_t bytes) {
   auto ref = p ? c.ctx->heap->locate(p, 1) : std::nullopt;
   std::vector<Rec> all;
   try {
-    all =
-        gather_records(impl_, Rec{bytes, ref ? ref->offset : kFailed}, "alloc_symmetric", coll::kRootSymmetricExchange);
+    all = gather_records(impl_, Rec{bytes, ref ? ref->offset : kFailed}, coll::kRootSymmetricExchange);
   } catch (...) {
     if (p) (void)c.ctx->heap->free_symmetric(p);
     throw;

@@ -30,11 +30,18 @@ const char* to_string(OpKind k) {
   return "unknown";
 }
 
+const char* exchange_of(OpKind kind, int root) {
+  if (rooted(kind)) return nullptr;
+  if (root == kRootSplitExchange) return "split";
+  if (root == kRootSymmetricExchange) return "alloc_symmetric";
+  return nullptr;
+}
+
 std::string describe(const OpDesc& d) {
   auto k = static_cast<OpKind>(d.kind);
+  const char* exchange = exchange_of(k, d.root);
   std::ostringstream os;
-  if (!rooted(k) && d.root == kRootSplitExchange) os << "split (its exchange, ";
-  else if (!rooted(k) && d.root == kRootSymmetricExchange) os << "alloc_symmetric (its exchange, ";
+  if (exchange) os << exchange << " (its exchange, ";
   os << to_string(k) << "(";
   const char* sep = "";
   if (has_count(k)) {
@@ -49,7 +56,7 @@ std::string describe(const OpDesc& d) {
   if (rooted(k)) os << sep << "root=" << d.root;
   if (k == OpKind::AllReduce) os << sep << "algorithm=" << to_string(static_cast<Algo>(d.algo));
   os << ")";
-  if (!rooted(k) && (d.root == kRootSplitExchange || d.root == kRootSymmetricExchange)) os << ")";
+  if (exchange) os << ")";
   return os.str();
 }
 

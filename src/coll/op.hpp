@@ -46,6 +46,9 @@ inline bool has_count(OpKind k) {
 inline constexpr int kRootNone = -1;
 inline constexpr int kRootSplitExchange = -2;
 inline constexpr int kRootSymmetricExchange = -3;
+/// The call an internal exchange serves ("split", "alloc_symmetric"), from its `root`; null
+/// for a user's call or a rooted kind.
+const char* exchange_of(OpKind kind, int root);
 
 /// One operation as issued by the caller.
 struct Op {

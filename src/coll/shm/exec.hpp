@@ -119,12 +119,13 @@ struct Exec {
     else kernels::copy(dst, src, bytes);
     c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
   }
-  /// A synchronisation between two steps of the operation (or its last, unconditional one):
-  /// errors name `what`, and run() puts the operation's name before them.
-  Status sync(const char* what = "step sync") { return c.sync(deadline, what); }
+  /// A synchronisation between two steps of the operation. Errors name the step; run() puts
+  /// the operation's name before them.
+  Status sync() { return c.sync(deadline, "step sync"); }
   /// The operation's last step: the synchronisation after which peers no longer touch this
-  /// rank's buffers, when there is one (close_sync).
-  Status close() { return close_sync ? c.sync(deadline, "closing sync") : Status::ok(); }
+  /// rank's buffers, when there is one (close_sync), or always (`always`: peers wrote into
+  /// this rank's output).
+  Status close(bool always = false) { return always || close_sync ? c.sync(deadline, "closing sync") : Status::ok(); }
   /// Elements a reduction reads per piece: `whole`, or kCmaChunkBytes' worth when some peer's
   /// input is read by CMA (it lands in a buffer of the size read, kept small enough for L2).
   size_t reduce_step(size_t whole) const;

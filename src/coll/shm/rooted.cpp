@@ -23,7 +23,7 @@ Status reduce(Exec& x) {
       STRATA_RETURN_IF_ERROR(reduce_range(x, dst, lo, hi));
     }
   }
-  return x.sync("closing sync");
+  return x.close(true);
 }
 
 Status broadcast(Exec& x) {
@@ -40,7 +40,7 @@ Status gather(Exec& x) {
     // Push: every rank writes its block straight into the root's output.
     STRATA_RETURN_IF_ERROR(x.copy_to_out(x.op.root, x.c.rank * bytes, x.in, bytes));
   }
-  return x.sync("closing sync");
+  return x.close(true);
 }
 
 Status scatter(Exec& x) {

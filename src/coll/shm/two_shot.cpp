@@ -88,7 +88,7 @@ Status all_reduce_two_shot(Exec& x) {
   if (pushes(x)) {
     x.pushed = true;
     if (hi > lo) STRATA_RETURN_IF_ERROR(all_reduce_push(x, lo, hi));
-    return x.sync("closing sync");
+    return x.close(true);
   }
   if (hi > lo && !x.peer_view_out) {
     STRATA_RETURN_IF_ERROR(reduce_range(x, x.out + lo * e, lo, hi, x.shared_stores));
@@ -120,7 +120,7 @@ Status all_reduce_two_shot(Exec& x) {
     const bool uncached = x.in == x.out && bytes >= kUncachedMinBytes;
     STRATA_RETURN_IF_ERROR(x.copy_from(r, true, rlo * e, x.out + rlo * e, bytes, uncached));
   }
-  return x.sync("closing sync");
+  return x.close(true);
 }
 
 Status reduce_scatter(Exec& x, const std::vector<size_t>& counts) {
@@ -148,7 +148,7 @@ Status all_gather(Exec& x, const std::vector<size_t>& counts) {
     const bool uncached = push_uncached(x, total * static_cast<size_t>(n) + inputs);
     for (size_t a = 0; a < bytes; a += kPushPieceBytes)
       STRATA_RETURN_IF_ERROR(push_piece(x, src + a, at + a, std::min(kPushPieceBytes, bytes - a), uncached));
-    return x.sync("closing sync");
+    return x.close(true);
   }
   // A rank with an external input stages it in rounds (pipe.cpp); the others' inputs are
   // read whole in the first round.
