@@ -85,14 +85,16 @@ struct OpDesc {
   // The buffer is registered external memory: *_off holds its address in the owner's
   // process, read and written with process_vm_readv/writev.
   static constexpr uint32_t kInCma = 4, kOutCma = 8;
-  // Within a host: the input is staged in rounds (coll/shm/pipe.cpp); in_seg/in_off name
-  // the slots. (16 is descriptor.hpp's kOutHeap, used between hosts.)
+  // Within a host: the input is staged in rounds (coll/shm/pipe.cpp, and two-shot
+  // all_reduce's rounds in two_shot.cpp); in_seg/in_off name the slots. (16 is
+  // descriptor.hpp's kOutHeap, used between hosts.)
   static constexpr uint32_t kInPiped = 32;
   // Within a host: the input lies in the owner's operation slot (OpSlot::inline_data), over
   // in_seg and the fields after it, which the owner then does not publish.
   static constexpr uint32_t kInSlot = 64;
-  // Within a host, two-shot all_reduce: out_seg/out_off name heap scratch where peers read
-  // this rank's reduced slice; its output is an external buffer they cannot write.
+  // Within a host, two-shot all_reduce: this rank's output is an external buffer peers
+  // cannot write; out_seg/out_off name the heap slots where they leave its reduced pieces
+  // for it to copy out, round by round (two_shot.cpp).
   static constexpr uint32_t kOutViewOnly = 1024;
   // Within a host: this rank's process runs with STRATA_PUSH=pull. Published, because the
   // number of synchronisations depends on it and every rank must choose alike.

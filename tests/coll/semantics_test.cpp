@@ -121,8 +121,8 @@ TEST(ZeroCopy, ExternalBuffersAreStagedAndCorrect) {
     for (size_t i = 0; i < w.size(); ++i)
       if (w[i] != 3.0 * static_cast<double>(i))
         throw std::runtime_error("two-shot in place: wrong value at " + std::to_string(i));
-    // A reduced slice of several pieces (two_shot.cpp's kSharedPieceBytes, 256 KiB), the last
-    // one partial: every element of it must reach both the output and the peer.
+    // A slice of several rounds (two_shot.cpp's kRoundBytes, 256 KiB of a slice per round at
+    // 2 ranks), the last one partial: every element of it must reach both outputs.
     std::vector<double> big(2 * (3 * 32768 + 11) + 1), big_out(big.size());
     for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<double>(i % 4093) * (c.rank() + 1);
     c.all_reduce(big.data(), big_out.data(), big.size(), DataType::Float64, ReduceOp::Sum, two_shot);
@@ -400,10 +400,12 @@ void external_inputs_staged_in_rounds_are_exact() {
 }
 
 // reduce_scatter(v) reduces external inputs round by round (coll/shm/pipe.cpp): rank j
-// reduces chunk k of its block from the peers' slots of round k. Two-shot all_reduce stages
-// the peers' slices whole and, for an external output, its reduced slice. Three ranks: rank 0
-// has heap buffers throughout, ranks 1 and 2 external inputs, and one of them an external
-// output (which one differs per call); the first reduce_scatter_v takes 7 rounds of 128 KiB.
+// reduces chunk k of its block from the peers' slots of round k. Two-shot all_reduce with an
+// external buffer runs in rounds too (coll/shm/two_shot.cpp): an external input's pieces of
+// the peers' slices are staged a round ahead, an external output gets its peers' reduced
+// pieces in its landing slots. Three ranks: rank 0 has heap buffers throughout, ranks 1 and 2
+// external inputs, and one of them an external output (which one differs per call); the first
+// reduce_scatter_v and the all_reduce calls take 7 rounds of 128 KiB, the last one partial.
 TEST(ZeroCopy, ReductionsOfExternalInputsInRoundsAreExact) {
   on_both_llc_layouts(reductions_of_external_inputs_in_rounds_are_exact);
 }
@@ -441,12 +443,33 @@ void reductions_of_external_inputs_in_rounds_are_exact() {
     c.all_reduce(in.p, out.p, count, DataType::Int32, ReduceOp::Sum, two_shot);
     for (size_t i = 0; i < count; ++i)
       STRATA_TEST_REQUIRE(out.p[i] == sum(i), "all_reduce out of place: element " << i << " is " << out.p[i]);
-    // The peers' slices of an external input are staged once, and an external output's own
-    // reduced slice once more (from the heap scratch that peers read it in).
+    // The peers' slices of an external input are staged once, and each rank's reduced slice
+    // goes once into the landing slots of rank 1, whose output is external; it goes straight
+    // into the other outputs, and rank 1 copies the peers' slices out of its landing slots.
     auto [lo, hi] = coll::balanced_slice(count, n, c.rank(), 4);
     const size_t own = (hi - lo) * 4, staged = c.stats().staged_bytes - before.staged_bytes;
-    const size_t want = me == 0 ? 0 : me == 1 ? count * 4 : count * 4 - own;
+    const size_t want = me == 0 ? own : me == 1 ? count * 4 - own : count * 4;
     STRATA_TEST_REQUIRE(staged == want, "all_reduce out of place: staged " << staged << " bytes, not " << want);
+    const size_t direct = c.stats().direct_bytes - before.direct_bytes;
+    const size_t want_direct = 2 * own + (me == 1 ? count * 4 : 0);
+    STRATA_TEST_REQUIRE(direct == want_direct, "all_reduce out of place: " << direct << " bytes written into outputs, not "
+                                                                           << want_direct);
+
+    // A heap input with an external output (rank 2), an external input with a heap output
+    // (rank 0), 64-bit elements and max: pieces of 16,384 elements, slices of about 66,667 (5
+    // rounds, the last partial).
+    const size_t lcount = 200001;
+    std::vector<int64_t> lext(lcount, -1);
+    Buffer<int64_t> lin = c.alloc<int64_t>(lcount), lout = c.alloc<int64_t>(lcount);
+    for (size_t i = 0; i < lcount; ++i) lext[i] = lin.data()[i] = static_cast<int64_t>(value(me, i)) << 20;
+    std::vector<int64_t> lext_out(lcount, -1);
+    std::fill(lout.data(), lout.data() + lcount, -1);
+    const int64_t* lsrc = me == 0 ? lext.data() : lin.data();
+    int64_t* ldst = me == 2 ? lext_out.data() : lout.data();
+    c.all_reduce(lsrc, ldst, lcount, DataType::Int64, ReduceOp::Max, two_shot);
+    for (size_t i = 0; i < lcount; ++i)
+      STRATA_TEST_REQUIRE(ldst[i] == static_cast<int64_t>(value(2, i)) << 20,
+                          "all_reduce max, mixed buffers: element " << i << " is " << ldst[i]);
 
     // all_reduce in place: rank 0 on the heap, the others external.
     Buf io = make(count, me != 0);

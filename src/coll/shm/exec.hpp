@@ -25,20 +25,21 @@ struct Exec {
   Deadline deadline;
   char* in = nullptr;  // this rank's effective (heap) buffers
   char* out = nullptr;
-  // Two-shot all_reduce of an external output: where peers read this rank's reduced slice
-  // (heap scratch at the same offsets); `out` is then the external buffer itself.
+  // Two-shot all_reduce of an external output: the heap slots where peers leave this rank's
+  // reduced pieces (two_shot.cpp); `out` is then the external buffer itself.
   char* peer_view_out = nullptr;
   size_t esz = 0;
-  // How this rank writes what peers read next in two-shot all_reduce: its reduced slice and,
-  // for an external input, the slices staged for them (StoreChoice).
+  // How this rank writes its reduced slice, which peers read next, in two-shot all_reduce
+  // when it pulls (StoreChoice).
   kernels::Stores shared_stores = kernels::Stores::Auto;
-  // An external input staged in rounds (pipe.cpp): `in` is then the two slots peers read,
-  // `piped_src` the input itself.
+  // An external input staged in rounds (pipe.cpp, two_shot.cpp): `in` is then the two slots
+  // peers read, `piped_src` the input itself.
   const char* piped_src = nullptr;
   // Whether the operation ends with a synchronisation: not when no rank's buffer is read or
   // written by a peer (every input in its slot), as all ranks see from the descriptors.
   bool close_sync = true;
-  // This call pushed into every rank's output (two_shot.cpp).
+  // This call pushed into the outputs (two_shot.cpp): neither the store mode nor the CMA
+  // route played a part, and its time teaches their trials nothing.
   bool pushed = false;
 
   const OpDesc& desc(int r) const { return c.peers[r].hdr()->slot(c.seq).desc; }
@@ -249,6 +250,20 @@ Status all_reduce_one_shot(Exec& x, void* tmp);
 // two_shot.cpp
 /// all_reduce: direct reduce-scatter into each rank's own output slice, then all-gather.
 Status all_reduce_two_shot(Exec& x);
+/// How two-shot all_reduce runs in rounds, where some rank's buffer is external, the same on
+/// every rank: round k reduces elements [k * piece, (k + 1) * piece) of every slice; a rank's
+/// staged input and its landing slots are two slots of `slot` bytes in turn, with rank j's
+/// piece at j * block.
+struct RoundShape {
+  size_t piece = 0, block = 0, slot = 0;
+  int rounds = 1;
+};
+RoundShape round_shape(const Exec& x);
+/// Makes external `src` this rank's input staged in rounds for two-shot all_reduce: heap
+/// slots in x.in, round 0 staged. Before the descriptor is published.
+Result<char*> stage_rounds_input(Exec& x, const char* src);
+/// Stages round k of this rank's input for two-shot all_reduce (a no-op past the last round).
+void fill_rounds_input(Exec& x, int k);
 /// Rank r reduces block r (`counts`, packed in rank order) of every input into its output.
 Status reduce_scatter(Exec& x, const std::vector<size_t>& counts);
 /// Every rank copies every peer's block (`counts`, packed in rank order) into its output.

@@ -128,19 +128,19 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     return c.cma_all && (bytes >= cma_min || (bytes >= cma_reg_min && c.ctx->is_registered(p, bytes)));
   };
   // Two-shot all_reduce: a rank reads its own input slice and writes its own output itself;
-  // peers read only the other input slices and this rank's reduced slice. Only those go
-  // through the heap (scratch at the buffer's own offsets, the two sets of slices disjoint):
-  // with 2 ranks half of each copy, and no copy back of the whole output at the end. This
-  // beats CMA at every size, registered or not (2 ranks, 1-64 MiB: 51-80% of heap buffers'
-  // busbw against 31-51% with CMA reading and writing the peers' buffers), so CMA is not used.
+  // peers read only the other input slices and write only their reduced slices. Only those go
+  // through the heap, in rounds (two_shot.cpp): a round's pieces of the other slices staged
+  // for the peers, their reduced pieces left in this rank's landing slots. Staging beat CMA
+  // at every size, registered or not (2 ranks, 1-64 MiB: 51-80% of heap buffers' busbw with
+  // the slices staged whole, against 31-51% with CMA reading and writing the peers' buffers),
+  // and rounds beat staging whole (2 ranks, 4 / 16 / 64 MiB: 1.05 / 1.27 / 1.23x out of
+  // place, 1.36 / 2.09 / 1.84x in place), so CMA is not used.
   const bool apart = !coll::overlap(in, ext.in, out, ext.out);
   const bool two_shot_ar =
       op.kind == OpKind::AllReduce && algo == coll::Algo::TwoShot && (in_ext || out_ext) && (in == out || apart);
   // all_gather(v), all_to_all(v) and reduce_scatter(v) out of place stage the blocks peers
   // read in rounds, each read while it is still in the cache (pipe.cpp); reduce_scatter's
-  // blocks are reduced round by round. That beats staging the whole input first. Two-shot
-  // all_reduce was measured no faster in rounds (on its own and with the reduced slice staged
-  // for the peers round by round too) and keeps its whole-slice staging.
+  // blocks are reduced round by round. That beats staging the whole input first.
   // From kInputCmaMinBytes these three may instead let their peers read the input by CMA: a
   // CMA read is a block's only copy where a staged round makes two (the owner's into the heap,
   // the reader's out of it). Which is faster depends on the machine's CMA cost and on the
@@ -178,27 +178,19 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     choice.emplace(store_choice(c, (hi - lo) * x.esz));
     x.shared_stores = stores_of(*choice);
   }
-  // The store mode is used for this call's staging only where two-shot stages its input
-  // for the peers; pushing uses it for nothing else.
-  const bool stages_for_peers = n > 1 && two_shot_ar && in_ext;
+  // Two-shot all_reduce with an external buffer runs in rounds (two_shot.cpp): an external
+  // input is staged for the peers a round at a time, an external output gets landing slots.
+  bool rounds_in = false;
   if (n > 1 && two_shot_ar) {
-    STRATA_ASSIGN_OR_RETURN(void* sv, c.scratch_block(0, std::max(ext.in, ext.out)));
-    char* s = static_cast<char*>(sv);
     if (in_ext) {
-      for (int r = 0; r < n; ++r) {
-        if (r == c.rank) continue;
-        auto [lo, hi] = slice(op.count, n, r, x.esz);
-        if (hi <= lo) continue;
-        if (x.shared_stores == kernels::Stores::Streamed)
-          kernels::copy_uncached(s + lo * x.esz, in + lo * x.esz, (hi - lo) * x.esz);
-        else kernels::copy(s + lo * x.esz, in + lo * x.esz, (hi - lo) * x.esz);
-        c.staged_bytes.fetch_add((hi - lo) * x.esz, std::memory_order_relaxed);
-      }
-      in_ref = heap.locate(s, ext.in);
+      STRATA_ASSIGN_OR_RETURN(in, stage_rounds_input(x, in));
+      in_ref = heap.locate(in, 1);
+      rounds_in = true;
     }
     if (out_ext) {
-      x.peer_view_out = s;
-      out_ref = heap.locate(s, ext.out);
+      STRATA_ASSIGN_OR_RETURN(void* l, c.scratch_block(1, 2 * round_shape(x).slot));
+      x.peer_view_out = static_cast<char*>(l);
+      out_ref = heap.locate(l, 1);
     }
     in_ext = out_ext = false;
   }
@@ -259,7 +251,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     d.flags |= OpDesc::kHasIn | OpDesc::kInSlot;
   } else if (ext.in) {
     d.flags |= OpDesc::kHasIn;
-    if (piped) d.flags |= OpDesc::kInPiped;
+    if (piped || rounds_in) d.flags |= OpDesc::kInPiped;
     if (in_cma) {
       d.flags |= OpDesc::kInCma;
       d.in_off = reinterpret_cast<uint64_t>(in);
@@ -361,9 +353,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     c.staged_bytes.fetch_add(back.bytes, std::memory_order_relaxed);
   }
   c.ops.fetch_add(1, std::memory_order_relaxed);
-  // A call that pushed used neither mode of the CMA route, nor (but for its staging) the
-  // store mode: its time would teach the trials nothing.
-  if (choice && (!x.pushed || stages_for_peers)) choice->done();
+  if (choice && !x.pushed) choice->done();
   if (route && !x.pushed) route->done();
   return Status::ok();
 }

@@ -11,8 +11,6 @@ namespace strata::detail::shm {
 namespace {
 // In-place two-shot all_reduce gathers slices of at least this size with streaming stores.
 constexpr size_t kUncachedMinBytes = size_t{1} << 20;
-// An external output's reduced slice is written in pieces of this size (they stay in L2).
-constexpr size_t kSharedPieceBytes = size_t{256} << 10;
 // Pushing, data goes to the outputs in pieces of this size: each piece is read (or reduced)
 // once and written to every output from the cache.
 constexpr size_t kPushPieceBytes = size_t{64} << 10;
@@ -22,6 +20,11 @@ constexpr size_t kPushPieceBytes = size_t{64} << 10;
 // place 1-16 / 64-256 MiB (3-48 / 192-768) 1.25-2.6 / 0.64-0.74x, in place 16-64 / 128-256
 // MiB (32-128 / 256-512) 0.80-0.91 / 1.08-1.16x.
 constexpr size_t kPushStreamMinFootprint = size_t{128} << 20;
+// Two-shot all_reduce in rounds (an external buffer somewhere) reduces this much of a slice
+// per round with 2 ranks, less with more (each staged piece is one of n - 1), at least
+// kRoundMinPieceBytes: the staged and landing pieces of a round stay in the cache.
+constexpr size_t kRoundBytes = size_t{256} << 10;
+constexpr size_t kRoundMinPieceBytes = size_t{64} << 10;
 // all_gather pushes from this output size (below it, 64-256 KiB, pushing was 2-3% slower).
 constexpr size_t kGatherPushMinBytes = size_t{1} << 20;
 
@@ -44,7 +47,8 @@ bool push_uncached(const Exec& x, size_t footprint) {
   return forced >= 0 ? forced == 1 : footprint > kPushStreamMinFootprint;
 }
 
-/// Every rank's output at `offset` <- `bytes` of `src` (this rank's), this rank's own first.
+/// Every rank's output at `offset` <- `bytes` of `src` (this rank's), this rank's own first
+/// (no copy when `src` is there already).
 Status push_piece(Exec& x, const char* src, size_t offset, size_t bytes, bool uncached) {
   for (int k = 0; k < x.c.size; ++k) {
     STRATA_ASSIGN_OR_RETURN(char* dst, x.peer_out((x.c.rank + k) % x.c.size, offset, bytes));
@@ -54,8 +58,8 @@ Status push_piece(Exec& x, const char* src, size_t offset, size_t bytes, bool un
 }
 
 /// Two-shot with the all-gather folded into the reduction: this rank reduces its slice piece
-/// by piece into a cached buffer and writes each piece into every rank's output. Memory sees
-/// each input byte read once and each output byte written once (the pulling form reads the
+/// by piece and writes each piece into every rank's output from the cache. Memory sees each
+/// input byte read once and each output byte written once (the pulling form reads the
 /// reduced slices a second time), and one synchronisation goes. In place this is safe: the
 /// bytes of slice i that this rank writes into rank r's buffer are read by no one but this
 /// rank, and it has read them for this piece already.
@@ -71,12 +75,138 @@ Status all_reduce_push(Exec& x, size_t lo, size_t hi) {
   if (buf.size() < piece * e) buf.resize(piece * e);
   for (size_t a = lo; a < hi; a += piece) {
     const size_t b = std::min(hi, a + piece);
-    STRATA_RETURN_IF_ERROR(reduce_range(x, buf.data(), a, b));
-    STRATA_RETURN_IF_ERROR(push_piece(x, buf.data(), a * e, (b - a) * e, uncached));
+    // With cached stores the piece is reduced straight into this rank's own output and copied
+    // to the peers' from there: one pass over it fewer than through a separate buffer (2
+    // ranks, heap, out of place 256 KiB / 1 MiB / 16 MiB 1.54 / 1.36 / 1.06x, in place 1.72 /
+    // 1.80 / 1.24x). Streamed, the copies would read it back from memory.
+    char* dst = uncached ? buf.data() : x.out + a * e;
+    STRATA_RETURN_IF_ERROR(reduce_range(x, dst, a, b));
+    if (!uncached) x.c.direct_bytes.fetch_add((b - a) * e, std::memory_order_relaxed);  // its own output's
+    STRATA_RETURN_IF_ERROR(push_piece(x, dst, a * e, (b - a) * e, uncached));
+  }
+  return Status::ok();
+}
+
+/// Whether two-shot all_reduce runs in rounds: some rank's input or output is external.
+bool rounds(const Exec& x) {
+  for (int r = 0; r < x.c.size; ++r)
+    if (x.piped(r) || (x.desc(r).flags & OpDesc::kOutViewOnly)) return true;
+  return false;
+}
+
+/// Whether rank r's output is external: reducers leave its pieces in its landing slots.
+bool lands(const Exec& x, int r) { return (x.desc(r).flags & OpDesc::kOutViewOnly) != 0; }
+
+/// Two-shot all_reduce where some rank's buffer is external (a buffer peers cannot reach),
+/// in rounds: round k reduces piece k of every slice. A rank with an external input staged
+/// piece k of every peer's slice in its heap slots one round ahead; the reducer reads them
+/// there while they are still in the cache, and a heap input where it is. The reduced piece
+/// goes to every output from the cache: straight into a heap output, into the landing slots
+/// of a rank whose output is external (it copies it out after the round's barrier). Memory
+/// then sees each input byte read once and each output byte written once, as in pushing; the
+/// staging and landing copies stay in the cache. One barrier per round, and none to close:
+/// after the last one no peer reads or writes this rank's buffers, and a peer writes into its
+/// slots again only after the next operation's first step.
+Status all_reduce_rounds(Exec& x) {
+  const int n = x.c.size, me = x.c.rank;
+  const size_t count = x.op.count, e = x.esz;
+  const RoundShape s = round_shape(x);
+  const auto [lo, hi] = slice(count, n, me, e);
+  const char* own = x.piped_src ? x.piped_src : x.in;
+  const size_t footprint = own == x.out ? 0 : 2 * count * e * static_cast<size_t>(n);
+  const bool uncached = push_uncached(x, footprint);
+  std::vector<char>& buf = x.c.piece;
+  if (buf.size() < s.piece * e) buf.resize(s.piece * e);
+  Srcs srcs(n);
+  for (int k = 0; k < s.rounds; ++k) {
+    const size_t slot = static_cast<size_t>(k % 2) * s.slot;
+    const size_t a = lo + std::min(hi - lo, static_cast<size_t>(k) * s.piece), b = std::min(hi, a + s.piece);
+    const size_t bytes = (b - a) * e;
+    if (bytes) {
+      for (int i = 0; i < n; ++i) {
+        const int r = (me + i) % n;
+        if (r == me) {
+          srcs[i] = own + a * e;
+          continue;
+        }
+        STRATA_ASSIGN_OR_RETURN(char* p,
+                                x.peer_in(r, x.piped(r) ? slot + static_cast<size_t>(me) * s.block : a * e, bytes));
+        srcs[i] = p;
+      }
+      // Reduced into this rank's own output where stores go through the cache, else into
+      // the cached piece buffer: either way the copies below read it from the cache.
+      char* piece = uncached ? buf.data() : x.out + a * e;
+      kernels::reduce(x.op.dtype, x.op.rop, piece, srcs.data(), n, b - a, divisor(x), kernels::Stores::Auto);
+      for (int i = 0; i < n; ++i) {
+        const int t = (me + i) % n;
+        if (t == me) {
+          if (piece == x.out + a * e) x.c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
+          else x.copy(x.out + a * e, piece, bytes, uncached);
+        } else if (lands(x, t)) {
+          STRATA_ASSIGN_OR_RETURN(char* dst, x.peer_out(t, slot + static_cast<size_t>(me) * s.block, bytes));
+          kernels::copy(dst, piece, bytes);
+          x.c.staged_bytes.fetch_add(bytes, std::memory_order_relaxed);
+        } else {
+          STRATA_ASSIGN_OR_RETURN(char* dst, x.peer_out(t, a * e, bytes));
+          x.copy(dst, piece, bytes, uncached);
+        }
+      }
+    }
+    if (x.piped_src) fill_rounds_input(x, k + 1);
+    STRATA_RETURN_IF_ERROR(x.sync());
+    if (!lands(x, me)) continue;
+    for (int i = 1; i < n; ++i) {
+      const int r = (me + i) % n;
+      const auto [rlo, rhi] = slice(count, n, r, e);
+      const size_t ra = rlo + std::min(rhi - rlo, static_cast<size_t>(k) * s.piece), rb = std::min(rhi, ra + s.piece);
+      if (rb > ra)
+        x.copy(x.out + ra * e, x.peer_view_out + slot + static_cast<size_t>(r) * s.block, (rb - ra) * e, uncached);
+    }
   }
   return Status::ok();
 }
 }  // namespace
+
+RoundShape round_shape(const Exec& x) {
+  const int n = x.c.size;
+  const size_t e = x.esz;
+  RoundShape s;
+  const size_t piece_bytes = std::max(kRoundMinPieceBytes, (kRoundBytes / static_cast<size_t>(n - 1)) & ~size_t{63});
+  s.piece = std::max<size_t>(1, piece_bytes / e);
+  s.block = (s.piece * e + 63) & ~size_t{63};
+  s.slot = s.block * static_cast<size_t>(n);
+  size_t largest = 0;
+  for (int r = 0; r < n; ++r) {
+    const auto [lo, hi] = slice(x.op.count, n, r, e);
+    largest = std::max(largest, hi - lo);
+  }
+  s.rounds = largest ? static_cast<int>((largest + s.piece - 1) / s.piece) : 1;
+  return s;
+}
+
+Result<char*> stage_rounds_input(Exec& x, const char* src) {
+  STRATA_ASSIGN_OR_RETURN(void* p, x.c.scratch_block(0, 2 * round_shape(x).slot));
+  x.piped_src = src;
+  x.in = static_cast<char*>(p);
+  fill_rounds_input(x, 0);
+  return x.in;
+}
+
+void fill_rounds_input(Exec& x, int k) {
+  const RoundShape s = round_shape(x);
+  if (k >= s.rounds) return;
+  const int n = x.c.size, me = x.c.rank;
+  const size_t e = x.esz;
+  char* slot = x.in + static_cast<size_t>(k % 2) * s.slot;
+  for (int j = 0; j < n; ++j) {
+    if (j == me) continue;
+    const auto [lo, hi] = slice(x.op.count, n, j, e);
+    const size_t a = lo + std::min(hi - lo, static_cast<size_t>(k) * s.piece), b = std::min(hi, a + s.piece);
+    if (b <= a) continue;
+    kernels::copy(slot + static_cast<size_t>(j) * s.block, x.piped_src + a * e, (b - a) * e);
+    x.c.staged_bytes.fetch_add((b - a) * e, std::memory_order_relaxed);
+  }
+}
 
 Status all_reduce_two_shot(Exec& x) {
   const int n = x.c.size, me = x.c.rank;
@@ -85,29 +215,17 @@ Status all_reduce_two_shot(Exec& x) {
   auto [lo, hi] = slice(count, n, me, e);
   // Pushing beat pulling at every size where two-shot runs (2 ranks, heap, 512 KiB-16 MiB:
   // 1.1-1.6x out of place, 1.7-2.5x in place; 4 and 8 ranks 1.2-1.5x).
+  // An external buffer anywhere: in rounds (its staged pieces are not where pushing reads).
+  if (rounds(x)) {
+    x.pushed = true;
+    return all_reduce_rounds(x);
+  }
   if (pushes(x)) {
     x.pushed = true;
     if (hi > lo) STRATA_RETURN_IF_ERROR(all_reduce_push(x, lo, hi));
     return x.close(true);
   }
-  if (hi > lo && !x.peer_view_out) {
-    STRATA_RETURN_IF_ERROR(reduce_range(x, x.out + lo * e, lo, hi, x.shared_stores));
-  } else if (hi > lo) {
-    // An external output: the reduced slice goes to the heap scratch peers read and to the
-    // output. Piece by piece, so that the copy reads the piece from the cache, not from
-    // memory; a slice that leaves the cache anyway is copied out around it (no reads of the
-    // output's lines first). 2 ranks, external: 2-16 MiB 9-19% and 32 / 64 MiB 13-22% faster
-    // than reducing the whole slice into the scratch and copying it out afterwards.
-    const size_t piece = std::max<size_t>(1, kSharedPieceBytes / e);
-    for (size_t a = lo; a < hi; a += piece) {
-      const size_t b = std::min(hi, a + piece);
-      STRATA_RETURN_IF_ERROR(reduce_range(x, x.peer_view_out + a * e, a, b));
-      if ((hi - lo) * e >= kernels::kStreamMinBytes)
-        kernels::copy_uncached(x.out + a * e, x.peer_view_out + a * e, (b - a) * e);
-      else kernels::copy(x.out + a * e, x.peer_view_out + a * e, (b - a) * e);
-    }
-    x.c.staged_bytes.fetch_add((hi - lo) * e, std::memory_order_relaxed);
-  }
+  if (hi > lo) STRATA_RETURN_IF_ERROR(reduce_range(x, x.out + lo * e, lo, hi, x.shared_stores));
   STRATA_RETURN_IF_ERROR(x.sync());
   for (int k = 1; k < n; ++k) {
     int r = (me + k) % n;
