@@ -185,7 +185,8 @@ Env parse(Lookup lookup, void* ctx) {
   }
   for (auto [name, field] :
        {std::pair{"STRATA_ALL_TO_ALL_CMA", &e.all_to_all_cma}, std::pair{"STRATA_ALL_GATHER_CMA", &e.all_gather_cma},
-        std::pair{"STRATA_REDUCE_SCATTER_CMA", &e.reduce_scatter_cma}}) {
+        std::pair{"STRATA_REDUCE_SCATTER_CMA", &e.reduce_scatter_cma},
+        std::pair{"STRATA_ALL_REDUCE_CMA", &e.all_reduce_cma}}) {
     if (auto s = get(name); s && !s->empty()) {
       if (*s == "auto") *field = -1;
       else if (*s == "staged") *field = 0;

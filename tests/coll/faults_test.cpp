@@ -229,6 +229,63 @@ TEST(Forked, ExternalReduceScatterTriesStagedAndCmaThenKeepsOne) {
   external_input_tries_staged_and_cma(OpKind::ReduceScatter);
 }
 
+// An external output of an out-of-place two-shot all_reduce gets its peers' reduced pieces in
+// landing slots or written by them with CMA (coll/shm/run.cpp, two_shot.cpp): each rank
+// chooses for its own output, so the two meet in one call. Three ranks, 300,007 floats (slices
+// of several rounds, the last partial): forced per rank (rank r takes CMA when bit r of the
+// pattern is set), every element checked, and what each rank wrote by CMA is its slice once
+// per peer that took CMA; then, on their own, the first 2 x kTrials calls of a size try both
+// ways in pairs and the rest keep one.
+TEST(Forked, ExternalAllReduceOutputTakesLandingSlotsOrCma) {
+  auto results = run_forked(3, 30000ms, [](Communicator& c, std::string& report) {
+    const int n = c.size(), me = c.rank();
+    const size_t count = 300007;
+    auto value = [](int r, size_t i, int k) { return static_cast<float>((r + 1) * 3 + static_cast<int>(i % 509) + k); };
+    std::vector<float> in(count), out(count);
+    const auto [lo, hi] = coll::balanced_slice(count, n, me, sizeof(float));
+    const size_t own = (hi - lo) * sizeof(float);
+    const CollOptions two_shot{.algorithm = Algorithm::TwoShot};
+    // One call; returns how many peers took CMA, as seen from what this rank wrote by CMA.
+    auto call = [&](int k, std::string& err) -> size_t {
+      for (size_t i = 0; i < count; ++i) in[i] = value(me, i, k);
+      std::fill(out.begin(), out.end(), -1.0f);
+      const Stats s0 = c.stats();
+      c.all_reduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum, two_shot);
+      const uint64_t cma = c.stats().cma_bytes - s0.cma_bytes;
+      for (size_t i = 0; i < count && err.empty(); ++i) {
+        float want = 0;
+        for (int r = 0; r < n; ++r) want += value(r, i, k);
+        if (out[i] != want) err = "call " + std::to_string(k) + ": element " + std::to_string(i) + " wrong";
+      }
+      if (cma % own != 0 && err.empty()) err = "call " + std::to_string(k) + ": cma=" + std::to_string(cma);
+      return cma / own;
+    };
+    Env& env = c.impl()->ctx->env;
+    std::string err;
+    for (int pattern = 0; pattern < 8; ++pattern) {
+      env.all_reduce_cma = (pattern >> me) & 1;
+      size_t want = 0;
+      for (int r = 0; r < n; ++r) want += r != me && ((pattern >> r) & 1);
+      const size_t got = call(pattern, err);
+      if (err.empty() && got != want)
+        err = "pattern " + std::to_string(pattern) + ": wrote into " + std::to_string(got) + " outputs by CMA, not " +
+              std::to_string(want);
+    }
+    if (!err.empty()) return report = err, 1;
+    env.all_reduce_cma = -1;
+    const int trials = CommImpl::Trials::kTrials;
+    std::string routes;
+    for (int k = 0; k < 2 * trials + 3; ++k) routes += call(100 + k, err) ? 'c' : 's';
+    if (!err.empty()) return report = err, 1;
+    report = "routes " + routes;
+    std::string pairs;
+    for (int k = 0; k < 2 * trials; ++k) pairs += (k / 2) % 2 ? 'c' : 's';
+    return routes.substr(0, 2 * trials) == pairs ? 0 : 2;
+  });
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
+}
+
 // A reduction whose peer inputs are read by CMA works in pieces of kCmaChunkBytes; from
 // kernels::kStreamMinBytes of result every piece is written around the cache, as one call
 // over the whole result would be. Results past that size (each rank's block or slice),

@@ -196,6 +196,10 @@ TEST(EnvParse, BehaviourAndHeapSettings) {
   EXPECT_EQ(env_of({{"STRATA_REDUCE_SCATTER_CMA", "staged"}}).reduce_scatter_cma, 0);
   EXPECT_EQ(env_of({{"STRATA_REDUCE_SCATTER_CMA", "cma"}}).reduce_scatter_cma, 1);
   EXPECT_EQ(env_of({{"STRATA_REDUCE_SCATTER_CMA", "cma"}}).all_gather_cma, -1);
+  EXPECT_EQ(env_of({}).all_reduce_cma, -1);
+  EXPECT_EQ(env_of({{"STRATA_ALL_REDUCE_CMA", "staged"}}).all_reduce_cma, 0);
+  EXPECT_EQ(env_of({{"STRATA_ALL_REDUCE_CMA", "cma"}}).all_reduce_cma, 1);
+  EXPECT_EQ(env_of({{"STRATA_ALL_REDUCE_CMA", "cma"}}).reduce_scatter_cma, -1);
   EXPECT_EQ(e.log_level, "debug");
   EXPECT_EQ(e.kernels, "avx2");
   EXPECT_EQ(e.heap_segment_size, size_t{256} << 20);

@@ -90,7 +90,7 @@ Status all_reduce_push(Exec& x, size_t lo, size_t hi) {
 /// Whether two-shot all_reduce runs in rounds: some rank's input or output is external.
 bool rounds(const Exec& x) {
   for (int r = 0; r < x.c.size; ++r)
-    if (x.piped(r) || (x.desc(r).flags & OpDesc::kOutViewOnly)) return true;
+    if (x.piped(r) || (x.desc(r).flags & (OpDesc::kOutViewOnly | OpDesc::kOutCma))) return true;
   return false;
 }
 
@@ -142,6 +142,8 @@ Status all_reduce_rounds(Exec& x) {
         if (t == me) {
           if (piece == x.out + a * e) x.c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
           else x.copy(x.out + a * e, piece, bytes, uncached);
+        } else if (x.cma(t, OpDesc::kOutCma)) {
+          STRATA_RETURN_IF_ERROR(x.copy_to_out(t, a * e, piece, bytes));
         } else if (lands(x, t)) {
           STRATA_ASSIGN_OR_RETURN(char* dst, x.peer_out(t, slot + static_cast<size_t>(me) * s.block, bytes));
           kernels::copy(dst, piece, bytes);
