@@ -93,9 +93,9 @@ constexpr Rule kRules[] = {
      "writes each slice where no peer reads (2 ranks: two-shot 1.2-1.6x faster from 8 KiB to 2 MiB)"},
     {false, [](const Call& c) { return c.bytes * static_cast<size_t>(c.s.size) <= 2 * c.s.oneshot_max_bytes; },
      Algo::OneShot,
-     "bytes x ranks <= 2 x STRATA_ONESHOT_MAX_BYTES (16 KiB): every rank reads every input, against two-shot's "
-     "slices (2 ranks, inputs written just before each call, two-shot pushing into heap outputs: 1.1x at 4 KiB, "
-     "1.3-1.6x at 8-256 KiB; external buffers, one-shot 1.7x faster at 4 KiB, even at 16-64 KiB: "
+     "bytes x ranks <= 2 x STRATA_ONESHOT_MAX_BYTES (8 KiB): every rank reads every input, against two-shot's "
+     "slices (2 ranks, two-shot pushing into heap outputs, inputs written just before each call: 1.33 / 1.7 / 1.7x "
+     "at 8 / 16 / 32 KiB; inputs unchanged between calls: 0.75 / 1.05 / 1.0x; external buffers 0.89 / 1.05 / 1.39x: "
      "bench/fresh_inputs_bench, strata bench --buffers external); the limit shrinks as more inputs are read"},
     {false, [](const Call&) { return true; }, Algo::TwoShot,
      "large: each rank reads only its slice of every input, the bandwidth-optimal direct pattern"},

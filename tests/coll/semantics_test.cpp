@@ -185,10 +185,10 @@ TEST(ZeroCopy, SmallExternalInputsRideInTheSlot) {
         for (size_t i = 0; i < count; ++i) in[i] = value(me, i);
       };
 
-      // all_reduce of 1,500 elements (6,000 bytes: above the inline limit with 3 ranks, within
+      // all_reduce of 1,200 elements (4,800 bytes: above the inline limit with 3 ranks, within
       // the slot: one-shot), out of place and in place.
-      static_assert(1500 * 4 > detail::kInlineManyBytes && 1500 * 4 <= detail::kSlotInputBytes);
-      const size_t ar = 1500;
+      static_assert(1200 * 4 > detail::kInlineManyBytes && 1200 * 4 <= detail::kSlotInputBytes);
+      const size_t ar = 1200;
       fill(ar);
       std::vector<int32_t> ar_out(ar, -1);
       Stats before = c.stats();

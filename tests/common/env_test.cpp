@@ -32,7 +32,7 @@ TEST(EnvParse, DefaultsWithEmptyEnvironment) {
   EXPECT_EQ(e.timeout, 300000ms);
   EXPECT_EQ(e.store_connect_timeout, 60000ms);
   EXPECT_EQ(e.spin_us, 500u);
-  EXPECT_EQ(e.oneshot_max_bytes, size_t{16} << 10);
+  EXPECT_EQ(e.oneshot_max_bytes, size_t{8} << 10);
   EXPECT_EQ(e.cma_min_bytes, size_t{1} << 20);
   EXPECT_EQ(e.cma_registered_min_bytes, size_t{256} << 10);
   EXPECT_EQ(e.oversubscribed, -1);
@@ -271,7 +271,7 @@ TEST(EnvParse, InvalidValuesKeepDefaults) {
                         {"STRATA_RANK", "two"},
                         {"STRATA_HEAP_MAX_SIZE", ""}});
   EXPECT_EQ(e.timeout, 300000ms);
-  EXPECT_EQ(e.oneshot_max_bytes, size_t{16} << 10);
+  EXPECT_EQ(e.oneshot_max_bytes, size_t{8} << 10);
   EXPECT_EQ(e.spin_us, 500u);
   EXPECT_EQ(e.launcher, "strata");
   EXPECT_FALSE(e.rank.has_value());
