@@ -450,10 +450,10 @@ def main():
           "rewritten between calls, so up to about 1 MiB a peer's input stays in the reader's cache: that flatters "
           "algorithms that read whole inputs (one-shot all_reduce) against a training step, whose gradients are "
           "written just before the call. Measured both ways on this machine (2 ranks, heap, two-shot pushing into "
-          "the outputs): one-shot against two-shot 2.4 against 3.3 us at 64 KiB and 7.6 against 11.1 at 256 KiB "
-          "with unchanged inputs, 7.5 against 4.6 and 22.5 against 14.3 with inputs written before each call "
-          "(`strata run -n 2 build/bench/fresh_inputs_bench`); the selector follows the second (one-shot up to "
-          "16 KiB on 2 ranks)." % (
+          "the outputs): one-shot against two-shot 0.65 against 0.86 us at 8 KiB, 0.86 against 0.82 at 16 KiB and "
+          "2.4 against 2.3 at 64 KiB with unchanged inputs, 1.6 against 1.2, 2.75 against 1.6 and 7.6 against 3.7 "
+          "with inputs written before each call (`strata run -n 2 build/bench/fresh_inputs_bench`); the selector "
+          "follows the second (one-shot up to 8 KiB on 2 ranks)." % (
               _timing(runs, "warmup"), _timing(runs, "target_ms"), _timing(runs, "repeats")),
           "- **Size** (nccl-tests): for all_reduce, reduce, broadcast, sendrecv, the bytes of the buffer each "
           "rank passes; for all_gather, reduce_scatter, all_to_all, gather, scatter the *total* buffer "
