@@ -393,7 +393,7 @@ const Kind kMovingKinds[] = {Kind::Broadcast, Kind::AllGather, Kind::AllGatherV,
 
 // One host. Under Auto, all_reduce of at most 512 bytes (4 KiB past 2 ranks) is the inline
 // path and the rest of these sizes one-shot or, the wider types on many ranks, two-shot
-// (bytes x ranks past 32 KiB); OneShot and TwoShot force theirs at every size (two-shot also with
+// (bytes x ranks past 16 KiB); OneShot and TwoShot force theirs at every size (two-shot also with
 // fewer elements than ranks). The other collectives have one shared-memory algorithm each.
 const Layout kOneHost[] = {{1, 1}, {1, 2}, {1, 3}, {1, 4}, {1, 8}};
 const size_t kCounts[] = {0, 1, 7, 1031};

@@ -102,16 +102,18 @@ TEST(ZeroCopy, ExternalBuffersAreStagedAndCorrect) {
     // One-shot: peers read the input only; the output is written in place by its owner.
     if (c.stats().staged_bytes - before.staged_bytes != 1000 * sizeof(double))
       throw std::runtime_error("expected staging of the input only");
-    // Two-shot: peers read the other ranks' input slices and each rank's reduced slice, and
-    // only those are staged: the buffer's size once in all, not in + out.
+    // Two-shot: only what crosses between the ranks is staged, the other rank's input slice
+    // (staged for it) and its reduced slice (copied out of the landing slots): twice the
+    // peer's slice, not in + out.
     CollOptions two_shot;
     two_shot.algorithm = Algorithm::TwoShot;
     before = c.stats();
     c.all_reduce(v.data(), out.data(), v.size(), DataType::Float64, ReduceOp::Sum, two_shot);
     for (size_t i = 0; i < out.size(); ++i)
       if (out[i] != 3.0) throw std::runtime_error("two-shot: wrong value at " + std::to_string(i));
-    if (c.stats().staged_bytes - before.staged_bytes != 1000 * sizeof(double))
-      throw std::runtime_error("two-shot: expected staging of one slice of in and one of out, got " +
+    const auto [plo, phi] = coll::balanced_slice(1000, 2, 1 - c.rank(), sizeof(double));
+    if (c.stats().staged_bytes - before.staged_bytes != 2 * (phi - plo) * sizeof(double))
+      throw std::runtime_error("two-shot: expected staging of the peer's slice of in and of out, got " +
                                std::to_string(c.stats().staged_bytes - before.staged_bytes));
     // In place, and with distinct values per element, so that a slice taken from the wrong
     // rank or offset shows.
@@ -405,7 +407,8 @@ void external_inputs_staged_in_rounds_are_exact() {
 // the peers' slices are staged a round ahead, an external output gets its peers' reduced
 // pieces in its landing slots. Three ranks: rank 0 has heap buffers throughout, ranks 1 and 2
 // external inputs, and one of them an external output (which one differs per call); the first
-// reduce_scatter_v and the all_reduce calls take 7 rounds of 128 KiB, the last one partial.
+// reduce_scatter_v and the int32 all_reduce calls take 7 rounds of 128 KiB, the last one
+// partial.
 TEST(ZeroCopy, ReductionsOfExternalInputsInRoundsAreExact) {
   on_both_llc_layouts(reductions_of_external_inputs_in_rounds_are_exact);
 }
@@ -443,33 +446,43 @@ void reductions_of_external_inputs_in_rounds_are_exact() {
     c.all_reduce(in.p, out.p, count, DataType::Int32, ReduceOp::Sum, two_shot);
     for (size_t i = 0; i < count; ++i)
       STRATA_TEST_REQUIRE(out.p[i] == sum(i), "all_reduce out of place: element " << i << " is " << out.p[i]);
-    // The peers' slices of an external input are staged once, and each rank's reduced slice
-    // goes once into the landing slots of rank 1, whose output is external; it goes straight
-    // into the other outputs, and rank 1 copies the peers' slices out of its landing slots.
+    // The peers' slices of an external input are staged once, and rank 1, whose output is
+    // external, copies the peers' reduced slices out of its landing slots: those copies are
+    // the staging. Every rank writes its reduced slice once into each output or landing slot
+    // (its own output's by reducing into it). Rank 0, all heap, stages nothing.
     auto [lo, hi] = coll::balanced_slice(count, n, c.rank(), 4);
     const size_t own = (hi - lo) * 4, staged = c.stats().staged_bytes - before.staged_bytes;
-    const size_t want = me == 0 ? own : me == 1 ? count * 4 - own : count * 4;
+    const size_t want = me == 0 ? 0 : me == 1 ? 2 * (count * 4 - own) : count * 4 - own;
     STRATA_TEST_REQUIRE(staged == want, "all_reduce out of place: staged " << staged << " bytes, not " << want);
     const size_t direct = c.stats().direct_bytes - before.direct_bytes;
-    const size_t want_direct = 2 * own + (me == 1 ? count * 4 : 0);
-    STRATA_TEST_REQUIRE(direct == want_direct, "all_reduce out of place: " << direct << " bytes written into outputs, not "
-                                                                           << want_direct);
+    STRATA_TEST_REQUIRE(direct == 3 * own, "all_reduce out of place: " << direct << " bytes written into outputs, not "
+                                                                       << 3 * own);
 
     // A heap input with an external output (rank 2), an external input with a heap output
-    // (rank 0), 64-bit elements and max: pieces of 16,384 elements, slices of about 66,667 (5
-    // rounds, the last partial).
-    const size_t lcount = 200001;
+    // (rank 0), 64-bit elements and max: pieces of 16,384 elements; slices of 65,544, 65,544
+    // and 65,536, so the fifth round has 8 elements for ranks 0 and 1 and none for rank 2.
+    // With stores through the cache and streamed (STRATA_TWO_SHOT_STORES=streamed: the
+    // pieces go through the piece buffer).
+    const size_t lcount = 196624;
+    STRATA_TEST_REQUIRE(coll::balanced_slice(lcount, n, 2, 8).second - coll::balanced_slice(lcount, n, 2, 8).first ==
+                            4 * 16384,
+                        "rank 2's slice is not 4 whole pieces");
     std::vector<int64_t> lext(lcount, -1);
     Buffer<int64_t> lin = c.alloc<int64_t>(lcount), lout = c.alloc<int64_t>(lcount);
     for (size_t i = 0; i < lcount; ++i) lext[i] = lin.data()[i] = static_cast<int64_t>(value(me, i)) << 20;
-    std::vector<int64_t> lext_out(lcount, -1);
-    std::fill(lout.data(), lout.data() + lcount, -1);
+    std::vector<int64_t> lext_out(lcount);
     const int64_t* lsrc = me == 0 ? lext.data() : lin.data();
     int64_t* ldst = me == 2 ? lext_out.data() : lout.data();
-    c.all_reduce(lsrc, ldst, lcount, DataType::Int64, ReduceOp::Max, two_shot);
-    for (size_t i = 0; i < lcount; ++i)
-      STRATA_TEST_REQUIRE(ldst[i] == static_cast<int64_t>(value(2, i)) << 20,
-                          "all_reduce max, mixed buffers: element " << i << " is " << ldst[i]);
+    for (int streamed : {0, 1}) {
+      c.impl()->ctx->env.two_shot_stores = streamed ? 1 : -1;
+      std::fill(ldst, ldst + lcount, -1);
+      c.all_reduce(lsrc, ldst, lcount, DataType::Int64, ReduceOp::Max, two_shot);
+      for (size_t i = 0; i < lcount; ++i)
+        STRATA_TEST_REQUIRE(ldst[i] == static_cast<int64_t>(value(2, i)) << 20,
+                            "all_reduce max, mixed buffers" << (streamed ? ", streamed" : "") << ": element " << i
+                                                            << " is " << ldst[i]);
+    }
+    c.impl()->ctx->env.two_shot_stores = -1;
 
     // all_reduce in place: rank 0 on the heap, the others external.
     Buf io = make(count, me != 0);

@@ -7,8 +7,8 @@
 
 namespace strata::detail::shm {
 
-// The data a rank writes for its peers to read next (two-shot's reduced slice, and an
-// external input's slices staged for them) is written once and read once by another core.
+// The data a rank writes for its peers to read next (two-shot's reduced slice, when the
+// call pulls) is written once and read once by another core.
 // Whether writing it around the cache is faster depends on where the ranks run, not on the
 // size alone: on the 2-vCPU machine of docs/PERFORMANCE.md streaming made 2-rank two-shot
 // 1 MiB / 4 MiB 3x faster (91 -> 28 / 357 -> 110 us) on one VM, while on another the same

@@ -38,8 +38,8 @@ struct Exec {
   // Whether the operation ends with a synchronisation: not when no rank's buffer is read or
   // written by a peer (every input in its slot), as all ranks see from the descriptors.
   bool close_sync = true;
-  // This call pushed into the outputs (two_shot.cpp): neither the store mode nor the CMA
-  // route played a part, and its time teaches their trials nothing.
+  // This call pushed into the outputs or ran in rounds (two_shot.cpp): the store mode played
+  // no part (nor the input CMA route of all_gather), and its time teaches their trials nothing.
   bool pushed = false;
 
   const OpDesc& desc(int r) const { return c.peers[r].hdr()->slot(c.seq).desc; }

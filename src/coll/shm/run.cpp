@@ -134,7 +134,8 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   // at every size, registered or not (2 ranks, 1-64 MiB: 51-80% of heap buffers' busbw with
   // the slices staged whole, against 31-51% with CMA reading and writing the peers' buffers),
   // and rounds beat staging whole (2 ranks, 4 / 16 / 64 MiB: 1.05 / 1.27 / 1.23x out of
-  // place, 1.36 / 2.09 / 1.84x in place), so CMA is not used.
+  // place, 1.36 / 2.09 / 1.84x in place), so inputs are not read by CMA; an external output
+  // may be written by CMA (below).
   const bool apart = !coll::overlap(in, ext.in, out, ext.out);
   const bool two_shot_ar =
       op.kind == OpKind::AllReduce && algo == coll::Algo::TwoShot && (in_ext || out_ext) && (in == out || apart);

@@ -2,7 +2,9 @@
 // buffer and writes it once), then a direct all-gather. Slices are balanced and cache-line
 // aligned; all_reduce is the two halves in a row. Where every rank's output is a heap buffer,
 // all_reduce and all_gather push instead: each rank writes its reduced slice or its block
-// into every rank's output, so that memory reads each byte once.
+// into every rank's output, so that memory reads each byte once. Where some rank's buffer is
+// external, all_reduce runs in rounds: a round's pieces staged for the peers, each reduced
+// piece written into every output (through landing slots, or by CMA, for an external one).
 
 #include "coll/shm/exec.hpp"
 
@@ -29,7 +31,7 @@ constexpr size_t kRoundMinPieceBytes = size_t{64} << 10;
 constexpr size_t kGatherPushMinBytes = size_t{1} << 20;
 
 /// Whether this call pushes: every rank's output is its own heap buffer, which peers may
-/// write (not a scratch view in front of an external buffer, nor a CMA one), and no rank's
+/// write (not landing slots in front of an external buffer, nor a CMA one), and no rank's
 /// STRATA_PUSH says pull. Decided from the descriptors alone, which every rank sees alike:
 /// a rank that pulled while the others pushed would count different synchronisations.
 bool pushes(const Exec& x) {
@@ -145,9 +147,9 @@ Status all_reduce_rounds(Exec& x) {
         } else if (x.cma(t, OpDesc::kOutCma)) {
           STRATA_RETURN_IF_ERROR(x.copy_to_out(t, a * e, piece, bytes));
         } else if (lands(x, t)) {
+          // Rank t counts the staging, when it copies the piece out.
           STRATA_ASSIGN_OR_RETURN(char* dst, x.peer_out(t, slot + static_cast<size_t>(me) * s.block, bytes));
-          kernels::copy(dst, piece, bytes);
-          x.c.staged_bytes.fetch_add(bytes, std::memory_order_relaxed);
+          x.copy(dst, piece, bytes);
         } else {
           STRATA_ASSIGN_OR_RETURN(char* dst, x.peer_out(t, a * e, bytes));
           x.copy(dst, piece, bytes, uncached);
@@ -161,8 +163,11 @@ Status all_reduce_rounds(Exec& x) {
       const int r = (me + i) % n;
       const auto [rlo, rhi] = slice(count, n, r, e);
       const size_t ra = rlo + std::min(rhi - rlo, static_cast<size_t>(k) * s.piece), rb = std::min(rhi, ra + s.piece);
-      if (rb > ra)
-        x.copy(x.out + ra * e, x.peer_view_out + slot + static_cast<size_t>(r) * s.block, (rb - ra) * e, uncached);
+      if (rb <= ra) continue;
+      const char* landed = x.peer_view_out + slot + static_cast<size_t>(r) * s.block;
+      if (uncached) kernels::copy_uncached(x.out + ra * e, landed, (rb - ra) * e);
+      else kernels::copy(x.out + ra * e, landed, (rb - ra) * e);
+      x.c.staged_bytes.fetch_add((rb - ra) * e, std::memory_order_relaxed);
     }
   }
   return Status::ok();
