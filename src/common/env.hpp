@@ -50,9 +50,9 @@ struct Env {
   // STRATA_AGENT_HEARTBEAT: how often an agent (and a waiting spare host) beats into the
   // store, and how often the watching agents look; 0: an eighth of the agent timeout.
   std::chrono::milliseconds agent_heartbeat{0};
-  uint32_t spin_us = 500;                // STRATA_SPIN_US: µs a wait spins before yielding/sleeping
-  int oversubscribed = -1;               // STRATA_OVERSUBSCRIBED: 1/0 force the wait policy; -1 (auto): ranks > cores
-  size_t oneshot_max_bytes = 8 * 1024;   // STRATA_ONESHOT_MAX_BYTES: one-shot vs two-shot all_reduce (2 ranks)
+  uint32_t spin_us = 500;               // STRATA_SPIN_US: µs a wait spins before yielding/sleeping
+  int oversubscribed = -1;              // STRATA_OVERSUBSCRIBED: 1/0 force the wait policy; -1 (auto): ranks > cores
+  size_t oneshot_max_bytes = 8 * 1024;  // STRATA_ONESHOT_MAX_BYTES: one-shot vs two-shot all_reduce (2 ranks)
   // STRATA_TWO_SHOT_STORES: how two-shot writes the reduced slice peers read next: 0 cached,
   // 1 streamed, -1 (auto) whichever measured faster in this communicator's first calls
   // (pushing: cached in place, else streamed past 128 MiB of the host's buffers).

@@ -455,8 +455,8 @@ void reductions_of_external_inputs_in_rounds_are_exact() {
     const size_t want = me == 0 ? 0 : me == 1 ? 2 * (count * 4 - own) : count * 4 - own;
     STRATA_TEST_REQUIRE(staged == want, "all_reduce out of place: staged " << staged << " bytes, not " << want);
     const size_t direct = c.stats().direct_bytes - before.direct_bytes;
-    STRATA_TEST_REQUIRE(direct == 3 * own, "all_reduce out of place: " << direct << " bytes written into outputs, not "
-                                                                       << 3 * own);
+    STRATA_TEST_REQUIRE(direct == 3 * own,
+                        "all_reduce out of place: " << direct << " bytes written into outputs, not " << 3 * own);
 
     // A heap input with an external output (rank 2), an external input with a heap output
     // (rank 0), 64-bit elements and max: pieces of 16,384 elements; slices of 65,544, 65,544
@@ -464,9 +464,9 @@ void reductions_of_external_inputs_in_rounds_are_exact() {
     // With stores through the cache and streamed (STRATA_TWO_SHOT_STORES=streamed: the
     // pieces go through the piece buffer).
     const size_t lcount = 196624;
-    STRATA_TEST_REQUIRE(coll::balanced_slice(lcount, n, 2, 8).second - coll::balanced_slice(lcount, n, 2, 8).first ==
-                            4 * 16384,
-                        "rank 2's slice is not 4 whole pieces");
+    STRATA_TEST_REQUIRE(
+        coll::balanced_slice(lcount, n, 2, 8).second - coll::balanced_slice(lcount, n, 2, 8).first == 4 * 16384,
+        "rank 2's slice is not 4 whole pieces");
     std::vector<int64_t> lext(lcount, -1);
     Buffer<int64_t> lin = c.alloc<int64_t>(lcount), lout = c.alloc<int64_t>(lcount);
     for (size_t i = 0; i < lcount; ++i) lext[i] = lin.data()[i] = static_cast<int64_t>(value(me, i)) << 20;
