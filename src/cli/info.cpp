@@ -230,7 +230,7 @@ int info_main(int argc, char** argv) {
        {std::tuple{"  all_to_all input", env.all_to_all_cma, "STRATA_ALL_TO_ALL_CMA"},
         std::tuple{"  all_gather input", env.all_gather_cma, "STRATA_ALL_GATHER_CMA"},
         std::tuple{"  reduce_scatter input", env.reduce_scatter_cma, "STRATA_REDUCE_SCATTER_CMA"},
-        std::tuple{"  all_reduce output", env.all_reduce_cma, "STRATA_ALL_REDUCE_CMA"}})
+        std::tuple{"  all_reduce buffers", env.all_reduce_cma, "STRATA_ALL_REDUCE_CMA"}})
     row(what, std::string(mode < 0    ? "auto: the faster of staged and CMA, per size"
                           : mode == 0 ? "staged"
                                       : "CMA") +

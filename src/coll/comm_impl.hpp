@@ -124,8 +124,8 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   Trials all_to_all_cma[65];
   Trials all_gather_cma[65];
   Trials reduce_scatter_cma[65];
-  // An external output of an out-of-place two-shot all_reduce: 0 landing slots, 1 written by
-  // the peers by CMA.
+  // The external buffers of an out-of-place two-shot all_reduce: 0 staged in heap slots and
+  // landing slots, 1 read and written by the peers by CMA.
   Trials all_reduce_cma[65];
 
   // Scratch heap blocks used to stage external buffers and for in-place temporaries.

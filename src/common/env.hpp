@@ -69,9 +69,10 @@ struct Env {
   int all_gather_cma = -1;
   int reduce_scatter_cma = -1;
   // STRATA_ALL_REDUCE_CMA: how an out-of-place two-shot all_reduce (from 16 KiB, where every
-  // member can CMA) gets the peers' reduced pieces into an external output: 0 staged (the
-  // peers leave them in heap slots, the rank copies them out), 1 written by the peers by CMA,
-  // -1 (auto) whichever measured faster in this communicator's first calls.
+  // member can CMA) moves a rank's external buffers: 0 staged (the input's pieces staged in
+  // heap slots for the peers, the peers' reduced pieces left in landing slots and copied
+  // out), 1 by CMA (the peers read the input and write the output), -1 (auto) whichever
+  // measured faster in this communicator's first calls.
   int all_reduce_cma = -1;
   std::string log_level = "warn";  // STRATA_LOG: error|warn|info|debug
   std::string kernels;             // STRATA_KERNELS: scalar|avx2|avx512 (empty/auto: best the CPU has)

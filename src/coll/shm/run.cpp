@@ -181,35 +181,37 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   }
   // Two-shot all_reduce with an external buffer runs in rounds (two_shot.cpp): an external
   // input is staged for the peers a round at a time, an external output gets landing slots
-  // that it copies its peers' reduced pieces out of, or (out of place, where every member can
-  // CMA) the peers write them into it by CMA. The second saves the copy out of the landing
-  // slots, which reads lines another core has just written, but each piece costs a system
-  // call and the pinning of its pages; so each communicator times its first calls of each
-  // output size both ways and keeps the faster (2 ranks, external, CMA against landing:
-  // 256 KiB / 1 / 4 / 16 MiB 1.40 / 1.34 / 1.10 / 1.08x, 64 MiB 0.81x; 4 ranks 1.37 / 1.16 /
-  // 1.15 / 1.05 / 0.99x). In place the peers' writes would claim lines this rank has just
-  // read and will write (0.86-0.87x from 4 MiB), so CMA is not tried there.
-  std::optional<TimedChoice> out_route;
-  if (n > 1 && two_shot_ar && out_ext && apart && c.cma_all && ext.out >= kInputCmaMinBytes)
-    out_route.emplace(c.all_reduce_cma, ext.out, c.ctx->env.all_reduce_cma);
-  bool rounds_in = false, rounds_out_cma = false;
+  // that it copies its peers' reduced pieces out of. Out of place, where every member can
+  // CMA, the peers may instead read the input's pieces and write the output's by CMA. That
+  // saves the staging copy and the copy out of the landing slots, each of which makes another
+  // core read lines just written, but each piece costs a system call and the pinning of its
+  // pages; so each communicator times its first calls of each size both ways and keeps the
+  // faster (2 ranks, external, CMA against staged: 64 KiB / 256 KiB / 1 / 4 / 16 MiB 2.03 /
+  // 1.78 / 1.69 / 1.10 / 1.09x, 64 MiB 0.66x; the output alone by CMA 1.40 / 1.34 / 1.10 /
+  // 1.08x from 256 KiB, 4 ranks 1.37 / 1.16 / 1.15 / 1.05x). In place CMA made the peers
+  // claim lines this rank has just read and will write: 0.65x reading, 0.86x writing from 4
+  // MiB, so it is not tried there.
+  std::optional<TimedChoice> cma_route;
+  if (n > 1 && two_shot_ar && apart && c.cma_all && std::max(ext.in, ext.out) >= kInputCmaMinBytes)
+    cma_route.emplace(c.all_reduce_cma, std::max(ext.in, ext.out), c.ctx->env.all_reduce_cma);
+  const bool by_cma = cma_route && cma_route->mode() == 1;
+  bool rounds_in = false;
   if (n > 1 && two_shot_ar) {
-    if (in_ext) {
+    if (in_ext && !by_cma) {
       STRATA_ASSIGN_OR_RETURN(in, stage_rounds_input(x, in));
       in_ref = heap.locate(in, 1);
       rounds_in = true;
     }
-    if (out_route && out_route->mode() == 1) {
-      rounds_out_cma = true;
-    } else if (out_ext) {
+    if (out_ext && !by_cma) {
       STRATA_ASSIGN_OR_RETURN(void* l, c.scratch_block(1, 2 * round_shape(x).slot));
       x.peer_view_out = static_cast<char*>(l);
       out_ref = heap.locate(l, 1);
     }
-    in_ext = out_ext = false;
+    // By CMA, the external buffers are published as they are (kInCma, kOutCma).
+    if (!by_cma) in_ext = out_ext = false;
   }
-  bool in_cma = in_ext && (input_cma || use_cma(in, ext.in));
-  bool out_cma = rounds_out_cma || (out_ext && use_cma(out, ext.out));
+  bool in_cma = in_ext && (by_cma || input_cma || use_cma(in, ext.in));
+  bool out_cma = out_ext && (by_cma || use_cma(out, ext.out));
   const bool both_staged_together = coll::overlap(in, ext.in, out, ext.out) && (in_ext || out_ext) && !out_local;
   if (both_staged_together && !(in_cma && out_cma)) in_cma = out_cma = false;
   if (in_cma) in_ext = false;
@@ -368,7 +370,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   }
   c.ops.fetch_add(1, std::memory_order_relaxed);
   if (choice && !x.pushed) choice->done();
-  if (out_route) out_route->done();
+  if (cma_route) cma_route->done();
   if (route && !x.pushed) route->done();
   return Status::ok();
 }

@@ -3,8 +3,9 @@
 // aligned; all_reduce is the two halves in a row. Where every rank's output is a heap buffer,
 // all_reduce and all_gather push instead: each rank writes its reduced slice or its block
 // into every rank's output, so that memory reads each byte once. Where some rank's buffer is
-// external, all_reduce runs in rounds: a round's pieces staged for the peers, each reduced
-// piece written into every output (through landing slots, or by CMA, for an external one).
+// external, all_reduce runs in rounds: a round's pieces staged for the peers (or read by
+// CMA), each reduced piece written into every output (an external one through landing
+// slots, or by CMA).
 
 #include "coll/shm/exec.hpp"
 
@@ -89,22 +90,24 @@ Status all_reduce_push(Exec& x, size_t lo, size_t hi) {
   return Status::ok();
 }
 
-/// Whether two-shot all_reduce runs in rounds: some rank's input or output is external.
+/// Whether two-shot all_reduce runs in rounds: some rank's input or output is external (staged
+/// in slots, or reached by CMA).
 bool rounds(const Exec& x) {
   for (int r = 0; r < x.c.size; ++r)
-    if (x.piped(r) || (x.desc(r).flags & (OpDesc::kOutViewOnly | OpDesc::kOutCma))) return true;
+    if (x.piped(r) || (x.desc(r).flags & (OpDesc::kOutViewOnly | OpDesc::kOutCma | OpDesc::kInCma))) return true;
   return false;
 }
 
 /// Whether rank r's output is external: reducers leave its pieces in its landing slots.
 bool lands(const Exec& x, int r) { return (x.desc(r).flags & OpDesc::kOutViewOnly) != 0; }
 
-/// Two-shot all_reduce where some rank's buffer is external (a buffer peers cannot reach),
-/// in rounds: round k reduces piece k of every slice. A rank with an external input staged
+/// Two-shot all_reduce where some rank's buffer is external (a buffer peers cannot map), in
+/// rounds: round k reduces piece k of every slice. A rank with an external input staged
 /// piece k of every peer's slice in its heap slots one round ahead; the reducer reads them
-/// there while they are still in the cache, and a heap input where it is. The reduced piece
+/// there while they are still in the cache, a CMA input by CMA, a heap input where it is. The reduced piece
 /// goes to every output from the cache: straight into a heap output, into the landing slots
-/// of a rank whose output is external (it copies it out after the round's barrier). Memory
+/// of a rank whose output is external (it copies it out after the round's barrier), or by
+/// CMA into an external output so published. Memory
 /// then sees each input byte read once and each output byte written once, as in pushing; the
 /// staging and landing copies stay in the cache. One barrier per round, and none to close:
 /// after the last one no peer reads or writes this rank's buffers, and a peer writes into its
