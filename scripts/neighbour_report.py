@@ -73,7 +73,15 @@ def section(series, labels, neighbour, command, load_line, notes=()):
          "each wait cost exactly the spin, 2 waits per call gave the 1 ms plateau. Since issue 19 a thread "
          "whose spins run out halves its next spin (down to 1/256) and steps back up whenever a wait ends "
          "while spinning; every 256th wait spins the full budget (src/transport/shm_sync.cpp). Columns other than strata-heap and Open MPI are "
-         "strata runs under VARIANT_ENV (see the script).", ""] + [n for note in notes for n in (note, "")]
+         "strata runs under VARIANT_ENV (see the script).", "",
+         "Earlier evidence of the mechanism (run of 2026-12-04, other helpers compiling, `nice -n -10` on "
+         "both systems): the code before issue 19 (a fixed 500 us spin), run in the same rounds through "
+         "VARIANT_ENV against a build with a temporary switch, hit the plateau at 8-16 B beside this "
+         "neighbour (511-553 us per call: one 500 us spin per call) and in three earlier runs at most sizes "
+         "(0.6-3.4 ms at load average 10-18); the fixed code stayed at 1.6-45 us. Without any neighbour, "
+         "deterministic: both ranks pinned to one CPU with STRATA_OVERSUBSCRIBED=0, all_reduce 8 B / 4 KiB "
+         "took 505-511 / 1,013-1,041 us per call before and 3.8-6 / 12-17 us after (ctest "
+         "CliBenchSharedCoreNoSpinPlateau checks < 250 us at 8 B).", ""] + [n for note in notes for n in (note, "")]
     misses, rows_first = 0, 0
     for coll in colls:
         sizes = sorted({s for (l, c), d in series.items() if c == coll for s in d})
