@@ -130,12 +130,11 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   // Two-shot all_reduce: a rank reads its own input slice and writes its own output itself;
   // peers read only the other input slices and write only their reduced slices. Only those go
   // through the heap, in rounds (two_shot.cpp): a round's pieces of the other slices staged
-  // for the peers, their reduced pieces left in this rank's landing slots. Staging beat CMA
-  // at every size, registered or not (2 ranks, 1-64 MiB: 51-80% of heap buffers' busbw with
-  // the slices staged whole, against 31-51% with CMA reading and writing the peers' buffers),
-  // and rounds beat staging whole (2 ranks, 4 / 16 / 64 MiB: 1.05 / 1.27 / 1.23x out of
-  // place, 1.36 / 2.09 / 1.84x in place), so inputs are not read by CMA; an external output
-  // may be written by CMA (below).
+  // for the peers, their reduced pieces left in this rank's landing slots. Staging whole
+  // slices beat CMA over whole buffers at every size, registered or not (2 ranks, 1-64 MiB:
+  // 51-80% of heap buffers' busbw against 31-51%), and rounds beat staging whole (2 ranks, 4 /
+  // 16 / 64 MiB: 1.05 / 1.27 / 1.23x out of place, 1.36 / 2.09 / 1.84x in place); out of
+  // place, CMA a piece at a time may still win (below), so it is not taken here.
   const bool apart = !coll::overlap(in, ext.in, out, ext.out);
   const bool two_shot_ar =
       op.kind == OpKind::AllReduce && algo == coll::Algo::TwoShot && (in_ext || out_ext) && (in == out || apart);
