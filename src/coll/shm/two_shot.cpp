@@ -102,16 +102,16 @@ bool rounds(const Exec& x) {
 bool lands(const Exec& x, int r) { return (x.desc(r).flags & OpDesc::kOutViewOnly) != 0; }
 
 /// Two-shot all_reduce where some rank's buffer is external (a buffer peers cannot map), in
-/// rounds: round k reduces piece k of every slice. A rank with an external input staged
-/// piece k of every peer's slice in its heap slots one round ahead; the reducer reads them
-/// there while they are still in the cache, a CMA input by CMA, a heap input where it is. The reduced piece
-/// goes to every output from the cache: straight into a heap output, into the landing slots
-/// of a rank whose output is external (it copies it out after the round's barrier), or by
-/// CMA into an external output so published. Memory
-/// then sees each input byte read once and each output byte written once, as in pushing; the
-/// staging and landing copies stay in the cache. One barrier per round, and none to close:
-/// after the last one no peer reads or writes this rank's buffers, and a peer writes into its
-/// slots again only after the next operation's first step.
+/// rounds: round k reduces piece k of every slice. A rank with an external input staged piece
+/// k of every peer's slice in its heap slots one round ahead; the reducer reads them there
+/// while they are still in the cache, a CMA input by CMA, a heap input where it is. The
+/// reduced piece goes to every output from the cache: straight into a heap output, into the
+/// landing slots of a rank whose output is external (it copies it out after the round's
+/// barrier), or by CMA into an external output so published. Memory then sees each input byte
+/// read once and each output byte written once, as in pushing; the staging and landing copies
+/// stay in the cache. One barrier per round, and none to close: after the last one no peer
+/// reads or writes this rank's buffers, and a peer writes into its slots again only after the
+/// next operation's first step.
 Status all_reduce_rounds(Exec& x) {
   const int n = x.c.size, me = x.c.rank;
   const size_t count = x.op.count, e = x.esz;
