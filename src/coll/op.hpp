@@ -95,7 +95,7 @@ struct OpDesc {
   // Within a host, two-shot all_reduce: this rank's output is an external buffer peers
   // cannot write; out_seg/out_off name the heap slots where they leave its reduced pieces
   // for it to copy out, round by round (two_shot.cpp).
-  static constexpr uint32_t kOutViewOnly = 1024;
+  static constexpr uint32_t kOutLanding = 1024;
   // Within a host: this rank's process runs with STRATA_PUSH=pull. Published, because the
   // number of synchronisations depends on it and every rank must choose alike.
   static constexpr uint32_t kNoPush = 2048;

@@ -27,7 +27,7 @@ struct Exec {
   char* out = nullptr;
   // Two-shot all_reduce of an external output: the heap slots where peers leave this rank's
   // reduced pieces (two_shot.cpp); `out` is then the external buffer itself.
-  char* peer_view_out = nullptr;
+  char* landing = nullptr;
   size_t esz = 0;
   // How this rank writes its reduced slice, which peers read next, in two-shot all_reduce
   // when it pulls (StoreChoice).
@@ -262,8 +262,6 @@ RoundShape round_shape(const Exec& x);
 /// Makes external `src` this rank's input staged in rounds for two-shot all_reduce: heap
 /// slots in x.in, round 0 staged. Before the descriptor is published.
 Result<char*> stage_rounds_input(Exec& x, const char* src);
-/// Stages round k of this rank's input for two-shot all_reduce (a no-op past the last round).
-void fill_rounds_input(Exec& x, int k);
 /// Rank r reduces block r (`counts`, packed in rank order) of every input into its output.
 Status reduce_scatter(Exec& x, const std::vector<size_t>& counts);
 /// Every rank copies every peer's block (`counts`, packed in rank order) into its output.

@@ -203,7 +203,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     }
     if (out_ext && !by_cma) {
       STRATA_ASSIGN_OR_RETURN(void* l, c.scratch_block(1, 2 * round_shape(x).slot));
-      x.peer_view_out = static_cast<char*>(l);
+      x.landing = static_cast<char*>(l);
       out_ref = heap.locate(l, 1);
     }
     // By CMA, the external buffers are published as they are (kInCma, kOutCma).
@@ -285,7 +285,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
       d.out_seg = out_ref->seg;
       d.out_off = out_ref->offset;
     }
-    if (x.peer_view_out) d.flags |= OpDesc::kOutViewOnly;
+    if (x.landing) d.flags |= OpDesc::kOutLanding;
   }
   if (c.ctx->env.push == 0) d.flags |= OpDesc::kNoPush;
   uint64_t* vec = c.self.vec();

@@ -38,7 +38,7 @@ constexpr size_t kGatherPushMinBytes = size_t{1} << 20;
 bool pushes(const Exec& x) {
   for (int r = 0; r < x.c.size; ++r) {
     const uint32_t f = x.desc(r).flags;
-    if (!(f & OpDesc::kHasOut) || (f & (OpDesc::kOutCma | OpDesc::kOutViewOnly | OpDesc::kNoPush))) return false;
+    if (!(f & OpDesc::kHasOut) || (f & (OpDesc::kOutCma | OpDesc::kOutLanding | OpDesc::kNoPush))) return false;
   }
   return true;
 }
@@ -94,12 +94,33 @@ Status all_reduce_push(Exec& x, size_t lo, size_t hi) {
 /// in slots, or reached by CMA).
 bool rounds(const Exec& x) {
   for (int r = 0; r < x.c.size; ++r)
-    if (x.piped(r) || (x.desc(r).flags & (OpDesc::kOutViewOnly | OpDesc::kOutCma | OpDesc::kInCma))) return true;
+    if (x.piped(r) || (x.desc(r).flags & (OpDesc::kOutLanding | OpDesc::kOutCma | OpDesc::kInCma))) return true;
   return false;
 }
 
 /// Whether rank r's output is external: reducers leave its pieces in its landing slots.
-bool lands(const Exec& x, int r) { return (x.desc(r).flags & OpDesc::kOutViewOnly) != 0; }
+bool lands(const Exec& x, int r) { return (x.desc(r).flags & OpDesc::kOutLanding) != 0; }
+
+/// Elements [a, b) of slice j that round k of `s` reduces (empty past the slice's end).
+std::pair<size_t, size_t> piece_of(const Exec& x, const RoundShape& s, int j, int k) {
+  const auto [lo, hi] = slice(x.op.count, x.c.size, j, x.esz);
+  const size_t a = lo + std::min(hi - lo, static_cast<size_t>(k) * s.piece);
+  return {a, std::min(hi, a + s.piece)};
+}
+
+/// Stages round k of this rank's input for its peers (a no-op past the last round).
+void fill_rounds_input(Exec& x, const RoundShape& s, int k) {
+  if (k >= s.rounds) return;
+  const size_t e = x.esz;
+  char* slot = x.in + static_cast<size_t>(k % 2) * s.slot;
+  for (int j = 0; j < x.c.size; ++j) {
+    if (j == x.c.rank) continue;
+    const auto [a, b] = piece_of(x, s, j, k);
+    if (b <= a) continue;
+    kernels::copy(slot + static_cast<size_t>(j) * s.block, x.piped_src + a * e, (b - a) * e);
+    x.c.staged_bytes.fetch_add((b - a) * e, std::memory_order_relaxed);
+  }
+}
 
 /// Two-shot all_reduce where some rank's buffer is external (a buffer peers cannot map), in
 /// rounds: round k reduces piece k of every slice. A rank with an external input staged piece
@@ -116,7 +137,6 @@ Status all_reduce_rounds(Exec& x) {
   const int n = x.c.size, me = x.c.rank;
   const size_t count = x.op.count, e = x.esz;
   const RoundShape s = round_shape(x);
-  const auto [lo, hi] = slice(count, n, me, e);
   const char* own = x.piped_src ? x.piped_src : x.in;
   const size_t footprint = own == x.out ? 0 : 2 * count * e * static_cast<size_t>(n);
   const bool uncached = push_uncached(x, footprint);
@@ -125,7 +145,7 @@ Status all_reduce_rounds(Exec& x) {
   Srcs srcs(n);
   for (int k = 0; k < s.rounds; ++k) {
     const size_t slot = static_cast<size_t>(k % 2) * s.slot;
-    const size_t a = lo + std::min(hi - lo, static_cast<size_t>(k) * s.piece), b = std::min(hi, a + s.piece);
+    const auto [a, b] = piece_of(x, s, me, k);
     const size_t bytes = (b - a) * e;
     if (bytes) {
       for (int i = 0; i < n; ++i) {
@@ -159,15 +179,14 @@ Status all_reduce_rounds(Exec& x) {
         }
       }
     }
-    if (x.piped_src) fill_rounds_input(x, k + 1);
+    if (x.piped_src) fill_rounds_input(x, s, k + 1);
     STRATA_RETURN_IF_ERROR(x.sync());
     if (!lands(x, me)) continue;
     for (int i = 1; i < n; ++i) {
       const int r = (me + i) % n;
-      const auto [rlo, rhi] = slice(count, n, r, e);
-      const size_t ra = rlo + std::min(rhi - rlo, static_cast<size_t>(k) * s.piece), rb = std::min(rhi, ra + s.piece);
+      const auto [ra, rb] = piece_of(x, s, r, k);
       if (rb <= ra) continue;
-      const char* landed = x.peer_view_out + slot + static_cast<size_t>(r) * s.block;
+      const char* landed = x.landing + slot + static_cast<size_t>(r) * s.block;
       if (uncached) kernels::copy_uncached(x.out + ra * e, landed, (rb - ra) * e);
       else kernels::copy(x.out + ra * e, landed, (rb - ra) * e);
       x.c.staged_bytes.fetch_add((rb - ra) * e, std::memory_order_relaxed);
@@ -195,27 +214,12 @@ RoundShape round_shape(const Exec& x) {
 }
 
 Result<char*> stage_rounds_input(Exec& x, const char* src) {
-  STRATA_ASSIGN_OR_RETURN(void* p, x.c.scratch_block(0, 2 * round_shape(x).slot));
+  const RoundShape s = round_shape(x);
+  STRATA_ASSIGN_OR_RETURN(void* p, x.c.scratch_block(0, 2 * s.slot));
   x.piped_src = src;
   x.in = static_cast<char*>(p);
-  fill_rounds_input(x, 0);
+  fill_rounds_input(x, s, 0);
   return x.in;
-}
-
-void fill_rounds_input(Exec& x, int k) {
-  const RoundShape s = round_shape(x);
-  if (k >= s.rounds) return;
-  const int n = x.c.size, me = x.c.rank;
-  const size_t e = x.esz;
-  char* slot = x.in + static_cast<size_t>(k % 2) * s.slot;
-  for (int j = 0; j < n; ++j) {
-    if (j == me) continue;
-    const auto [lo, hi] = slice(x.op.count, n, j, e);
-    const size_t a = lo + std::min(hi - lo, static_cast<size_t>(k) * s.piece), b = std::min(hi, a + s.piece);
-    if (b <= a) continue;
-    kernels::copy(slot + static_cast<size_t>(j) * s.block, x.piped_src + a * e, (b - a) * e);
-    x.c.staged_bytes.fetch_add((b - a) * e, std::memory_order_relaxed);
-  }
 }
 
 Status all_reduce_two_shot(Exec& x) {
