@@ -146,12 +146,14 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   // The recovery epoch this communicator was last rebuilt in, in every tag (4 bits): a message
   // a survivor sent in an interrupted epoch can never match a receive of the next one.
   uint32_t tag_epoch = 0;
-  // The last operation's first messages from other hosts, when this rank did not wait for them:
-  // it needed no data from them (the root's host of an eager broadcast or scatter, the other
-  // ranks of an eager gather or reduce), so it returned once its own messages were sent. They
-  // are read and checked when the next operation starts (coll/net/run.cpp, check_late).
+  // First messages from other hosts that this rank did not wait for: the operation needed no
+  // data from them (the root's host of an eager broadcast or scatter, the other ranks of an
+  // eager gather or reduce), so it returned once its own messages were sent. Each such
+  // operation leaves a record, read and checked later (coll/net/run.cpp, check_late): all of
+  // them when an operation starts that waits for the other hosts anyway, the oldest when
+  // kLateWindow are pending. So a root streams up to kLateWindow operations ahead of the
+  // slowest host instead of one, and at most that many records' messages are outstanding.
   struct LateCheck {
-    bool pending = false;
     coll::Op op;                             // the operation (its buffers are not used)
     coll::OpDesc mine;                       // this rank's descriptor of it
     bool rails = false;                      // its rail round (else the all-pairs round)
@@ -161,7 +163,9 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
     std::vector<char> sent, got;             // per comm rank, for a mismatch's settling
     std::vector<char> area;                  // not resized while pending
   };
-  LateCheck late;
+  static constexpr size_t kLateWindow = 16;
+  std::deque<LateCheck> late;                 // oldest first
+  std::vector<std::vector<char>> late_spare;  // areas of checked records, for the next ones
   /// Cancels the late receives (the communicator is rebuilt or destroyed).
   void drop_late();
 

@@ -99,14 +99,13 @@ transport::WaitPolicy CommImpl::policy(Deadline d) {
 }
 
 void CommImpl::drop_late() {
-  if (!late.pending) return;
   // An expired deadline: what has arrived is taken, the rest cancelled, so that nothing lands
-  // in the area after this.
+  // in an area after this.
   transport::WaitPolicy p;
   p.deadline = Deadline::after(std::chrono::milliseconds(0));
-  (void)net->wait(late.rx, p, "late descriptors");
-  late.rx.clear();
-  late.pending = false;
+  for (LateCheck& l : late)
+    if (!l.rx.empty()) (void)net->wait(l.rx, p, "late descriptors");
+  late.clear();
 }
 
 Status CommImpl::check_peers() {

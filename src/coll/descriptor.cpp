@@ -105,10 +105,10 @@ size_t first_message_words(OpKind kind, int n) {
   return has_vec(kind) ? static_cast<size_t>(n) : 0;
 }
 
-Status late_mismatch(const OpDesc& mine, int me, int finder, int r) {
+Status late_mismatch(const OpDesc& mine, int me, int finder, uint64_t seq, int r) {
   return Status(Code::InvalidArgument,
                 "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(finder) +
-                    " found that operation #" + std::to_string(mine.seq - 1) +
+                    " found that operation #" + std::to_string(seq) +
                     " did not match on every rank (it had returned before the other hosts' descriptors arrived), "
                     "so this operation fails on every rank; rank " +
                     std::to_string(me) + " called " + coll::describe(mine),
@@ -134,7 +134,7 @@ Result<OpDesc> read_first_message(const Op& op, const OpDesc& mine, int me, int 
                (a >= 0 && b >= 0 ? " (ranks " + std::to_string(a) + " and " + std::to_string(b) + ")" : std::string()) +
                "; rank " + std::to_string(me) + " called " + coll::describe(mine));
   }
-  if (d.flags & kLateMismatch) return late_mismatch(mine, me, static_cast<int32_t>(d.in_seg), r);
+  if (d.flags & kLateMismatch) return late_mismatch(mine, me, static_cast<int32_t>(d.in_seg), d.in_off, r);
   // The record area is only 8-byte aligned by convention: copy the counts out.
   std::vector<uint64_t> vec;
   if (len >= head && has_vec(kind)) {

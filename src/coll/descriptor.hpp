@@ -24,9 +24,9 @@ inline constexpr uint32_t kOutHeap = 16;
 inline constexpr uint32_t kHostMismatch = 128;
 
 /// Set in a descriptor exchanged between hosts: the sender found, when this operation started,
-/// that the previous one did not match on every rank (it had not waited for the other hosts'
+/// that an earlier one did not match on every rank (it had not waited for the other hosts'
 /// descriptors, see CommImpl::LateCheck), so this operation fails on every rank; in_seg holds
-/// the comm rank that found it.
+/// the comm rank that found it, in_off that operation's sequence number.
 inline constexpr uint32_t kLateMismatch = 256;
 
 /// Set in a broadcast root's descriptor exchanged between hosts: its input is in its heap at
@@ -35,8 +35,8 @@ inline constexpr uint32_t kLateMismatch = 256;
 inline constexpr uint32_t kInHeap = 512;
 
 /// The error of operation `mine` on rank `me` when rank `finder` (reported by rank r) flagged
-/// it kLateMismatch: InvalidArgument naming both and the operation before.
-Status late_mismatch(const coll::OpDesc& mine, int me, int finder, int r);
+/// it kLateMismatch, finding operation #seq mismatched: InvalidArgument naming both and #seq.
+Status late_mismatch(const coll::OpDesc& mine, int me, int finder, uint64_t seq, int r);
 
 /// Compares peer r's descriptor `d` (and its count vector `vec` for v-collectives, when
 /// known) with this rank's (`me`, `mine`, `op`) in a communicator of n ranks: ok, or

@@ -185,15 +185,17 @@ TEST(NetFirstMessage, HostMismatchNoticeIsAMismatchWhateverItsLength) {
   expect_invalid(read(c, 3, record(d), 48), 3, {"rank 3's host called different operations; rank 0 called"});
 }
 
-TEST(NetFirstMessage, LateMismatchNoticeNamesWhoFoundItAndTheOperationBefore) {
-  // A rank that returned from operation #11 before the other hosts' descriptors arrived found
-  // them mismatched as #12 started: #12 then fails everywhere, whatever the rest of the notice.
+TEST(NetFirstMessage, LateMismatchNoticeNamesWhoFoundItAndTheOperation) {
+  // A rank that returned from operation #9 before the other hosts' descriptors arrived found
+  // them mismatched as #12 started (up to CommImpl::kLateWindow operations later): #12 then
+  // fails everywhere, whatever the rest of the notice.
   Call c = all_reduce(4, 4);
   OpDesc d = c.mine;
   d.flags = detail::kLateMismatch;
   d.in_seg = 1;
+  d.in_off = 9;
   expect_invalid(read(c, 3, record(d), 48), 3,
-                 {"mismatch on operation #12", "rank 1 found that operation #11 did not match", "rank 0 called"});
+                 {"mismatch on operation #12", "rank 1 found that operation #9 did not match", "rank 0 called"});
 }
 
 TEST(NetFirstMessage, CountVectorIsComparedAndBounded) {

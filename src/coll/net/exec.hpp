@@ -52,6 +52,9 @@ struct NetExec {
   std::vector<OpDesc> descs;    // every member's descriptor
   std::vector<char*> eager_in;  // eager operations: where the data rank r sent arrived
   std::vector<transport::TransferPtr> xs;
+  // This rank needs no data from the other hosts and returns without waiting for their first
+  // messages (CommImpl::LateCheck); decided in run() before the first round.
+  bool defer = false;
 
   transport::Net& net() { return *c.net; }
   int g(int r) const { return c.members[r]; }

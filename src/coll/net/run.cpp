@@ -21,6 +21,7 @@ struct HostRound {
   Status mismatch;       // InvalidArgument when this host's ranks called different operations
   int a = -1, b = -1;    // two of them (comm ranks), when known
   bool late = false;     // the mismatch is a's kLateMismatch flag, not a difference
+  uint64_t late_seq = 0;  // then the operation a found mismatched
 };
 
 /// How an eager operation's data travels (rail_round, hosts_first), and so which ranks need none
@@ -36,22 +37,40 @@ RailData rail_data(OpKind k) {
           k == OpKind::AllToAll || k == OpKind::ReduceScatter || k == OpKind::Scatter};
 }
 
+/// Whether this rank needs no data from the other hosts in an eager operation of `op`'s kind
+/// and `bytes` per block, so that it returns without waiting for their first messages
+/// (CommImpl::LateCheck): the root's host of a broadcast or scatter (meeting the other hosts on
+/// its rails; else the root alone), the ranks of a gather or reduce but the root, and every
+/// rank of a rooted operation without data.
+bool needs_nothing_back(const CommImpl& c, const Op& op, size_t bytes, bool rails) {
+  const RailData rd = rail_data(op.kind);
+  if (!rd.rooted && !rd.to_root) return false;
+  if (bytes == 0) return true;
+  if (rd.to_root) return c.rank != op.root;
+  return rails ? c.host_of[c.rank] == c.host_of[op.root] : c.rank == op.root;
+}
+
 /// Where a first round's messages land: scratch block 2, or, when this rank does not wait for
-/// them, the communicator's late area, which stays untouched until the next operation read them.
+/// them, the area of a new late record, untouched until a later operation read them.
 Result<char*> receive_area(CommImpl& c, bool defer, size_t bytes) {
   if (defer) {
-    c.late.area.resize(bytes);
-    return c.late.area.data();
+    CommImpl::LateCheck& l = c.late.emplace_back();
+    if (!c.late_spare.empty()) {
+      l.area = std::move(c.late_spare.back());
+      c.late_spare.pop_back();
+    }
+    l.area.resize(bytes);
+    return l.area.data();
   }
   STRATA_ASSIGN_OR_RETURN(void* p, c.scratch_block(2, bytes));
   return static_cast<char*>(p);
 }
 
-/// Starts the record of an operation whose first messages this rank does not wait for; the
-/// caller adds each receive (CommImpl::LateCheck).
+/// Fills in the record (its area from receive_area) of an operation whose first messages this
+/// rank does not wait for; the caller adds each receive (CommImpl::LateCheck).
 CommImpl::LateCheck& keep_late(CommImpl& c, const Op& op, const OpDesc& mine, bool rails) {
-  CommImpl::LateCheck& l = c.late;
-  l.pending = true, l.op = op, l.mine = mine, l.rails = rails;
+  CommImpl::LateCheck& l = c.late.back();
+  l.op = op, l.mine = mine, l.rails = rails;
   l.from.clear(), l.rx.clear(), l.at.clear();
   return l;
 }
@@ -96,9 +115,7 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
       if (!eager->into[r]) body_al = std::max(body_al, align(eager->from_bytes[r]));
   // A rank that receives no data (the root of a broadcast or scatter, the ranks of a gather or
   // reduce but the root) does not wait for the others' messages (CommImpl::LateCheck).
-  const RailData rd = rail_data(kind);
-  bool defer = eager && (rd.rooted || rd.to_root) && !(mine.flags & kLateMismatch);
-  for (int r = 0; r < n && defer; ++r) defer = r == me || eager->from_bytes[r] == 0;
+  const bool defer = x.defer;
   STRATA_ASSIGN_OR_RETURN(char* heads, receive_area(c, defer, n * (head_al + body_al) + spill));
   char* spill_at = heads + n * head_al;
   char* bodies = spill_at + spill;
@@ -260,7 +277,7 @@ Result<HostRound> host_gather(NetExec& x, const OpDesc& mine, std::span<const ch
     OpDesc d;
     std::memcpy(&d, h.recs + j * h.rec, sizeof d);
     if (d.flags & kLateMismatch) {
-      h.mismatch = late_mismatch(mine, c.rank, r, r), h.a = r, h.late = true;
+      h.mismatch = late_mismatch(mine, c.rank, r, d.in_off, r), h.a = r, h.late = true, h.late_seq = d.in_off;
       break;
     }
     Status cmp = compare_algorithm(mine, c.rank, d, r);
@@ -345,8 +362,7 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   // A rank that needs nothing from the other hosts does not wait for their messages (see
   // CommImpl::LateCheck): the root's host of a broadcast or scatter, the ranks of a gather or
   // reduce but the root. Never the operation that reports a late mismatch.
-  bool defer = eager && (rooted || to_root) && !(mine.flags & kLateMismatch);
-  for (int g = 0; g < H && defer; ++g) defer = g == hm || body_from(g) == 0;
+  const bool defer = x.defer;
   auto align = [](size_t v) { return (v + 63) & ~size_t{63}; };
   const size_t head_al = align(sizeof(OpDesc)), body_al = align(L * b);
   const size_t spill = align(longest_first_message(n, static_cast<int>(L)));
@@ -478,14 +494,15 @@ Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& don
     if (rd.per_dest) slot *= static_cast<size_t>(c.size);
   }
   STRATA_ASSIGN_OR_RETURN(HostRound h, host_gather(x, mine, slots, slots.empty() ? 0 : slot));
-  // This rank found the last operation mismatched (its flag is in `mine`, and the host round
+  // This rank found an earlier operation mismatched (its flag is in `mine`, and the host round
   // showed it to this host's ranks): every rank fails this one; run() names the cause.
-  if (mine.flags & kLateMismatch) h.mismatch = Status(Code::InvalidArgument, "the last operation did not match");
+  if (mine.flags & kLateMismatch) h.mismatch = Status(Code::InvalidArgument, "an earlier operation did not match");
   if (!h.mismatch.is_ok()) {
     OpDesc flagged = mine;
     if (h.late) {
       flagged.flags |= kLateMismatch;
       flagged.in_seg = static_cast<uint32_t>(h.a);
+      flagged.in_off = h.late_seq;
     } else if (!(mine.flags & kLateMismatch)) {
       flagged.flags |= kHostMismatch;
       flagged.in_seg = static_cast<uint32_t>(h.a);
@@ -497,20 +514,28 @@ Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& don
   return rail_round(x, mine, h, eager_rail, done);
 }
 
-/// Reads and checks the last operation's first messages that this rank did not wait for
-/// (CommImpl::LateCheck), as its first round would have. A mismatch is settled with the other
-/// hosts as there (each pair of ranks on different hosts still exchanges one message) and
-/// returned (InvalidArgument): the caller then fails the current operation on every rank.
-Status check_late(CommImpl& c, Deadline deadline) {
-  CommImpl::LateCheck& l = c.late;
-  l.pending = false;
+/// Reads and checks the oldest late record's first messages (CommImpl::LateCheck), waiting for
+/// them as its first round would have, and retires the record. A mismatch is settled with the
+/// other hosts as there (each pair of ranks on different hosts still exchanges one message) and
+/// returned (InvalidArgument, `seq` the operation's): the caller then fails the current
+/// operation on every rank.
+Status check_late(CommImpl& c, Deadline deadline, uint32_t& seq) {
+  CommImpl::LateCheck& l = c.late.front();
+  struct Retire {
+    CommImpl& c;
+    ~Retire() {
+      c.late_spare.push_back(std::move(c.late.front().area));
+      c.late.pop_front();
+    }
+  } retire{c};
+  seq = l.mine.seq;
   NetExec x(c, l.op, deadline);
   x.seq = l.mine.seq;
   x.esz = dtype_size(l.op.dtype);
   x.xs.swap(l.rx);
   auto when = [&] {
     return "operation #" + std::to_string(l.mine.seq) + " (" + coll::describe(l.mine) +
-           ", which returned before the other hosts' descriptors arrived and is checked as the next operation "
+           ", which returned before the other hosts' descriptors arrived and is checked as a later operation "
            "starts): ";
   };
   const std::vector<transport::TransferPtr> rx = x.xs;  // x.wait empties x.xs
@@ -580,14 +605,21 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   // The algorithm, which depends on CollOptions::algorithm too, is published: ranks that
   // would run different ones fail as a mismatch instead of waiting for messages that never come.
   d.algo = static_cast<uint8_t>(algo);
-  // The last operation's messages this rank did not wait for, first. A mismatch found there
-  // fails this operation on every rank (the flag tells the others); the communicator stays
-  // usable, as after any mismatch.
+  // Earlier operations' messages this rank did not wait for, first: all of them when this
+  // operation waits for the other hosts anyway, else the oldest once the window is full. A
+  // mismatch found there fails this operation on every rank (the flag tells the others); the
+  // communicator stays usable, as after any mismatch.
+  const bool rails = host_round(c) && rails_only(d);
+  x.defer = eager && needs_nothing_back(c, op, op.count * x.esz, rails);
   Status late;
-  if (c.late.pending) late = check_late(c, x.deadline);
+  uint32_t late_seq = 0;
+  while (late.is_ok() && !c.late.empty() && (!x.defer || c.late.size() >= CommImpl::kLateWindow))
+    late = check_late(c, x.deadline, late_seq);
   if (late.code() == Code::InvalidArgument) {
     d.flags |= kLateMismatch;
     d.in_seg = static_cast<uint32_t>(c.rank);
+    d.in_off = late_seq;
+    x.defer = false;
   }
   bool done = false;  // the operation completed in its first round
   Status st;
