@@ -1544,6 +1544,82 @@ TEST(HostRound, RanksThatNeedNoDataFromOtherHostsDoNotWaitForThem) {
   }
 }
 
+// Such a rank keeps up to CommImpl::kLateWindow operations unchecked, so a root streams that
+// many small broadcasts ahead of a slow host; the next one waits for the oldest. A mismatch
+// inside a stream is found when an operation starts that waits for the other hosts anyway (or
+// the window is full): that operation fails on every rank and names the one that mismatched.
+TEST(HostRound, ARootStreamsUpToTheLateWindowAheadOfASlowHost) {
+  constexpr int kW = static_cast<int>(detail::CommImpl::kLateWindow);
+  for (int per_host : {2, 1}) {
+    std::string why;
+    std::unique_ptr<Team> team = two_host_team("window" + std::to_string(per_host), 20000ms, why, per_host);
+    if (!team) GTEST_SKIP() << "no transport between hosts in this build: " << why;
+    // When host b's first rank began its first broadcast (threads as ranks share it).
+    std::atomic<int64_t> b_started{0};
+    auto now_ns = [] { return std::chrono::steady_clock::now().time_since_epoch().count(); };
+    expect_no_failures(team->run([&, per_host](Communicator& c) {
+      const int me = c.rank();
+      const bool host_a = me < per_host;  // rank 0's host
+      auto sum_of_ones = [&](const char* after) {
+        int32_t one = 1, sum = 0;
+        c.all_reduce(&one, &sum, 1, DataType::Int32, ReduceOp::Sum);
+        if (sum != c.size())
+          throw std::runtime_error(std::string("all_reduce after ") + after + " gave " + std::to_string(sum));
+      };
+      sum_of_ones("nothing");
+      std::vector<int32_t> v(64);
+      auto bcast = [&](int i) {
+        for (int e = 0; e < 64; ++e) v[e] = me == 0 ? i * 1000 + e : -1;
+        c.broadcast(v.data(), v.data(), 64, DataType::Int32, 0);
+        for (int e = 0; e < 64; ++e)
+          if (v[e] != i * 1000 + e)
+            throw std::runtime_error("broadcast " + std::to_string(i) + ": element " + std::to_string(e) + " is " +
+                                     std::to_string(v[e]));
+      };
+      if (!host_a) {
+        std::this_thread::sleep_for(300ms);
+        int64_t zero = 0;
+        b_started.compare_exchange_strong(zero, now_ns());
+        for (int i = 0; i <= kW; ++i) bcast(i);
+      } else {
+        for (int i = 0; i < kW; ++i) bcast(i);
+        if (b_started.load() != 0) throw std::runtime_error("the root's host waited for the slow host within the window");
+        bcast(kW);  // waits for the slow host's first descriptor
+        if (b_started.load() == 0) throw std::runtime_error("the root's host ran more than the window ahead");
+      }
+      sum_of_ones("the stream");
+      // A mismatch in the middle of a stream: host b calls all_to_all where host a broadcasts.
+      std::vector<int32_t> g(4 * static_cast<size_t>(c.size()));
+      std::string second = "no error", third = "no error", fourth = "no error";
+      uint64_t mismatched = 0;
+      auto attempt = [&](std::string& err, const std::function<void()>& f) {
+        try {
+          f();
+        } catch (const Error& e) {
+          err = e.what();
+        }
+      };
+      bcast(1);
+      mismatched = c.impl()->seq + 1;
+      attempt(second, [&] {
+        if (host_a) bcast(2);
+        else c.all_to_all(g.data(), g.data(), 4, DataType::Int32);
+      });
+      attempt(third, [&] { bcast(3); });
+      attempt(fourth, [&] { sum_of_ones("the mismatch"); });
+      auto has = [](const std::string& s, const std::string& w) { return s.find(w) != std::string::npos; };
+      if (host_a ? second != "no error" : !has(second, "mismatch"))
+        throw std::runtime_error("the mismatched operation: " + second);
+      if (third != "no error") throw std::runtime_error("the broadcast after the mismatch: " + third);
+      // The root's host names the operation and the calls it found; the others, who found it.
+      const std::string named = host_a ? "collective mismatch on operation #" + std::to_string(mismatched)
+                                       : "found that operation #" + std::to_string(mismatched) + " did not match";
+      if (!has(fourth, named)) throw std::runtime_error("the first operation that waits for every host: " + fourth);
+      sum_of_ones("the mismatch and the operation that reported it");
+    }));
+  }
+}
+
 // A large broadcast whose root's input is in its heap leaves the root's host from every rank
 // there: local rank l sends block l to local rank l of the other host, read through its
 // mapping of the root's heap. A root's malloc'd input is sent by the root alone.
