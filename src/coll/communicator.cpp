@@ -844,9 +844,10 @@ void* Communicator::alloc_symmetric_bytes(size_t bytes) {
     uint64_t bytes, offset;
   };
   auto ref = p ? c.ctx->heap->locate(p, 1) : std::nullopt;
+  const uint64_t mine = ref ? ref->offset : kFailed;
   std::vector<Rec> all;
   try {
-    all = gather_records(impl_, Rec{bytes, ref ? ref->offset : kFailed}, coll::kRootSymmetricExchange);
+    all = gather_records(impl_, Rec{bytes, mine}, coll::kRootSymmetricExchange);
   } catch (...) {
     if (p) (void)c.ctx->heap->free_symmetric(p);
     throw;
@@ -860,11 +861,11 @@ void* Communicator::alloc_symmetric_bytes(size_t bytes) {
                       " bytes (see its error), so no rank keeps this allocation",
                   c.rank, r);
     }
-    if (all[r].bytes != bytes || all[r].offset != ref->offset) {
+    if (all[r].bytes != bytes || all[r].offset != mine) {
       (void)c.ctx->heap->free_symmetric(p);
       throw Error(Code::InvalidArgument,
                   "alloc_symmetric: rank " + std::to_string(c.rank) + " allocated " + std::to_string(bytes) +
-                      " bytes at offset " + std::to_string(ref->offset) + " but rank " + std::to_string(r) +
+                      " bytes at offset " + std::to_string(mine) + " but rank " + std::to_string(r) +
                       " allocated " + std::to_string(all[r].bytes) + " bytes at offset " +
                       std::to_string(all[r].offset) + " (symmetric allocations must be made in the same order)",
                   c.rank, r);
