@@ -18,7 +18,7 @@
 #                (tests/multihost/mpi_rsh_agent.sh), TCP BTL between hosts (test subnet only),
 #                vader (shared memory) within a host; bench/peers/mpi_bench with the same
 #                method, sizes and definitions
-# Systems alternate within each round; the report takes the best round per system and size.
+# Systems alternate within each round; the report takes the median round per system and size.
 #
 # Settings (environment): BUILD_DIR (build), BENCH_OUT ($BUILD_DIR/bench-multihost),
 # DOCS_DIR (docs), QUICK, MIN (4K), MAX (64M), FACTOR (4), REPEATS, TARGET_MS, WARMUP, ROUNDS,
