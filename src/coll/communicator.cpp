@@ -865,9 +865,9 @@ void* Communicator::alloc_symmetric_bytes(size_t bytes) {
       (void)c.ctx->heap->free_symmetric(p);
       throw Error(Code::InvalidArgument,
                   "alloc_symmetric: rank " + std::to_string(c.rank) + " allocated " + std::to_string(bytes) +
-                      " bytes at offset " + std::to_string(mine) + " but rank " + std::to_string(r) +
-                      " allocated " + std::to_string(all[r].bytes) + " bytes at offset " +
-                      std::to_string(all[r].offset) + " (symmetric allocations must be made in the same order)",
+                      " bytes at offset " + std::to_string(mine) + " but rank " + std::to_string(r) + " allocated " +
+                      std::to_string(all[r].bytes) + " bytes at offset " + std::to_string(all[r].offset) +
+                      " (symmetric allocations must be made in the same order)",
                   c.rank, r);
     }
   }

@@ -1583,7 +1583,8 @@ TEST(HostRound, ARootStreamsUpToTheLateWindowAheadOfASlowHost) {
         for (int i = 0; i <= kW; ++i) bcast(i);
       } else {
         for (int i = 0; i < kW; ++i) bcast(i);
-        if (b_started.load() != 0) throw std::runtime_error("the root's host waited for the slow host within the window");
+        if (b_started.load() != 0)
+          throw std::runtime_error("the root's host waited for the slow host within the window");
         bcast(kW);  // waits for the slow host's first descriptor
         if (b_started.load() == 0) throw std::runtime_error("the root's host ran more than the window ahead");
       }

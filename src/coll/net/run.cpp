@@ -16,11 +16,11 @@ namespace {
 
 /// What the intra-host step of the host round found.
 struct HostRound {
-  char* recs = nullptr;  // one record per rank of this host, in local rank order: its
-  size_t rec = 0;        // descriptor, then its data slots (see host_gather)
-  Status mismatch;       // InvalidArgument when this host's ranks called different operations
-  int a = -1, b = -1;    // two of them (comm ranks), when known
-  bool late = false;     // the mismatch is a's kLateMismatch flag, not a difference
+  char* recs = nullptr;   // one record per rank of this host, in local rank order: its
+  size_t rec = 0;         // descriptor, then its data slots (see host_gather)
+  Status mismatch;        // InvalidArgument when this host's ranks called different operations
+  int a = -1, b = -1;     // two of them (comm ranks), when known
+  bool late = false;      // the mismatch is a's kLateMismatch flag, not a difference
   uint64_t late_seq = 0;  // then the operation a found mismatched
 };
 
