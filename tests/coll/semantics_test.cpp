@@ -1556,6 +1556,8 @@ TEST(HostRound, ARootStreamsUpToTheLateWindowAheadOfASlowHost) {
     if (!team) GTEST_SKIP() << "no transport between hosts in this build: " << why;
     // When host b's first rank began its first broadcast (threads as ranks share it).
     std::atomic<int64_t> b_started{0};
+    // Which operation after the mismatch failed, per rank (read after an all_reduce).
+    std::vector<std::atomic<int>> reported(static_cast<size_t>(2 * per_host));
     auto now_ns = [] { return std::chrono::steady_clock::now().time_since_epoch().count(); };
     expect_no_failures(team->run([&, per_host](Communicator& c) {
       const int me = c.rank();
@@ -1590,9 +1592,12 @@ TEST(HostRound, ARootStreamsUpToTheLateWindowAheadOfASlowHost) {
       }
       sum_of_ones("the stream");
       // A mismatch in the middle of a stream: host b calls all_to_all where host a broadcasts.
+      // Host a finds it as soon as an operation starts after host b's messages arrived, at the
+      // latest at the all_reduce (it waits for every host anyway): that operation fails on
+      // every rank and names the mismatched one.
       std::vector<int32_t> g(4 * static_cast<size_t>(c.size()));
-      std::string second = "no error", third = "no error", fourth = "no error";
-      uint64_t mismatched = 0;
+      std::string second = "no error";
+      std::vector<std::string> after(2, "no error");
       auto attempt = [&](std::string& err, const std::function<void()>& f) {
         try {
           f();
@@ -1601,22 +1606,57 @@ TEST(HostRound, ARootStreamsUpToTheLateWindowAheadOfASlowHost) {
         }
       };
       bcast(1);
-      mismatched = c.impl()->seq + 1;
+      uint64_t mismatched = c.impl()->seq + 1;
       attempt(second, [&] {
         if (host_a) bcast(2);
         else c.all_to_all(g.data(), g.data(), 4, DataType::Int32);
       });
-      attempt(third, [&] { bcast(3); });
-      attempt(fourth, [&] { sum_of_ones("the mismatch"); });
+      attempt(after[0], [&] { bcast(3); });
+      attempt(after[1], [&] { sum_of_ones("the mismatch"); });
       auto has = [](const std::string& s, const std::string& w) { return s.find(w) != std::string::npos; };
       if (host_a ? second != "no error" : !has(second, "mismatch"))
         throw std::runtime_error("the mismatched operation: " + second);
-      if (third != "no error") throw std::runtime_error("the broadcast after the mismatch: " + third);
-      // The root's host names the operation and the calls it found; the others, who found it.
-      const std::string named = host_a ? "collective mismatch on operation #" + std::to_string(mismatched)
-                                       : "found that operation #" + std::to_string(mismatched) + " did not match";
-      if (!has(fourth, named)) throw std::runtime_error("the first operation that waits for every host: " + fourth);
+      const int failed = after[0] != "no error" ? 0 : after[1] != "no error" ? 1 : -1;
+      if (failed < 0 || (failed == 0 && after[1] != "no error"))
+        throw std::runtime_error("not exactly one operation reported the mismatch: " + after[0] + " / " + after[1]);
+      if (!has(after[failed], "#" + std::to_string(mismatched)) || !has(after[failed], "mismatch"))
+        throw std::runtime_error("the operation that reported the mismatch: " + after[failed]);
+      reported[static_cast<size_t>(me)] = failed;
       sum_of_ones("the mismatch and the operation that reported it");
+      for (int r = 0; r < c.size(); ++r)
+        if (reported[static_cast<size_t>(r)] != failed)
+          throw std::runtime_error("ranks " + std::to_string(me) + " and " + std::to_string(r) +
+                                   " failed different operations for one mismatch");
+      // Again, followed by a gather to rank 0, which the other ranks of rank 0's host do not
+      // wait for either: the ranks of the other host that found the mismatch wait in its
+      // settling for their notices, which they send before they settle anything else. No rank
+      // may wait for another here (a timeout would be the sign); every rank learns of the
+      // mismatch, by the gather or by the operation after it, and the communicator goes on.
+      bcast(4);
+      mismatched = c.impl()->seq + 1;
+      std::vector<std::string> errs;
+      auto note = [&](const std::function<void()>& f) {
+        try {
+          f();
+        } catch (const Error& e) {
+          errs.emplace_back(e.what());
+        }
+      };
+      note([&] {
+        if (host_a) bcast(5);
+        else c.all_to_all(g.data(), g.data(), 4, DataType::Int32);
+      });
+      note([&] { bcast(6); });
+      note([&] { c.gather(v.data(), g.data(), 4, DataType::Int32, 0); });
+      note([&] { sum_of_ones("the gather"); });
+      bool reports = false;
+      for (const std::string& e : errs) {
+        if (has(e, "timed out")) throw std::runtime_error("a rank waited for another after the mismatch: " + e);
+        reports |= has(e, "#" + std::to_string(mismatched));
+      }
+      if (!reports)
+        throw std::runtime_error("no operation named the mismatched operation #" + std::to_string(mismatched));
+      sum_of_ones("the gather after the mismatch");
     }));
   }
 }

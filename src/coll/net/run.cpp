@@ -51,28 +51,35 @@ bool needs_nothing_back(const CommImpl& c, const Op& op, size_t bytes, bool rail
 }
 
 /// Where a first round's messages land: scratch block 2, or, when this rank does not wait for
-/// them, the area of a new late record, untouched until a later operation read them.
-Result<char*> receive_area(CommImpl& c, bool defer, size_t bytes) {
-  if (defer) {
+/// them (x.defer), the area of a new late record of this operation (CommImpl::LateCheck),
+/// untouched until a later operation read them.
+Result<char*> receive_area(NetExec& x, const OpDesc& mine, bool rails, size_t bytes) {
+  CommImpl& c = x.c;
+  if (x.defer) {
     CommImpl::LateCheck& l = c.late.emplace_back();
     if (!c.late_spare.empty()) {
       l.area = std::move(c.late_spare.back());
       c.late_spare.pop_back();
     }
     l.area.resize(bytes);
+    l.op = x.op, l.mine = mine, l.rails = rails;
     return l.area.data();
   }
   STRATA_ASSIGN_OR_RETURN(void* p, c.scratch_block(2, bytes));
   return static_cast<char*>(p);
 }
 
-/// Fills in the record (its area from receive_area) of an operation whose first messages this
-/// rank does not wait for; the caller adds each receive (CommImpl::LateCheck).
-CommImpl::LateCheck& keep_late(CommImpl& c, const Op& op, const OpDesc& mine, bool rails) {
-  CommImpl::LateCheck& l = c.late.back();
-  l.op = op, l.mine = mine, l.rails = rails;
-  l.from.clear(), l.rx.clear(), l.at.clear();
-  return l;
+/// A first-round receive from comm rank r, whose record lands at offset `at` of the receive
+/// area: waited for by this operation, or, deferred, kept in its late record as soon as it is
+/// posted, so that whatever ends the operation early, the receive is waited for or cancelled
+/// (check_late, CommImpl::drop_late) before the area is reused or freed.
+void keep(NetExec& x, int r, const transport::TransferPtr& t, size_t at) {
+  if (!x.defer) {
+    x.xs.push_back(t);
+    return;
+  }
+  CommImpl::LateCheck& l = x.c.late.back();
+  l.from.push_back(r), l.rx.push_back(t), l.at.push_back(at);
 }
 
 /// A first message longer than any of this operation's (`ws`, from the wait): a mismatch.
@@ -116,7 +123,7 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
   // A rank that receives no data (the root of a broadcast or scatter, the ranks of a gather or
   // reduce but the root) does not wait for the others' messages (CommImpl::LateCheck).
   const bool defer = x.defer;
-  STRATA_ASSIGN_OR_RETURN(char* heads, receive_area(c, defer, n * (head_al + body_al) + spill));
+  STRATA_ASSIGN_OR_RETURN(char* heads, receive_area(x, mine, false, n * (head_al + body_al) + spill));
   char* spill_at = heads + n * head_al;
   char* bodies = spill_at + spill;
   std::vector<transport::TransferPtr> rx(n);
@@ -130,7 +137,7 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
       parts[1] = {x.eager_in[r], eager->from_bytes[r]};
     }
     STRATA_ASSIGN_OR_RETURN(rx[r], x.net().recv_parts(x.g(r), make_tag(c, kDesc, x.seq, r), parts));
-    if (!defer) x.xs.push_back(rx[r]);
+    keep(x, r, rx[r], static_cast<size_t>(r) * head_al);
   }
   for (int k = 1; k < n; ++k) {
     int r = (me + k) % n;
@@ -141,11 +148,6 @@ Status first_round(NetExec& x, const OpDesc& mine, const Eager* eager, const Hos
     if (data) c.direct_bytes.fetch_add(eager->to_bytes[r], std::memory_order_relaxed);
     c.desc_messages.fetch_add(1, std::memory_order_relaxed);
     x.xs.push_back(std::move(t));
-  }
-  if (defer) {
-    CommImpl::LateCheck& l = keep_late(c, x.op, mine, false);
-    for (int r = 0; r < n; ++r)
-      if (rx[r]) l.from.push_back(r), l.rx.push_back(rx[r]), l.at.push_back(static_cast<size_t>(r) * head_al);
   }
   // Deferred, only this rank's sends are waited for.
   Status ws = x.wait(coll::to_string(kind));
@@ -366,7 +368,7 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   auto align = [](size_t v) { return (v + 63) & ~size_t{63}; };
   const size_t head_al = align(sizeof(OpDesc)), body_al = align(L * b);
   const size_t spill = align(longest_first_message(n, static_cast<int>(L)));
-  STRATA_ASSIGN_OR_RETURN(char* heads, receive_area(c, defer, H * (head_al + body_al) + spill));
+  STRATA_ASSIGN_OR_RETURN(char* heads, receive_area(x, mine, true, H * (head_al + body_al) + spill));
   char* bodies = heads + H * head_al;
   char* spill_at = bodies + H * body_al;
   // What this rank sends the rail peer on host g: the root's data straight from its record,
@@ -399,7 +401,7 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
     transport::Part parts[3] = {
         {heads + g * head_al, sizeof(OpDesc)}, {bodies + g * body_al, body_from(g)}, {spill_at, spill}};
     STRATA_ASSIGN_OR_RETURN(rx[g], x.net().recv_parts(x.g(r), make_tag(c, kDesc, x.seq, r), parts));
-    if (!defer) x.xs.push_back(rx[g]);
+    keep(x, r, rx[g], static_cast<size_t>(g) * head_al);
     got[r] = 1;
   }
   for (int k = 1; k < H; ++k) {
@@ -412,16 +414,7 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
     x.xs.push_back(std::move(t));
     sent[r] = 1;
   }
-  if (defer) {
-    CommImpl::LateCheck& l = keep_late(c, x.op, mine, true);
-    l.sent = sent, l.got = got;
-    for (int k = 1; k < H; ++k) {
-      const int g = (hm + k) % H;
-      l.from.push_back(c.host_members[g][li]);
-      l.rx.push_back(rx[g]);
-      l.at.push_back(static_cast<size_t>(g) * head_al);
-    }
-  }
+  if (defer) c.late.back().sent = sent, c.late.back().got = got;
   // Deferred, only this rank's sends are waited for.
   Status ws = x.wait(coll::to_string(x.op.kind));
   Status why;
@@ -474,6 +467,8 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   return Status::ok();
 }
 
+Status check_late(CommImpl& c, Deadline deadline, uint32_t& seq);
+
 /// The first round of a communicator with the host round (see above).
 Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& done) {
   CommImpl& c = x.c;
@@ -498,6 +493,14 @@ Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& don
   // showed it to this host's ranks): every rank fails this one; run() names the cause.
   if (mine.flags & kLateMismatch) h.mismatch = Status(Code::InvalidArgument, "an earlier operation did not match");
   if (!h.mismatch.is_ok()) {
+    // This rank's own late records first, waiting for them: a rank of another host that found
+    // one of those operations mismatched waits, in its settling, for this rank's notice, and
+    // would not take part in this settling before it had it.
+    while (!x.c.late.empty()) {
+      uint32_t seq = 0;
+      Status ls = check_late(x.c, x.deadline, seq);
+      if (!ls.is_ok() && ls.code() != Code::InvalidArgument) return ls;
+    }
     OpDesc flagged = mine;
     if (h.late) {
       flagged.flags |= kLateMismatch;
@@ -512,6 +515,14 @@ Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& don
   }
   if (!rails) return first_round(x, mine, eager, here ? &h : nullptr);
   return rail_round(x, mine, h, eager_rail, done);
+}
+
+/// Whether every first message of late record `l` has arrived (drives progress once per
+/// receive still open).
+bool arrived(CommImpl& c, const CommImpl::LateCheck& l) {
+  for (const auto& t : l.rx)
+    if (!t->done.load(std::memory_order_acquire) && !c.net->test(*t)) return false;
+  return true;
 }
 
 /// Reads and checks the oldest late record's first messages (CommImpl::LateCheck), waiting for
@@ -605,15 +616,18 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   // The algorithm, which depends on CollOptions::algorithm too, is published: ranks that
   // would run different ones fail as a mismatch instead of waiting for messages that never come.
   d.algo = static_cast<uint8_t>(algo);
-  // Earlier operations' messages this rank did not wait for, first: all of them when this
-  // operation waits for the other hosts anyway, else the oldest once the window is full. A
-  // mismatch found there fails this operation on every rank (the flag tells the others); the
+  // Earlier operations' messages this rank did not wait for, first, oldest first: all of them
+  // when this operation waits for the other hosts anyway; else those that have all arrived, and
+  // the oldest once the window is full. Checked as soon as they are in, a mismatch is settled
+  // promptly with the ranks of other hosts that found it too and wait for this rank's notice.
+  // A mismatch found there fails this operation on every rank (the flag tells the others); the
   // communicator stays usable, as after any mismatch.
   const bool rails = host_round(c) && rails_only(d);
   x.defer = eager && needs_nothing_back(c, op, op.count * x.esz, rails);
   Status late;
   uint32_t late_seq = 0;
-  while (late.is_ok() && !c.late.empty() && (!x.defer || c.late.size() >= CommImpl::kLateWindow))
+  while (late.is_ok() && !c.late.empty() &&
+         (!x.defer || c.late.size() >= CommImpl::kLateWindow || arrived(c, c.late.front())))
     late = check_late(c, x.deadline, late_seq);
   if (late.code() == Code::InvalidArgument) {
     d.flags |= kLateMismatch;
