@@ -34,6 +34,8 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -42,6 +44,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,6 +80,25 @@ struct Options {
   std::exit(2);
 }
 
+constexpr const char* kHelp =
+    "usage: strata run [--ft] -n N -- train_dp [options]\n"
+    "  --steps K  --hidden H  --in I  --batch B   the job (defaults 30, 128, 32, 16)\n"
+    "  --fail RANK:STEP[:kill|stop|exit|killmid|killdonor|host]   inject a failure (repeatable)\n"
+    "  --fail-in-recovery RANK  --fail-replacement RANK  --no-replica  --pace MS\n"
+    "  --checkpoint PATH --checkpoint-every K   the restart-everything baseline (strata run --ft --restart-all)\n"
+    "  --quiet  --times\n"
+    "See the comment at the top of examples/train_dp.cpp for what each one does.\n";
+
+/// The whole of `v` as a whole number from lo to hi, or a usage error naming option `opt`.
+template <class T>
+T number(const std::string& opt, const std::string& v, T lo, T hi = std::numeric_limits<T>::max()) {
+  T x{};
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc() || end != v.data() + v.size() || v.empty() || x < lo || x > hi)
+    usage(opt + ": '" + v + "' is not a whole number from " + std::to_string(lo) + " to " + std::to_string(hi));
+  return x;
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -84,29 +107,34 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) usage("missing value after " + a);
       return argv[++i];
     };
-    if (a == "--steps") o.steps = std::stoull(next());
-    else if (a == "--hidden") o.hidden = std::stoi(next());
-    else if (a == "--in") o.in = std::stoi(next());
-    else if (a == "--batch") o.batch = std::stoi(next());
+    // Sizes are bounded so that the model's buffers stay addressable in an int.
+    if (a == "--help" || a == "-h") {
+      std::fputs(kHelp, stdout);
+      std::exit(0);
+    } else if (a == "--steps") o.steps = number<uint64_t>(a, next(), 1);
+    else if (a == "--hidden") o.hidden = number(a, next(), 1, 1 << 14);
+    else if (a == "--in") o.in = number(a, next(), 1, 1 << 14);
+    else if (a == "--batch") o.batch = number(a, next(), 1, 1 << 16);
     else if (a == "--fail") {
       std::string v = next();
       Fault f;
       size_t c1 = v.find(':');
       if (c1 == std::string::npos) usage("--fail wants RANK:STEP[:MODE], got '" + v + "'");
       size_t c2 = v.find(':', c1 + 1);
-      f.rank = std::stoi(v.substr(0, c1));
-      f.step = std::stoull(v.substr(c1 + 1, c2 == std::string::npos ? std::string::npos : c2 - c1 - 1));
+      f.rank = number("--fail " + v + ": RANK", v.substr(0, c1), 0);
+      f.step = number<uint64_t>("--fail " + v + ": STEP",
+                                v.substr(c1 + 1, c2 == std::string::npos ? std::string::npos : c2 - c1 - 1), 0);
       if (c2 != std::string::npos) f.mode = v.substr(c2 + 1);
       if (f.mode != "kill" && f.mode != "stop" && f.mode != "exit" && f.mode != "killmid" && f.mode != "killdonor" &&
           f.mode != "host")
         usage("--fail mode must be kill, stop, exit, killmid, killdonor or host, got '" + f.mode + "'");
       o.faults.push_back(f);
-    } else if (a == "--fail-in-recovery") o.fail_in_recovery = std::stoi(next());
-    else if (a == "--fail-replacement") o.fail_replacement = std::stoi(next());
+    } else if (a == "--fail-in-recovery") o.fail_in_recovery = number(a, next(), 0);
+    else if (a == "--fail-replacement") o.fail_replacement = number(a, next(), 0);
     else if (a == "--no-replica") o.no_replica = true;
-    else if (a == "--pace") o.pace_ms = std::stoi(next());
+    else if (a == "--pace") o.pace_ms = number(a, next(), 0, 3600 * 1000);
     else if (a == "--checkpoint") o.checkpoint = next();
-    else if (a == "--checkpoint-every") o.checkpoint_every = std::stoull(next());
+    else if (a == "--checkpoint-every") o.checkpoint_every = number<uint64_t>(a, next(), 1);
     else if (a == "--quiet") o.quiet = true;
     else if (a == "--times") o.times = true;
     else usage("unknown option '" + a + "'");
@@ -230,14 +258,31 @@ void inject(strata::Communicator& comm, const std::string& mode) {
 // Plain loop with a checkpoint every K steps: the restart-everything baseline.
 int run_checkpointed(strata::Communicator& comm, const Options& o, Model& m) {
   uint64_t step = 0, cursor = 0, rng = 12345;
+  // The file: a tag, the parameter count, the step, the data cursor, the RNG, then the
+  // parameters and the momentum. A file of another model or a torn one is refused, not read
+  // into the parameters.
+  const uint64_t kTag = 0x31504b4350445453;  // "STDPCKP1"
+  const uint64_t count = m.size();
+  const size_t want = 5 * sizeof(uint64_t) + 2 * count * sizeof(float);
+  auto fail = [&](const std::string& why) { throw std::runtime_error("checkpoint " + o.checkpoint + ": " + why); };
   {
-    std::ifstream in(o.checkpoint, std::ios::binary);
+    std::ifstream in(o.checkpoint, std::ios::binary | std::ios::ate);
     if (in) {
+      const auto got = static_cast<size_t>(in.tellg());
+      uint64_t head[2] = {};
+      in.seekg(0);
+      in.read(reinterpret_cast<char*>(head), sizeof head);
+      if (!in || head[0] != kTag) fail("not a checkpoint of train_dp");
+      if (head[1] != count)
+        fail("holds a model of " + std::to_string(head[1]) + " parameters, this job's has " + std::to_string(count) +
+             " (another --in / --hidden)");
+      if (got != want) fail(std::to_string(got) + " bytes where " + std::to_string(want) + " were expected");
       in.read(reinterpret_cast<char*>(&step), sizeof step);
       in.read(reinterpret_cast<char*>(&cursor), sizeof cursor);
       in.read(reinterpret_cast<char*>(&rng), sizeof rng);
-      in.read(reinterpret_cast<char*>(m.params.data()), static_cast<std::streamsize>(m.size() * sizeof(float)));
-      in.read(reinterpret_cast<char*>(m.momentum.data()), static_cast<std::streamsize>(m.size() * sizeof(float)));
+      in.read(reinterpret_cast<char*>(m.params.data()), static_cast<std::streamsize>(count * sizeof(float)));
+      in.read(reinterpret_cast<char*>(m.momentum.data()), static_cast<std::streamsize>(count * sizeof(float)));
+      if (!in) fail("could not be read");
       if (comm.rank() == 0) {
         if (o.times) std::printf("CKPT_LOADED step=%" PRIu64 " t=%" PRId64 "\n", step, now_ns());
         else std::printf("loaded the checkpoint of step %" PRIu64 "\n", step);
@@ -260,15 +305,15 @@ int run_checkpointed(strata::Communicator& comm, const Options& o, Model& m) {
       if (step % o.checkpoint_every == 0) {
         std::string tmp = o.checkpoint + ".tmp";
         std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        out.write(reinterpret_cast<const char*>(&step), sizeof step);
-        out.write(reinterpret_cast<const char*>(&cursor), sizeof cursor);
-        out.write(reinterpret_cast<const char*>(&rng), sizeof rng);
-        out.write(reinterpret_cast<const char*>(m.params.data()),
-                  static_cast<std::streamsize>(m.size() * sizeof(float)));
+        const uint64_t head[5] = {kTag, count, step, cursor, rng};
+        out.write(reinterpret_cast<const char*>(head), sizeof head);
+        out.write(reinterpret_cast<const char*>(m.params.data()), static_cast<std::streamsize>(count * sizeof(float)));
         out.write(reinterpret_cast<const char*>(m.momentum.data()),
-                  static_cast<std::streamsize>(m.size() * sizeof(float)));
+                  static_cast<std::streamsize>(count * sizeof(float)));
         out.close();
-        std::rename(tmp.c_str(), o.checkpoint.c_str());
+        if (!out) fail("could not write " + tmp);
+        if (std::rename(tmp.c_str(), o.checkpoint.c_str()) != 0)
+          fail("could not rename " + tmp + " to it: " + std::strerror(errno));
       }
     }
     // Ranks must not run ahead of the checkpoint they may be restarted from.
@@ -303,6 +348,10 @@ int train(int argc, char** argv) {
     if (f.rank < 0 || f.rank >= comm.size())
       usage("--fail " + std::to_string(f.rank) + ":" + std::to_string(f.step) + ": rank " + std::to_string(f.rank) +
             " does not exist in a job of " + std::to_string(comm.size()) + " ranks");
+    if (f.mode == "host" && comm.local_size() == comm.size())
+      usage("--fail " + std::to_string(f.rank) + ":" + std::to_string(f.step) +
+            ":host: this job runs on one host, and losing it ends the job; a host loss needs `strata run --ft "
+            "--nnodes H` with H > 1");
     if (f.step >= o.steps)
       usage("--fail " + std::to_string(f.rank) + ":" + std::to_string(f.step) + ": step " + std::to_string(f.step) +
             " is not below --steps " + std::to_string(o.steps));
