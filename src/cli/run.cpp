@@ -95,7 +95,7 @@ int usage_error(const std::string& msg) {
 // Returns an exit status when the command line says to stop (help, errors), else nullopt.
 std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
   int i = 1;
-  bool spares_given = false;
+  bool spares_given = false, max_failures_given = false;
   while (i < argc) {
     std::string_view arg = argv[i];
     if (arg == "--") {
@@ -144,6 +144,7 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
       if (!k || *k < 0 || *k > 1'000'000)
         return usage_error("--max-failures must be a number >= 0, got '" + value + "'");
       o.ft_opts.max_failures = static_cast<int>(*k);
+      max_failures_given = true;
     } else if (take_option(argc, argv, i, {"--spares"}, value, error)) {
       if (!error.empty()) return usage_error(error);
       auto k = parse_int(value);
@@ -190,6 +191,8 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
   if (o.argv.empty()) return usage_error("missing the program to run");
   if (o.ft_opts.restart_all && !o.ft) return usage_error("--restart-all needs --ft");
   if (spares_given && !o.ft) return usage_error("--spares needs --ft (spares stand in for failed ranks)");
+  if (max_failures_given && !o.ft)
+    return usage_error("--max-failures needs --ft (without it the first failed rank ends the job)");
   if (o.spares > 0 && o.ft_opts.restart_all)
     return usage_error("--spares cannot be combined with --restart-all, which starts every rank again");
   if (o.external_store && !o.nnodes && !o.spare_host)

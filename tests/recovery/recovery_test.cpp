@@ -446,6 +446,7 @@ TEST(Recovery, SparesUsageErrorsNameTheOption) {
       {{"run", "--ft", "--spares", "two", "-n", "2", "true"}, "--spares must be a number of hot spares"},
       {{"run", "--ft", "--spares", "", "-n", "2", "true"}, "--spares"},
       {{"run", "--ft", "--restart-all", "--spares", "1", "-n", "2", "true"}, "--spares cannot be combined"},
+      {{"run", "--max-failures", "2", "-n", "2", "true"}, "--max-failures needs --ft"},
   };
   for (const auto& c : cases) {
     Outcome o = run_cli(c.args, {}, std::chrono::seconds(30));
@@ -544,6 +545,7 @@ namespace {
 
 // A fault naming a rank or step the job lacks would never fire and the job would "pass"
 // without a failure: train_dp refuses it on every rank, naming the option, and the job ends.
+// So are a malformed fault, a host loss on a one-host job and a size it cannot train.
 TEST(Recovery, FaultNamingARankOrStepTheJobLacksIsRefused) {
   STRATA_REQUIRE_BIN();
   struct Case {
@@ -554,6 +556,9 @@ TEST(Recovery, FaultNamingARankOrStepTheJobLacksIsRefused) {
       {{"--fail", "9:3"}, "--fail 9:3: rank 9 does not exist in a job of 4 ranks"},
       {{"--fail", "1:16"}, "--fail 1:16: step 16 is not below --steps 16"},
       {{"--fail-replacement", "4"}, "--fail-replacement 4: rank 4 does not exist"},
+      {{"--fail", "1:x:kill"}, "--fail 1:x:kill: STEP: 'x' is not a whole number"},
+      {{"--fail", "1:3:host"}, "--fail 1:3:host: this job runs on one host"},
+      {{"--hidden", "0"}, "--hidden: '0' is not a whole number from 1"},
   };
   for (const auto& c : cases) {
     Job j = run_job({"run", "--ft"}, c.extra);
