@@ -205,8 +205,22 @@ Result<std::optional<NodeLink::Takeover>> NodeLink::wait_as_spare(const Interrup
   STRATA_RETURN_IF_ERROR(
       store.set(spare_key(id), std::to_string(spec_.local_size) + "\n" + spec_.node_name + "\n" + spec_.host_id));
   const milliseconds interval = heartbeat_interval(spec_);
+  // A spare may wait long for a failure, but not for a job that never comes: the job's node 0
+  // must have registered within the rendezvous timeout (a wrong --store, a job started
+  // elsewhere).
+  const Deadline rdzv = Deadline::after(spec_.rdzv_timeout);
+  bool job_seen = false;
   for (;;) {
     STRATA_RETURN_IF_ERROR(store.add(spare_hb_key(id), 1).status());
+    if (!job_seen) {
+      STRATA_ASSIGN_OR_RETURN(auto reg, store.try_get(node_key(0)));
+      job_seen = reg.has_value();
+      if (!job_seen && rdzv.expired())
+        return unavailable("spare host " + spec_.node_name + ": no job registered at the store " +
+                           spec_.store.to_string() + " within the rendezvous timeout of " +
+                           seconds_text(spec_.rdzv_timeout) +
+                           " (--rdzv-timeout); start the job's agents with this --store, or give a longer one");
+    }
     auto v = store.get(assign_key(id), interval);
     if (v.is_ok()) {
       std::istringstream in(v.value());

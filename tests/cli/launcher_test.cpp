@@ -397,5 +397,28 @@ TEST(CliStoreTest, StandaloneStoreServesClientsUntilSigterm) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// A spare host waits for a failure as long as the job runs, but not for a job that never
+// registers at its store: it gives up after the rendezvous timeout, naming the store.
+TEST(CliStoreTest, SpareHostAtAStoreWithoutAJobGivesUp) {
+  STRATA_REQUIRE_BIN();
+  CliProcess store({"store", "--host", "127.0.0.1", "--port", "0", "--token", "spare-token"});
+  auto deadline = Clock::now() + 10s;
+  while (!contains(store.out(), "STRATA_STORE=") && Clock::now() < deadline) store.pump(20ms);
+  store.pump(50ms);
+  auto pos = store.out().find("STRATA_STORE=");
+  ASSERT_NE(pos, std::string::npos) << store.out();
+  const std::string addr = store.out().substr(pos + 13, store.out().find('\n', pos) - pos - 13);
+  const auto t0 = Clock::now();
+  auto r = run_cli({"run", "--ft", "--spare", "--store", addr, "--rdzv-timeout", "1s", "-n", "1", "--", "true"},
+                   {"STRATA_JOB_TOKEN=spare-token"}, 30s);
+  const auto took = Clock::now() - t0;
+  EXPECT_FALSE(r.timed_out) << r.err;
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "no job registered at the store " + addr)) << r.err;
+  EXPECT_LT(took, 15s);
+  ASSERT_EQ(::kill(store.pid(), SIGTERM), 0);
+  (void)store.finish(5s);
+}
+
 }  // namespace
 }  // namespace strata::cli_test
