@@ -1,7 +1,12 @@
 #include "cli/bench_args.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 
 #include "common/parse.hpp"
@@ -99,6 +104,26 @@ std::string usage_text(Tool tool) {
   if (tool == Tool::Strata) u += "\nExample: strata bench all_reduce -n 2 -b 8 -e 256M -f 2 --json ar.json\n";
   return u;
 }
+
+namespace {
+// Why output file `path` of option `opt` could not be written, or "" : checked before the
+// sweep, so that a typo does not cost the whole run.
+std::string unwritable(const char* opt, const std::string& path) {
+  if (path.empty()) return "";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return std::string(opt) + " " + path + ": is a directory, not a file to write";
+    if (::access(path.c_str(), W_OK) != 0)
+      return std::string(opt) + " " + path + ": cannot write it (" + std::strerror(errno) + ")";
+    return "";
+  }
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::access(dir.c_str(), W_OK) != 0)
+    return std::string(opt) + " " + path + ": cannot write in " + dir + " (" + std::strerror(errno) + ")";
+  return "";
+}
+}  // namespace
 
 std::string parse_options(int argc, char** argv, int first, Tool tool, Options& o, bool& help) {
   help = false;
@@ -274,6 +299,8 @@ std::string parse_options(int argc, char** argv, int first, Tool tool, Options& 
   if (strata && o.nranks > 0 && info(o.coll).rooted && o.root >= o.nranks)
     return "--root " + std::to_string(o.root) + " is not a rank of " + std::to_string(o.nranks);
   if (strata && o.nranks == 1 && o.coll == Coll::SendRecv) return "sendrecv needs -n 2 or more";
+  for (const auto& [opt, path] : {std::pair{"--json", &o.json}, {"--csv", &o.csv}, {"--plot", &o.plot}})
+    if (std::string why = unwritable(opt, *path); !why.empty()) return why;
   return "";
 }
 

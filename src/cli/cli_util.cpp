@@ -13,6 +13,9 @@
 namespace strata::cli {
 
 Result<std::string> read_token_file(const std::string& path, std::string_view who) {
+  struct stat what {};
+  if (::stat(path.c_str(), &what) == 0 && S_ISDIR(what.st_mode))
+    return invalid_argument("--token-file " + path + ": is a directory, not a file holding the job token");
   std::ifstream in(path);
   if (!in) return invalid_argument("--token-file " + path + ": cannot read it (" + std::strerror(errno) + ")");
   std::string line;

@@ -296,6 +296,14 @@ TEST(BenchCli, BadCommandLinesAreUsageErrors) {
   Outcome zero = run_cli({"bench", "all_reduce", "-n", "2", "-b", "0", "-e", "64"});
   EXPECT_EQ(zero.exit_code, 2) << zero.out << zero.err;
   EXPECT_TRUE(contains(zero.err, "-b must be at least 1 byte")) << zero.err;
+  // An output file that cannot be written is found before the sweep, not after it.
+  Outcome nodir = run_cli({"bench", "all_reduce", "-n", "2", "--json", "/nonexistent-dir/r.json"});
+  EXPECT_EQ(nodir.exit_code, 2) << nodir.out << nodir.err;
+  EXPECT_TRUE(contains(nodir.err, "--json /nonexistent-dir/r.json: cannot write in /nonexistent-dir")) << nodir.err;
+  EXPECT_FALSE(contains(nodir.out, "all_reduce")) << "the sweep ran: " << nodir.out;
+  Outcome isdir = run_cli({"bench", "all_reduce", "-n", "2", "--csv", "/tmp"});
+  EXPECT_EQ(isdir.exit_code, 2) << isdir.err;
+  EXPECT_TRUE(contains(isdir.err, "--csv /tmp: is a directory")) << isdir.err;
   Outcome help = run_cli({"bench", "--help"});
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_TRUE(contains(help.out, "usage: strata bench")) << help.out;
