@@ -32,4 +32,12 @@ Result<JobInfo> detect_job(const Env& env, const JobOverrides& overrides = {});
 /// Host identity: STRATA_HOST_ID when set, else "<hostname>:<boot id>".
 std::string host_identity(const Env& env);
 
+/// Where the launcher notes, in job `job_id`'s store, that a rank exited (how, as text): a
+/// rank that exited before publishing its world record never will (coll/context.cpp waits
+/// for those records). The keys are exited_prefix(job_id) + the rank.
+inline std::string exited_prefix(const std::string& job_id) { return "strata/" + job_id + "/exited/"; }
+inline std::string exited_key(const std::string& job_id, int rank) {
+  return exited_prefix(job_id) + std::to_string(rank);
+}
+
 }  // namespace strata::bootstrap

@@ -30,6 +30,7 @@
 #include <csignal>
 #include <cstring>
 
+#include "bootstrap/job_info.hpp"
 #include "bootstrap/resolve.hpp"
 #include "cli/commands.hpp"
 #include "cli/launcher.hpp"
@@ -528,6 +529,9 @@ void Launcher::on_exit(Rank& r, int status) {
   relay(r, r.err);
   if (r.spare >= 0) return on_spare_exit(r, status);
   bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  // A rank that ends well while others run may have ended before it joined the job; they would
+  // wait for it until their deadline (with --ft, its recovery handles an exit).
+  if (!failed && !stopping_ && r.current && !ft_ && running_count() > 0) note_exit(r, "exited with code 0");
   if (!failed || stopping_ || !r.current) return;  // casualties of our own stop are not news
   std::string what;
   int code;
@@ -556,6 +560,18 @@ void Launcher::on_exit(Rank& r, int status) {
   if (other_nodes) msg += (others > 0 ? " and" : "; stopping") + std::string(" the ranks on every other node");
   say(msg);
   stop(SIGTERM, true);
+}
+
+void Launcher::note_exit(const Rank& r, const std::string& what) {
+  if (!notes_) {
+    if (!link_ && !store_) return;
+    const bootstrap::StoreAddress at =
+        link_ ? link_->spec().store : bootstrap::StoreAddress{"127.0.0.1", store_->port()};
+    auto c = bootstrap::StoreClient::connect(at, token_, Deadline::after(std::chrono::milliseconds(500)));
+    if (!c.is_ok()) return;  // a hint for the others only: their deadline still holds
+    notes_ = std::move(c.value());
+  }
+  (void)notes_->set(bootstrap::exited_key(job_id_, r.global), what + " (pid " + std::to_string(r.pid) + ")");
 }
 
 void Launcher::relay(Rank& r, Stream& s) {

@@ -201,6 +201,9 @@ class Launcher {
   void forget_empty_groups();
   /// Ranks not yet reaped.
   int running_count() const;
+  /// Notes in the job's store that rank `r` exited (`what`), so that ranks waiting for its
+  /// world record in init fail at once, naming it, instead of at their deadline.
+  void note_exit(const Rank& r, const std::string& what);
   /// Whether some rank's output pipe is still open.
   bool any_pipe_open() const;
 
@@ -224,6 +227,7 @@ class Launcher {
   OutputQueue output_{kMaxQueuedOutput};
   std::string token_, job_id_;
   std::unique_ptr<bootstrap::StoreServer> store_;
+  std::unique_ptr<bootstrap::StoreClient> notes_;  // note_exit's connection, made when first needed
   // Multi-node only.
   std::unique_ptr<NodeLink> link_;
   World world_;

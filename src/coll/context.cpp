@@ -12,6 +12,7 @@
 
 #include "coll/comm_impl.hpp"
 #include "common/log.hpp"
+#include "common/parse.hpp"
 
 namespace strata::detail {
 
@@ -60,15 +61,45 @@ namespace {
 /// replacement joining a job of N ranks otherwise waits N - 1 store round trips, each for the
 /// store's thread to be scheduled on a busy host. A timeout names the missing keys, which
 /// end in the ranks that never published `what` names.
+/// The wait goes in slices of a second: between two, one request lists the ranks the launcher
+/// saw exit (exited_key), and one of `ranks` among them, which will never publish, ends the
+/// wait at once with its fate instead of at the deadline.
 Result<std::vector<std::string>> read_records(ContextImpl& ctx, const std::vector<int>& ranks,
                                               const std::string& suffix, const std::string& what) {
   std::vector<std::string> keys;
   keys.reserve(ranks.size());
   for (int r : ranks) keys.push_back(world_key(ctx, r) + suffix);
-  auto v = ctx.store->get_many(keys, ctx.timeout);
-  if (!v.is_ok())
-    return v.status().with_context("rank " + std::to_string(ctx.job.rank) + " waiting for " + what + ": ");
-  return v;
+  const std::string waiting = "rank " + std::to_string(ctx.job.rank) + " waiting for " + what + ": ";
+  const Deadline until = Deadline::after(ctx.timeout);
+  for (;;) {
+    const auto slice = std::min(until.remaining(), std::chrono::milliseconds(1000));
+    auto v = ctx.store->get_many(keys, slice);
+    if (v.is_ok()) return v;
+    if (v.status().code() != Code::Timeout) return v.status().with_context(waiting);
+    if (until.expired()) {
+      // The last slice's message, with the whole wait's length.
+      const std::string& m = v.status().message();
+      const size_t at = m.find(" waiting for");
+      return Status(Code::Timeout, waiting + "timed out after " + std::to_string(ctx.timeout.count()) + " ms" +
+                                       (at == std::string::npos ? ": " + m : m.substr(at)));
+    }
+    auto gone = ctx.store->list(bootstrap::exited_prefix(ctx.job.job_id));
+    if (!gone.is_ok()) continue;  // a hint only: the wait goes on
+    for (const std::string& k : *gone) {
+      const auto r = parse_int(std::string_view(k).substr(k.rfind('/') + 1), 0, ctx.job.world_size - 1);
+      if (!r.is_ok()) continue;
+      const auto at = std::find(ranks.begin(), ranks.end(), static_cast<int>(r.value()));
+      if (at == ranks.end()) continue;
+      // One that published before it exited is not what this wait misses.
+      auto published = ctx.store->try_get(keys[static_cast<size_t>(at - ranks.begin())]);
+      if (!published.is_ok() || *published) continue;
+      auto how = ctx.store->try_get(k);
+      return Status(Code::Unavailable,
+                    waiting + "rank " + std::to_string(r.value()) + " " + (how.is_ok() && *how ? **how : "exited") +
+                        " before it published it: it never joined the job (does every rank call strata::init()?)",
+                    static_cast<int>(r.value()));
+    }
+  }
 }
 
 }  // namespace

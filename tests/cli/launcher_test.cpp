@@ -86,6 +86,22 @@ TEST(LauncherTest, RanksRendezvousThroughTheLaunchersStore) {
         << r.out << r.err;
 }
 
+// A rank that exits 0 without ever joining (it never called init): the others would wait for
+// its world record until STRATA_TIMEOUT; the launcher notes the exit in the store and they
+// fail at once, naming it.
+TEST(LauncherTest, RankThatExitsBeforeJoiningFailsTheOthersAtOnce) {
+  STRATA_REQUIRE_BIN();
+  // `strata bench --as-rank` calls strata::init() like any program.
+  auto r = run_cli(
+      {"run", "-n", "3", "--", "sh", "-c",
+       "if [ $STRATA_RANK = 2 ]; then exit 0; fi; exec " + strata_bin() + " bench all_reduce --as-rank -b 8 -e 8 -q"},
+      {"STRATA_TIMEOUT=120s"}, 60s);
+  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_LT(r.seconds, 30.0) << "the ranks waited for their deadline";
+  EXPECT_TRUE(contains(r.out + r.err, "rank 2 exited with code 0 (pid ")) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out + r.err, "it never joined the job")) << r.out << r.err;
+}
+
 TEST(LauncherTest, FailingRankStopsTheJobPromptlyAndNamesRankAndCode) {
   STRATA_REQUIRE_BIN();
   TempDir dir;
