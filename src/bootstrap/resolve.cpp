@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -18,6 +19,22 @@ namespace strata::bootstrap {
 namespace {
 
 std::atomic<testing::GetAddrInfoFn> g_getaddrinfo{nullptr};
+
+// The addresses of a getaddrinfo result (frees it).
+std::vector<ResolvedAddress> addresses(addrinfo* res) {
+  std::vector<ResolvedAddress> out;
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    ResolvedAddress a;
+    a.family = ai->ai_family;
+    a.socktype = ai->ai_socktype;
+    a.protocol = ai->ai_protocol;
+    a.len = static_cast<socklen_t>(std::min<size_t>(ai->ai_addrlen, sizeof a.addr));
+    std::memcpy(&a.addr, ai->ai_addr, a.len);
+    out.push_back(a);
+  }
+  if (res) ::freeaddrinfo(res);
+  return out;
+}
 
 // What the resolving thread hands back.
 struct Pending {
@@ -39,8 +56,25 @@ bool is_numeric_host(const std::string& host) {
 
 Result<std::vector<ResolvedAddress>> resolve(const std::string& host, uint16_t port, bool passive,
                                              const Deadline& deadline) {
-  auto p = std::make_shared<Pending>();
   std::string port_str = std::to_string(port);
+  // A numeric address asks nothing of a name service: converted here, it never times out (a
+  // deadline nearly spent would otherwise report a refused connection as a slow resolver).
+  if (is_numeric_host(host)) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+    addrinfo* res = nullptr;
+    const int gai = ::getaddrinfo(host.c_str(), port_str.c_str(), &hints, &res);
+    if (gai != 0) {
+      if (res) ::freeaddrinfo(res);
+      return unavailable("cannot use address '" + host + "': " + ::gai_strerror(gai));
+    }
+    std::vector<ResolvedAddress> out = addresses(res);
+    if (out.empty()) return unavailable("'" + host + "' resolved to no address");
+    return out;
+  }
+  auto p = std::make_shared<Pending>();
   auto fn = g_getaddrinfo.load();
   if (!fn) fn = &::getaddrinfo;
   try {
@@ -51,17 +85,8 @@ Result<std::vector<ResolvedAddress>> resolve(const std::string& host, uint16_t p
       hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
       addrinfo* res = nullptr;
       int gai = fn(host.empty() ? nullptr : host.c_str(), port_str.c_str(), &hints, &res);
-      std::vector<ResolvedAddress> out;
-      for (addrinfo* ai = gai == 0 ? res : nullptr; ai; ai = ai->ai_next) {
-        ResolvedAddress a;
-        a.family = ai->ai_family;
-        a.socktype = ai->ai_socktype;
-        a.protocol = ai->ai_protocol;
-        a.len = static_cast<socklen_t>(std::min<size_t>(ai->ai_addrlen, sizeof a.addr));
-        std::memcpy(&a.addr, ai->ai_addr, a.len);
-        out.push_back(a);
-      }
-      if (res) ::freeaddrinfo(res);
+      std::vector<ResolvedAddress> out = addresses(gai == 0 ? res : nullptr);
+      if (gai != 0 && res) ::freeaddrinfo(res);
       std::lock_guard<std::mutex> lock(p->mu);
       p->gai = gai;
       p->out = std::move(out);

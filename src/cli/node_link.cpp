@@ -100,6 +100,9 @@ Result<std::unique_ptr<NodeLink>> NodeLink::connect(const NodeSpec& spec, const 
                             ", STRATA_AGENT_TIMEOUT), or one late beat reads as a lost host");
   std::unique_ptr<NodeLink> link(new NodeLink(spec));
   Deadline until = Deadline::after(spec.rdzv_timeout);
+  // Why the last try that got an answer failed (a refused connection, say): the last slice of
+  // the deadline may be too short to get one, and its timeout would hide the cause.
+  Status cause;
   for (;;) {
     auto client =
         bootstrap::StoreClient::connect(spec.store, spec.token, Deadline::after(std::min(kSlice, until.remaining())));
@@ -109,11 +112,13 @@ Result<std::unique_ptr<NodeLink>> NodeLink::connect(const NodeSpec& spec, const 
     }
     if (client.status().code() != Code::Unavailable && client.status().code() != Code::Timeout)
       return client.status().with_context("the store of node 0 at " + spec.store.to_string() + ": ");
+    if (client.status().code() == Code::Unavailable) cause = client.status();
     if (auto why = interrupted())
       return aborted(*why + " while connecting to the store of node 0 at " + spec.store.to_string());
     if (until.expired())
-      return client.status().with_context("cannot reach the store of node 0 at " + spec.store.to_string() + " within " +
-                                          seconds_text(spec.rdzv_timeout) + ": ");
+      return (cause.is_ok() ? client.status() : cause)
+          .with_context("cannot reach the store of node 0 at " + spec.store.to_string() + " within " +
+                        seconds_text(spec.rdzv_timeout) + ": ");
   }
 }
 
