@@ -263,7 +263,14 @@ Status CommImpl::attach_peer(int r, const memory::SegRef& ref, Deadline d) {
   if (!p.is_ok()) return p.status().with_context("mapping the control block of rank " + std::to_string(r) + ": ");
   CtrlView v(p.value(), size);
   CtrlHeader* h = v.hdr();
-  if (h->magic != kCtrlMagic || h->rank != r || h->size != size)
+  // The size first: ranks started with different world sizes (STRATA_WORLD_SIZE, WORLD_SIZE)
+  // are a launch error to name as such, not a corrupt block.
+  if (h->magic == kCtrlMagic && h->size != size)
+    return invalid_argument("rank " + std::to_string(r) + " was started with a communicator of " +
+                            std::to_string(h->size) + " ranks and rank " + std::to_string(rank) + " with " +
+                            std::to_string(size) +
+                            " (do STRATA_WORLD_SIZE, WORLD_SIZE or the launcher's -n differ between ranks?)");
+  if (h->magic != kCtrlMagic || h->rank != r)
     return internal_error("control block of rank " + std::to_string(r) +
                           " is not initialised or comes from a build with another layout (magic " +
                           std::to_string(h->magic) + ", rank " + std::to_string(h->rank) + ")");

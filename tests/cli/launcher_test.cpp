@@ -102,6 +102,18 @@ TEST(LauncherTest, RankThatExitsBeforeJoiningFailsTheOthersAtOnce) {
   EXPECT_TRUE(contains(r.out + r.err, "it never joined the job")) << r.out << r.err;
 }
 
+// Ranks started with different world sizes are named as such, not as a corrupt control block.
+TEST(LauncherTest, RanksWithDifferentWorldSizesAreNamed) {
+  STRATA_REQUIRE_BIN();
+  auto r = run_cli({"run", "-n", "2", "--", "sh", "-c",
+                    "if [ $STRATA_RANK = 1 ]; then export STRATA_WORLD_SIZE=3 WORLD_SIZE=3; fi; exec " + strata_bin() +
+                        " bench all_reduce --as-rank -b 8 -e 8 -q"},
+                   {"STRATA_TIMEOUT=20s"}, 60s);
+  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out + r.err, "rank 1 was started with a communicator of 3 ranks and rank 0 with 2"))
+      << r.out << r.err;
+}
+
 TEST(LauncherTest, FailingRankStopsTheJobPromptlyAndNamesRankAndCode) {
   STRATA_REQUIRE_BIN();
   TempDir dir;
