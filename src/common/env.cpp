@@ -150,8 +150,8 @@ Env parse(Lookup lookup, void* ctx) {
   if (!e.node_rank && e.launcher == "torchrun") e.node_rank = to_int(get("GROUP_RANK"), 0);
   e.nnodes = to_int(get("STRATA_NNODES"), 1);
 
-  if (auto d = to_duration(get("STRATA_TIMEOUT"))) e.timeout = *d;
-  if (auto d = to_duration(get("STRATA_STORE_TIMEOUT"))) e.store_connect_timeout = *d;
+  if (auto d = to_duration(get("STRATA_TIMEOUT"), true)) e.timeout = *d;
+  if (auto d = to_duration(get("STRATA_STORE_TIMEOUT"), true)) e.store_connect_timeout = *d;
   if (auto d = to_duration(get("STRATA_STORE_HELLO_TIMEOUT"), true)) e.store_hello_timeout = *d;
   if (auto v = to_int(get("STRATA_STORE_MAX_PENDING"), 1)) e.store_max_pending = static_cast<size_t>(*v);
   if (auto s = get("STRATA_STORE_MAX_CONN_BYTES")) {

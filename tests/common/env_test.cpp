@@ -307,6 +307,17 @@ TEST(EnvParse, InvalidValuesAreNamedAndChecked) {
   EXPECT_TRUE(env_of({{"STRATA_TIMEOUT", "2s"}, {"STRATA_CMA", "off"}}).check().is_ok());
 }
 
+// A deadline of 0 would fail every wait at once: refused, like the heartbeat's.
+TEST(EnvParse, ZeroTimeoutsAreRefused) {
+  const Env e = env_of({{"STRATA_TIMEOUT", "0"}, {"STRATA_STORE_TIMEOUT", "0ms"}});
+  EXPECT_EQ(e.timeout, 300000ms);
+  std::string all;
+  for (const auto& s : e.invalid) all += s + "\n";
+  EXPECT_NE(all.find("STRATA_TIMEOUT=0"), std::string::npos) << all;
+  EXPECT_NE(all.find("STRATA_STORE_TIMEOUT=0ms"), std::string::npos) << all;
+  EXPECT_NE(all.find("must be longer than 0 ms"), std::string::npos) << all;
+}
+
 // The size and duration syntax itself is tested in parse_test.cpp (common/parse.hpp).
 TEST(EnvParse, SizesAreBinaryAndDurationsDefaultToMilliseconds) {
   const Env e = env_of({{"STRATA_ONESHOT_MAX_BYTES", "64KB"},
