@@ -127,7 +127,7 @@ std::string unwritable(const char* opt, const std::string& path) {
 
 std::string parse_options(int argc, char** argv, int first, Tool tool, Options& o, bool& help) {
   help = false;
-  bool have_coll = false;
+  bool have_coll = false, root_given = false;
   auto take = [&](int& i, std::initializer_list<std::string_view> names, std::string& value,
                   std::string& error) -> bool {
     std::string_view arg = argv[i];
@@ -217,6 +217,7 @@ std::string parse_options(int argc, char** argv, int first, Tool tool, Options& 
       if (!op) return "unknown --op '" + v + "' (sum prod min max avg)";
       o.op = *op;
     } else if (take(i, {"-r", "--root"}, v, err)) {
+      root_given = true;
       if (!err.empty()) return err;
       auto r = to_int(v, 0, 1 << 20);
       if (!r) return "--root must be a rank, got '" + v + "'";
@@ -299,6 +300,10 @@ std::string parse_options(int argc, char** argv, int first, Tool tool, Options& 
   if (strata && o.nranks > 0 && info(o.coll).rooted && o.root >= o.nranks)
     return "--root " + std::to_string(o.root) + " is not a rank of " + std::to_string(o.nranks);
   if (strata && o.nranks == 1 && o.coll == Coll::SendRecv) return "sendrecv needs -n 2 or more";
+  // An option the collective would ignore is a mistake to name, not to run past.
+  if (o.algorithm != AlgoChoice::Auto && o.coll != Coll::AllReduce)
+    return std::string("--algorithm is for all_reduce; ") + info(o.coll).name + " chooses its own";
+  if (root_given && !info(o.coll).rooted) return std::string("--root: ") + info(o.coll).name + " has no root";
   for (const auto& [opt, path] : {std::pair{"--json", &o.json}, {"--csv", &o.csv}, {"--plot", &o.plot}})
     if (std::string why = unwritable(opt, *path); !why.empty()) return why;
   return "";

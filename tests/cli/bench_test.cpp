@@ -304,6 +304,13 @@ TEST(BenchCli, BadCommandLinesAreUsageErrors) {
   Outcome isdir = run_cli({"bench", "all_reduce", "-n", "2", "--csv", "/tmp"});
   EXPECT_EQ(isdir.exit_code, 2) << isdir.err;
   EXPECT_TRUE(contains(isdir.err, "--csv /tmp: is a directory")) << isdir.err;
+  // Options the collective would ignore.
+  Outcome algo = run_cli({"bench", "all_gather", "-n", "2", "--algorithm", "one_shot"});
+  EXPECT_EQ(algo.exit_code, 2) << algo.err;
+  EXPECT_TRUE(contains(algo.err, "--algorithm is for all_reduce")) << algo.err;
+  Outcome root = run_cli({"bench", "all_reduce", "-n", "2", "--root", "1"});
+  EXPECT_EQ(root.exit_code, 2) << root.err;
+  EXPECT_TRUE(contains(root.err, "--root: all_reduce has no root")) << root.err;
   Outcome help = run_cli({"bench", "--help"});
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_TRUE(contains(help.out, "usage: strata bench")) << help.out;
