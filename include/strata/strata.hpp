@@ -23,6 +23,9 @@ struct WorkState;
 /// Frees heap memory owned by `ctx` (Buffer's destructor).
 void heap_free(const std::shared_ptr<ContextImpl>& ctx, void* p, bool symmetric) noexcept;
 [[noreturn]] void throw_invalid(const std::string& message);
+/// InvalidArgument from rank `rank` of `comm` (for a check in a header, before the library
+/// sees the call): the message and Error::rank() name the rank.
+[[noreturn]] void throw_invalid_on(const std::shared_ptr<CommImpl>& comm, const std::string& message);
 
 /// A contiguous range of elements: Buffer<T>, std::vector<T>, std::span<T>, std::array.
 template <class R>
@@ -358,8 +361,9 @@ class Communicator {
     check_same<I, O>();
     size_t n = static_cast<size_t>(size());
     if (in.size() % n != 0 || out.size() < in.size())
-      detail::throw_invalid("all_to_all: in has " + std::to_string(in.size()) + " elements, not a multiple of " +
-                            std::to_string(n) + " ranks, or out (" + std::to_string(out.size()) + ") is smaller");
+      detail::throw_invalid_on(impl_, "all_to_all: in has " + std::to_string(in.size()) +
+                                          " elements, not a multiple of " + std::to_string(n) + " ranks, or out (" +
+                                          std::to_string(out.size()) + ") is smaller");
     all_to_all(in.data(), out.data(), in.size() / n, dtype_of_v<detail::elem_t<I>>, o);
   }
   /// Typed gather over any contiguous range; element type gives the DataType.
@@ -427,10 +431,10 @@ class Communicator {
     static_assert(std::is_same_v<std::remove_const_t<detail::elem_t<A>>, std::remove_const_t<detail::elem_t<B>>>,
                   "in and out must have the same element type");
   }
-  static void need(bool ok, const char* what, size_t have, size_t want) {
+  void need(bool ok, const char* what, size_t have, size_t want) const {
     if (!ok)
-      detail::throw_invalid(std::string(what) + " has " + std::to_string(have) + " elements, needs " +
-                            std::to_string(want));
+      detail::throw_invalid_on(
+          impl_, std::string(what) + " has " + std::to_string(have) + " elements, needs " + std::to_string(want));
   }
   std::shared_ptr<detail::CommImpl> impl_;
 };

@@ -24,6 +24,16 @@ void heap_free(const std::shared_ptr<ContextImpl>& ctx, void* p, bool symmetric)
 
 void throw_invalid(const std::string& message) { throw Error(Code::InvalidArgument, message); }
 
+void throw_invalid_on(const std::shared_ptr<CommImpl>& comm, const std::string& message) {
+  if (!comm) throw Error(Code::InvalidArgument, message);
+  const std::string::size_type colon = message.find(':');
+  // "all_gather: out has ..." -> "all_gather on rank 1: out has ...".
+  const std::string where = " on rank " + std::to_string(comm->rank);
+  throw Error(Code::InvalidArgument,
+              colon == std::string::npos ? message + where : message.substr(0, colon) + where + message.substr(colon),
+              comm->rank);
+}
+
 namespace {
 
 void engine_loop(CommImpl* c) {
@@ -445,6 +455,11 @@ bool Communicator::is_heap(const void* p, size_t bytes) const {
 Registration Communicator::register_buffer(void* ptr, size_t bytes) {
   auto& c = need_impl(impl_);
   if (!ptr && bytes) throw Error(Code::InvalidArgument, "register_buffer: ptr is null", c.rank);
+  if (bytes > UINTPTR_MAX - reinterpret_cast<uintptr_t>(ptr))
+    throw Error(Code::InvalidArgument,
+                "register_buffer on rank " + std::to_string(c.rank) + ": " + std::to_string(bytes) + " bytes from " +
+                    std::to_string(reinterpret_cast<uintptr_t>(ptr)) + " run past the end of memory",
+                c.rank);
   if (c.ctx->heap->locate(ptr, bytes ? bytes : 1))
     throw Error(Code::InvalidArgument, "register_buffer: memory is already in the registered heap", c.rank);
   {

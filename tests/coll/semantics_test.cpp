@@ -50,6 +50,52 @@ std::vector<std::string> on_fresh_team(int n, std::chrono::milliseconds timeout,
   return team.run(fn);
 }
 
+// The typed overloads check sizes before the library sees the call; their errors name the
+// rank like every other error (in the message and in Error::rank()).
+TEST(TypedCalls, SizeErrorsNameTheRank) {
+  expect_no_failures(Team::get(2).run([](Communicator& c) {
+    std::vector<float> in(8), small(8);
+    try {
+      c.all_gather(in, small);
+      throw std::runtime_error("a too small all_gather output was accepted");
+    } catch (const Error& e) {
+      const std::string want = "all_gather on rank " + std::to_string(c.rank()) + ": out has 8 elements, needs 16";
+      if (std::string(e.what()).find(want) == std::string::npos || e.rank() != c.rank() ||
+          e.code() != Code::InvalidArgument)
+        throw std::runtime_error(std::string("unexpected error: ") + e.what());
+    }
+  }));
+}
+
+// Options and registrations that cannot mean anything are refused before anything moves.
+TEST(TypedCalls, MeaninglessOptionsAndRegistrationsAreRefused) {
+  expect_no_failures(Team::get(2).run([](Communicator& c) {
+    std::vector<float> v(4, 1.0f);
+    auto refused = [&](const char* what, const std::function<void()>& f, const std::string& says) {
+      try {
+        f();
+      } catch (const Error& e) {
+        if (e.code() == Code::InvalidArgument && std::string(e.what()).find(says) != std::string::npos) return;
+        throw std::runtime_error(std::string(what) + ": " + e.what());
+      }
+      throw std::runtime_error(std::string(what) + " was accepted");
+    };
+    CollOptions bad_algo;
+    bad_algo.algorithm = static_cast<Algorithm>(7);
+    refused(
+        "algorithm 7", [&] { c.all_reduce(v, ReduceOp::Sum, bad_algo); }, "CollOptions::algorithm 7");
+    CollOptions negative;
+    negative.timeout = std::chrono::milliseconds(-5);
+    refused(
+        "a negative timeout", [&] { c.all_reduce(v, ReduceOp::Sum, negative); }, "CollOptions::timeout is negative");
+    refused(
+        "a range past the end of memory", [&] { (void)c.register_buffer(reinterpret_cast<void*>(4096), SIZE_MAX); },
+        "run past the end of memory");
+    c.all_reduce(v, ReduceOp::Sum);  // the communicator is untouched
+    if (v[0] != 2.0f) throw std::runtime_error("all_reduce after the refusals gave " + std::to_string(v[0]));
+  }));
+}
+
 TEST(ZeroCopy, HeapBuffersAreNeverStaged) {
   expect_no_failures(Team::get(4).run([](Communicator& c) {
     const size_t n = 1 << 18;
