@@ -277,6 +277,10 @@ def monitored_barrier(group, timeout, wait_all_ranks):
         timeout = getattr(pg, "_strata_timeout", None) or dist.default_pg_timeout
     elif not isinstance(timeout, datetime.timedelta):
         timeout = datetime.timedelta(seconds=float(timeout))
+    if timeout.total_seconds() <= 0:
+        from . import InvalidArgument
+        raise InvalidArgument("torch_monitored_barrier: timeout must be positive, got %s s"
+                              % timeout.total_seconds())
     return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 

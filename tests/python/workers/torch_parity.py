@@ -396,6 +396,14 @@ def monitored_barrier():
     dist.monitored_barrier(group=gloo, timeout=LONG)
     strata.torch_monitored_barrier(timeout=LONG)
     strata.torch_monitored_barrier(timeout=LONG, wait_all_ranks=True)
+    # A timeout that is not positive would mean no monitoring at all: refused on every rank.
+    err = raises(lambda: strata.torch_monitored_barrier(timeout=-1), "timeout must be positive")
+    assert isinstance(err, str)
+    try:
+        strata.torch_monitored_barrier(timeout=0)
+        raise AssertionError("a zero timeout was accepted")
+    except strata.InvalidArgument:
+        pass
     # Rank n-1 does not come: rank 0 names it after the timeout, on both. Dedicated groups,
     # since their point-to-point streams are left out of step.
     # gloo's other ranks wait for rank 0's release for the group's timeout, not the barrier's.
