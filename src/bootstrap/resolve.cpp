@@ -20,6 +20,15 @@ namespace {
 
 std::atomic<testing::GetAddrInfoFn> g_getaddrinfo{nullptr};
 
+// getaddrinfo's hints for a stream socket (`passive`: to bind), with `flags` added.
+addrinfo stream_hints(bool passive, int flags) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | flags | (passive ? AI_PASSIVE : 0);
+  return hints;
+}
+
 // The addresses of a getaddrinfo result (frees it).
 std::vector<ResolvedAddress> addresses(addrinfo* res) {
   std::vector<ResolvedAddress> out;
@@ -60,10 +69,7 @@ Result<std::vector<ResolvedAddress>> resolve(const std::string& host, uint16_t p
   // A numeric address asks nothing of a name service: converted here, it never times out (a
   // deadline nearly spent would otherwise report a refused connection as a slow resolver).
   if (is_numeric_host(host)) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+    const addrinfo hints = stream_hints(passive, AI_NUMERICHOST);
     addrinfo* res = nullptr;
     const int gai = ::getaddrinfo(host.c_str(), port_str.c_str(), &hints, &res);
     if (gai != 0) {
@@ -79,10 +85,7 @@ Result<std::vector<ResolvedAddress>> resolve(const std::string& host, uint16_t p
   if (!fn) fn = &::getaddrinfo;
   try {
     std::thread([p, host, port_str, passive, fn] {
-      addrinfo hints{};
-      hints.ai_family = AF_UNSPEC;
-      hints.ai_socktype = SOCK_STREAM;
-      hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+      const addrinfo hints = stream_hints(passive, 0);
       addrinfo* res = nullptr;
       int gai = fn(host.empty() ? nullptr : host.c_str(), port_str.c_str(), &hints, &res);
       std::vector<ResolvedAddress> out = addresses(gai == 0 ? res : nullptr);

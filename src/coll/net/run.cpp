@@ -467,56 +467,6 @@ Status rail_round(NetExec& x, const OpDesc& mine, const HostRound& h, bool eager
   return Status::ok();
 }
 
-Status check_late(CommImpl& c, Deadline deadline, uint32_t& seq);
-
-/// The first round of a communicator with the host round (see above).
-Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& done) {
-  CommImpl& c = x.c;
-  const bool rails = rails_only(mine), eager_rail = rails && eager != nullptr;
-  // The other operations without count vectors (none of them eager) meet this host's ranks
-  // in this step only, and the network round goes to the other hosts. The v-forms' count
-  // vectors are compared pair by pair in the all-pairs round, this host's pairs included.
-  const bool here = !rails && first_message_head(x.op.kind, c.size) == sizeof(OpDesc);
-  if (!rails && eager)
-    return internal_error(std::string("eager ") + coll::to_string(x.op.kind) + " without a rail round");
-  std::vector<const char*> slots;
-  // A broadcast's or scatter's ranks but its root have no input to publish: their slot stays
-  // unwritten. all_to_all, reduce_scatter and scatter publish the whole input (n blocks).
-  const RailData rd = rail_data(x.op.kind);
-  size_t slot = x.op.count * x.esz;
-  if (eager_rail) {
-    slots = {rd.rooted && c.rank != x.op.root ? nullptr : x.in};
-    if (rd.per_dest) slot *= static_cast<size_t>(c.size);
-  }
-  STRATA_ASSIGN_OR_RETURN(HostRound h, host_gather(x, mine, slots, slots.empty() ? 0 : slot));
-  // This rank found an earlier operation mismatched (its flag is in `mine`, and the host round
-  // showed it to this host's ranks): every rank fails this one; run() names the cause.
-  if (mine.flags & kLateMismatch) h.mismatch = Status(Code::InvalidArgument, "an earlier operation did not match");
-  if (!h.mismatch.is_ok()) {
-    // This rank's own late records first, waiting for them: a rank of another host that found
-    // one of those operations mismatched waits, in its settling, for this rank's notice, and
-    // would not take part in this settling before it had it.
-    while (!x.c.late.empty()) {
-      uint32_t seq = 0;
-      Status ls = check_late(x.c, x.deadline, seq);
-      if (!ls.is_ok() && ls.code() != Code::InvalidArgument) return ls;
-    }
-    OpDesc flagged = mine;
-    if (h.late) {
-      flagged.flags |= kLateMismatch;
-      flagged.in_seg = static_cast<uint32_t>(h.a);
-      flagged.in_off = h.late_seq;
-    } else if (!(mine.flags & kLateMismatch)) {
-      flagged.flags |= kHostMismatch;
-      flagged.in_seg = static_cast<uint32_t>(h.a);
-      flagged.in_off = static_cast<uint64_t>(static_cast<int64_t>(h.b));
-    }
-    return settle_mismatch(x, flagged, std::vector<char>(c.size, 0), std::vector<char>(c.size, 0), h.mismatch);
-  }
-  if (!rails) return first_round(x, mine, eager, here ? &h : nullptr);
-  return rail_round(x, mine, h, eager_rail, done);
-}
-
 /// Whether every first message of late record `l` has arrived, as far as the progress the
 /// operations since drove has seen (driving it here for every record, every operation, cost a
 /// stream of small broadcasts more than the window saved).
@@ -562,6 +512,54 @@ Status check_late(CommImpl& c, Deadline deadline, uint32_t& seq) {
   if (why.is_ok()) return Status::ok();
   if (l.rails) why = settle_mismatch(x, l.mine, l.sent, l.got, why);
   return why.with_context(when());
+}
+
+/// The first round of a communicator with the host round (see above).
+Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& done) {
+  CommImpl& c = x.c;
+  const bool rails = rails_only(mine), eager_rail = rails && eager != nullptr;
+  // The other operations without count vectors (none of them eager) meet this host's ranks
+  // in this step only, and the network round goes to the other hosts. The v-forms' count
+  // vectors are compared pair by pair in the all-pairs round, this host's pairs included.
+  const bool here = !rails && first_message_head(x.op.kind, c.size) == sizeof(OpDesc);
+  if (!rails && eager)
+    return internal_error(std::string("eager ") + coll::to_string(x.op.kind) + " without a rail round");
+  std::vector<const char*> slots;
+  // A broadcast's or scatter's ranks but its root have no input to publish: their slot stays
+  // unwritten. all_to_all, reduce_scatter and scatter publish the whole input (n blocks).
+  const RailData rd = rail_data(x.op.kind);
+  size_t slot = x.op.count * x.esz;
+  if (eager_rail) {
+    slots = {rd.rooted && c.rank != x.op.root ? nullptr : x.in};
+    if (rd.per_dest) slot *= static_cast<size_t>(c.size);
+  }
+  STRATA_ASSIGN_OR_RETURN(HostRound h, host_gather(x, mine, slots, slots.empty() ? 0 : slot));
+  // This rank found an earlier operation mismatched (its flag is in `mine`, and the host round
+  // showed it to this host's ranks): every rank fails this one; run() names the cause.
+  if (mine.flags & kLateMismatch) h.mismatch = Status(Code::InvalidArgument, "an earlier operation did not match");
+  if (!h.mismatch.is_ok()) {
+    // This rank's own late records first, waiting for them: a rank of another host that found
+    // one of those operations mismatched waits, in its settling, for this rank's notice, and
+    // would not take part in this settling before it had it.
+    while (!c.late.empty()) {
+      uint32_t seq = 0;
+      Status ls = check_late(c, x.deadline, seq);
+      if (!ls.is_ok() && ls.code() != Code::InvalidArgument) return ls;
+    }
+    OpDesc flagged = mine;
+    if (h.late) {
+      flagged.flags |= kLateMismatch;
+      flagged.in_seg = static_cast<uint32_t>(h.a);
+      flagged.in_off = h.late_seq;
+    } else if (!(mine.flags & kLateMismatch)) {
+      flagged.flags |= kHostMismatch;
+      flagged.in_seg = static_cast<uint32_t>(h.a);
+      flagged.in_off = static_cast<uint64_t>(static_cast<int64_t>(h.b));
+    }
+    return settle_mismatch(x, flagged, std::vector<char>(c.size, 0), std::vector<char>(c.size, 0), h.mismatch);
+  }
+  if (!rails) return first_round(x, mine, eager, here ? &h : nullptr);
+  return rail_round(x, mine, h, eager_rail, done);
 }
 
 }  // namespace
@@ -623,8 +621,8 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   // promptly with the ranks of other hosts that found it too and wait for this rank's notice.
   // A mismatch found there fails this operation on every rank (the flag tells the others); the
   // communicator stays usable, as after any mismatch.
-  const bool rails = host_round(c) && rails_only(d);
-  x.defer = eager && needs_nothing_back(c, op, op.count * x.esz, rails);
+  const bool host = host_round(c);
+  x.defer = eager && needs_nothing_back(c, op, op.count * x.esz, host && rails_only(d));
   Status late;
   uint32_t late_seq = 0;
   while (late.is_ok() && !c.late.empty() &&
@@ -639,7 +637,7 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
   bool done = false;  // the operation completed in its first round
   Status st;
   if (!late.is_ok() && late.code() != Code::InvalidArgument) st = late;
-  else if (host_round(c)) st = hosts_first(x, d, eager ? &*eager : nullptr, done);
+  else if (host) st = hosts_first(x, d, eager ? &*eager : nullptr, done);
   else st = first_round(x, d, eager ? &*eager : nullptr, nullptr);
   // Whatever the peers' descriptors held, this rank fails with the cause it found.
   if (late.code() == Code::InvalidArgument && (st.is_ok() || st.code() == Code::InvalidArgument)) st = late;
