@@ -86,10 +86,14 @@ class PyComm {
   /// Forgets finished async operations (and so releases their arrays).
   void prune();
 
+  /// Set when a call reached dispatch: its argument checks passed (collectives.cpp, Refusing).
+  bool dispatched = false;
+
   /// Runs `fn(async)` without the GIL. Blocking: returns `result`. Async: returns a Work and
   /// keeps `keep` alive until the operation has completed.
   template <class F>
   py::object dispatch(bool async, py::object result, py::object keep, F&& fn) {
+    dispatched = true;
     prune();
     if (!async) {
       {

@@ -462,46 +462,69 @@ int recv_any(PyComm& self, py::handle a, int tag, py::handle timeout) {
   return c.recv_any(v.data, v.count, v.dtype, tag, opts);
 }
 
+/// A collective whose own checks (before dispatch) refuse the call: the refusal takes the
+/// call's place in the order of operations (detail::refuse_call), so that the peers' matching
+/// calls fail naming this rank instead of waiting for it. An error from the C++ call itself
+/// (after dispatch) was refused there already.
+template <auto F>
+struct Refusing;
+template <class... A, py::object (*F)(PyComm&, A...)>
+struct Refusing<F> {
+  static py::object call(PyComm& self, A... a) {
+    self.dispatched = false;
+    try {
+      return F(self, std::forward<A>(a)...);
+    } catch (const Error& e) {
+      if (e.code() == Code::InvalidArgument && !self.dispatched && self.handle().valid())
+        detail::refuse_call(self.handle().impl());
+      throw;
+    }
+  }
+};
+
 }  // namespace
 
 void bind_collectives(CommClass& comm) {
-  comm.def("all_reduce", &all_reduce, py::arg("a"), py::arg("op") = "sum", py::kw_only(), py::arg("out") = py::none(),
-           py::arg("async_op") = false, py::arg("timeout") = py::none(), py::arg("algorithm") = py::none(),
+  comm.def("all_reduce", &Refusing<&all_reduce>::call, py::arg("a"), py::arg("op") = "sum", py::kw_only(),
+           py::arg("out") = py::none(), py::arg("async_op") = false, py::arg("timeout") = py::none(),
+           py::arg("algorithm") = py::none(),
            "Reduces `a` over all ranks: in place, or into `out`. Returns the result array, or a Work when "
            "async_op=True.")
-      .def("reduce", &reduce, py::arg("a"), py::arg("root") = 0, py::arg("op") = "sum", py::kw_only(),
+      .def("reduce", &Refusing<&reduce>::call, py::arg("a"), py::arg("root") = 0, py::arg("op") = "sum", py::kw_only(),
            py::arg("out") = py::none(), py::arg("async_op") = false, py::arg("timeout") = py::none(),
            "Reduces `a` over all ranks into the root's `out` (or `a`). Returns the result at the root, None "
            "elsewhere.")
-      .def("broadcast", &broadcast, py::arg("a"), py::arg("root") = 0, py::kw_only(), py::arg("out") = py::none(),
-           py::arg("async_op") = false, py::arg("timeout") = py::none(),
+      .def("broadcast", &Refusing<&broadcast>::call, py::arg("a"), py::arg("root") = 0, py::kw_only(),
+           py::arg("out") = py::none(), py::arg("async_op") = false, py::arg("timeout") = py::none(),
            "Copies the root's `a` to every rank's `a` (or `out`; then `a` may be None off the root).")
-      .def("all_gather", &all_gather, py::arg("a"), py::kw_only(), py::arg("out") = py::none(),
+      .def("all_gather", &Refusing<&all_gather>::call, py::arg("a"), py::kw_only(), py::arg("out") = py::none(),
            py::arg("async_op") = false, py::arg("timeout") = py::none(),
            "Concatenates every rank's `a`: out has shape (size, *a.shape) (a new heap array when out is None).")
-      .def("all_gather_v", &all_gather_v, py::arg("a"), py::arg("counts"), py::kw_only(), py::arg("out") = py::none(),
-           py::arg("async_op") = false, py::arg("timeout") = py::none(),
+      .def("all_gather_v", &Refusing<&all_gather_v>::call, py::arg("a"), py::arg("counts"), py::kw_only(),
+           py::arg("out") = py::none(), py::arg("async_op") = false, py::arg("timeout") = py::none(),
            "Rank r contributes counts[r] elements; out (1-D) is their concatenation.")
-      .def("reduce_scatter", &reduce_scatter, py::arg("a"), py::arg("op") = "sum", py::kw_only(),
+      .def("reduce_scatter", &Refusing<&reduce_scatter>::call, py::arg("a"), py::arg("op") = "sum", py::kw_only(),
            py::arg("out") = py::none(), py::arg("async_op") = false, py::arg("timeout") = py::none(),
            "`a` holds size() equal blocks; rank r gets the reduction of block r.")
-      .def("reduce_scatter_v", &reduce_scatter_v, py::arg("a"), py::arg("counts"), py::arg("op") = "sum", py::kw_only(),
-           py::arg("out") = py::none(), py::arg("async_op") = false, py::arg("timeout") = py::none(),
-           "Block r of `a` has counts[r] elements; rank r gets their reduction.")
-      .def("all_to_all", &all_to_all, py::arg("a"), py::kw_only(), py::arg("out") = py::none(),
+      .def("reduce_scatter_v", &Refusing<&reduce_scatter_v>::call, py::arg("a"), py::arg("counts"),
+           py::arg("op") = "sum", py::kw_only(), py::arg("out") = py::none(), py::arg("async_op") = false,
+           py::arg("timeout") = py::none(), "Block r of `a` has counts[r] elements; rank r gets their reduction.")
+      .def("all_to_all", &Refusing<&all_to_all>::call, py::arg("a"), py::kw_only(), py::arg("out") = py::none(),
            py::arg("async_op") = false, py::arg("timeout") = py::none(),
            "Block j of `a` goes to rank j, landing in block rank of its out (out=a: in place).")
-      .def("all_to_all_v", &all_to_all_v, py::arg("a"), py::arg("send_counts"), py::arg("recv_counts") = py::none(),
-           py::kw_only(), py::arg("out") = py::none(), py::arg("send_displs") = py::none(),
-           py::arg("recv_displs") = py::none(), py::arg("async_op") = false, py::arg("timeout") = py::none(),
+      .def("all_to_all_v", &Refusing<&all_to_all_v>::call, py::arg("a"), py::arg("send_counts"),
+           py::arg("recv_counts") = py::none(), py::kw_only(), py::arg("out") = py::none(),
+           py::arg("send_displs") = py::none(), py::arg("recv_displs") = py::none(), py::arg("async_op") = false,
+           py::arg("timeout") = py::none(),
            "Sends send_counts[j] elements to rank j. recv_counts=None exchanges the counts first.")
-      .def("gather", &gather, py::arg("a"), py::arg("root") = 0, py::kw_only(), py::arg("out") = py::none(),
-           py::arg("async_op") = false, py::arg("timeout") = py::none(),
+      .def("gather", &Refusing<&gather>::call, py::arg("a"), py::arg("root") = 0, py::kw_only(),
+           py::arg("out") = py::none(), py::arg("async_op") = false, py::arg("timeout") = py::none(),
            "The root's out (size, *a.shape) receives every rank's `a`; None elsewhere.")
-      .def("scatter", &scatter, py::arg("a"), py::arg("root") = 0, py::kw_only(), py::arg("out") = py::none(),
-           py::arg("async_op") = false, py::arg("timeout") = py::none(),
+      .def("scatter", &Refusing<&scatter>::call, py::arg("a"), py::arg("root") = 0, py::kw_only(),
+           py::arg("out") = py::none(), py::arg("async_op") = false, py::arg("timeout") = py::none(),
            "Rank r receives block r of the root's `a` into `out` (required off the root; a may be None there).")
-      .def("barrier", &barrier, py::kw_only(), py::arg("async_op") = false, py::arg("timeout") = py::none())
+      .def("barrier", &Refusing<&barrier>::call, py::kw_only(), py::arg("async_op") = false,
+           py::arg("timeout") = py::none())
       .def("send", &send, py::arg("a"), py::arg("peer"), py::arg("tag") = 0, py::kw_only(), py::arg("async_op") = false,
            py::arg("timeout") = py::none(),
            "Sends `a` to `peer` (completes when the peer has received it; use async_op for overlapping sends).")

@@ -136,21 +136,42 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
           [](py::object self, py::handle x, py::handle topk_idx, py::handle topk_w, const std::string& schedule) {
             auto& b = self.cast<PyMoeBuffer&>();
             const auto& cfg = b.cfg;
-            ArrayView xv = view_of(x, "moe.dispatch: x", false);
+            const moe::Schedule s = parse_schedule(schedule);
+            // A call these checks refuse still takes its place, so that the peers fail naming
+            // this rank instead of waiting for it (moe::Buffer::refuse_dispatch).
+            auto refused = [&](const std::string& message) {
+              {
+                py::gil_scoped_release nogil;
+                b.get().refuse_dispatch(s);
+              }
+              invalid(message);
+            };
+            ArrayView xv;
+            try {
+              xv = view_of(x, "moe.dispatch: x", false);
+            } catch (const Error& e) {
+              if (e.code() == Code::InvalidArgument) refused(e.what());
+              throw;
+            }
             if (xv.dtype != cfg.dtype)
-              invalid("moe.dispatch: x has dtype " + std::string(to_string(xv.dtype)) + ", the buffer was made for " +
+              refused("moe.dispatch: x has dtype " + std::string(to_string(xv.dtype)) + ", the buffer was made for " +
                       to_string(cfg.dtype));
             // [T, hidden]; a flat array of T * hidden elements is taken too.
             if (xv.shape.size() > 1 && static_cast<size_t>(xv.shape.back()) != cfg.hidden)
-              invalid("moe.dispatch: x has shape " + py::str(x.attr("shape")).cast<std::string>() +
+              refused("moe.dispatch: x has shape " + py::str(x.attr("shape")).cast<std::string>() +
                       ", expected [T, hidden = " + std::to_string(cfg.hidden) + "]");
             if (xv.count % cfg.hidden != 0)
-              invalid("moe.dispatch: x has " + std::to_string(xv.count) +
+              refused("moe.dispatch: x has " + std::to_string(xv.count) +
                       " elements, not a multiple of hidden = " + std::to_string(cfg.hidden));
             const size_t T = xv.count / cfg.hidden;
-            ArrayView iv = checked(topk_idx, "moe.dispatch: topk_idx", DataType::Int64, T * cfg.topk, false);
-            ArrayView wv = checked(topk_w, "moe.dispatch: topk_w", DataType::Float32, T * cfg.topk, false);
-            moe::Schedule s = parse_schedule(schedule);
+            ArrayView iv, wv;
+            try {
+              iv = checked(topk_idx, "moe.dispatch: topk_idx", DataType::Int64, T * cfg.topk, false);
+              wv = checked(topk_w, "moe.dispatch: topk_w", DataType::Float32, T * cfg.topk, false);
+            } catch (const Error& e) {
+              if (e.code() == Code::InvalidArgument) refused(e.what());
+              throw;
+            }
             PyDispatch out;
             {
               py::gil_scoped_release nogil;

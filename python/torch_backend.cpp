@@ -492,6 +492,7 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
+    Refusal refusal(*this);
     at::Tensor t = single(tensors, "broadcast");
     int root = static_cast<int>(opts.rootRank);
     auto o = coll_options(opts.timeout);
@@ -505,6 +506,7 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
+    Refusal refusal(*this);
     if (tensors.size() == 1 && tensors[0].layout() == at::kSparse) return sparse_allreduce(tensors[0], opts);
     at::Tensor t = single(tensors, "allreduce");
     DataType dt = reduce_type(t, "allreduce");
@@ -532,6 +534,7 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override {
+    Refusal refusal(*this);
     TORCH_CHECK(!tensors.empty(), "strata backend: allreduce_coalesced needs at least one tensor");
     for (const auto& t : tensors) {
       check_tensor(t, "allreduce_coalesced");
@@ -552,6 +555,7 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
+    Refusal refusal(*this);
     at::Tensor t = single(tensors, "reduce");
     DataType dt = reduce_type(t, "reduce");
     ReduceOp op = reduce_op(opts.reduceOp, "reduce");
@@ -565,6 +569,7 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts) override {
+    Refusal refusal(*this);
     at::Tensor in = single(inputs, "allgather");
     TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
                 "strata backend: allgather needs one output list of ", size_, " tensors");
@@ -591,6 +596,7 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override {
+    Refusal refusal(*this);
     check_tensor(input, "_allgather_base");
     check_tensor(output, "_allgather_base");
     TORCH_CHECK(output.numel() == input.numel() * size_ && output.scalar_type() == input.scalar_type(),
@@ -610,6 +616,7 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts) override {
+    Refusal refusal(*this);
     // One all_gather per input: simple, and the same order on every rank.
     TORCH_CHECK(outputs.size() == static_cast<size_t>(size_), "strata backend: allgather_coalesced needs ", size_,
                 " output lists");
@@ -637,6 +644,7 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override {
+    Refusal refusal(*this);
     at::Tensor in = single(inputs, "gather");
     int root = static_cast<int>(opts.rootRank);
     std::vector<at::Tensor> outs;
@@ -664,6 +672,7 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override {
+    Refusal refusal(*this);
     at::Tensor out = single(outputs, "scatter");
     int root = static_cast<int>(opts.rootRank);
     std::vector<at::Tensor> ins;
@@ -691,6 +700,7 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override {
+    Refusal refusal(*this);
     at::Tensor out = single(outputs, "reduce_scatter");
     TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
                 "strata backend: reduce_scatter needs one input list of ", size_, " tensors");
@@ -712,6 +722,7 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override {
+    Refusal refusal(*this);
     check_tensor(input, "_reduce_scatter_base");
     check_tensor(output, "_reduce_scatter_base");
     TORCH_CHECK(input.numel() == output.numel() * size_ && output.scalar_type() == input.scalar_type(),
@@ -728,6 +739,7 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts) override {
+    Refusal refusal(*this);
     check_tensor(input, "alltoall_base");
     check_tensor(output, "alltoall_base");
     TORCH_CHECK(input.scalar_type() == output.scalar_type(), "strata backend: alltoall_base needs one dtype");
@@ -781,6 +793,7 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override {
+    Refusal refusal(*this);
     const auto n = static_cast<size_t>(size_);
     TORCH_CHECK(outputs.size() == n && inputs.size() == n, "strata backend: all_to_all needs ", n,
                 " input and output tensors");
@@ -857,12 +870,40 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    Refusal refusal(*this);
     auto o = coll_options(opts.timeout);
     return submit(
         c10d::OpType::BARRIER, "strata:barrier", {}, [c = comm_, o]() mutable { c.barrier(o); }, [] {});
   }
 
  private:
+  /// Opens every collective: when the backend's own checks throw before the call reached
+  /// submit(), the call is refused in the order of operations (a barrier marked as refused is
+  /// queued behind the earlier work, strata::detail::refuse_call), so that the peers' matching
+  /// calls fail naming this rank instead of waiting for it until the timeout.
+  class Refusal {
+   public:
+    explicit Refusal(ProcessGroupStrata& pg) : pg_(pg), uncaught_(std::uncaught_exceptions()) {
+      pg_.submitted_ = false;
+    }
+    Refusal(const Refusal&) = delete;
+    Refusal& operator=(const Refusal&) = delete;
+    ~Refusal() {
+      if (pg_.submitted_ || std::uncaught_exceptions() == uncaught_) return;
+      try {
+        auto w = pg_.make_work(c10d::OpType::BARRIER, "strata:refused", {},
+                               [impl = pg_.comm_.impl()] { strata::detail::refuse_call(impl); });
+        pg_.exec_->enqueue(w);
+      } catch (...) {  // already unwinding: the caller's own error is what matters
+      }
+    }
+
+   private:
+    ProcessGroupStrata& pg_;
+    int uncaught_;
+  };
+  bool submitted_ = false;  // set by submit(), read by Refusal (one thread issues a group's calls)
+
   c10::intrusive_ptr<StrataWork> make_work(c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
                                            std::function<void()> body) {
     return c10::make_intrusive<StrataWork>(rank_, type, title, std::move(outputs), std::move(body), exec_);
@@ -872,6 +913,7 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
   /// operations without a local answer are refused then.
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
                                         std::function<void()> body, std::function<void()> local = nullptr) {
+    submitted_ = true;  // a refusal from here on is not this call's checks (local mode: no peers)
     if (mode_->local.load(std::memory_order_acquire)) {
       TORCH_CHECK(local, "strata backend: ", title,
                   " cannot run while this replacement rank catches up (before recovery_run restores the state): "

@@ -150,7 +150,7 @@ class Buffer {
   template <class T>
   Dispatch dispatch(std::span<const T> x, std::span<const int64_t> topk_idx, std::span<const float> topk_w,
                     Schedule s) {
-    check_typed(dtype_of_v<T>, x.size(), topk_idx.size(), topk_w.size());
+    check_typed(dtype_of_v<T>, x.size(), topk_idx.size(), topk_w.size(), s);
     return dispatch(x.data(), x.size() / config().hidden, topk_idx.data(), topk_w.data(), s);
   }
 
@@ -172,8 +172,13 @@ class Buffer {
     combine(y.data(), h, out.data());
   }
 
+  /// For a binding whose own argument checks refuse a dispatch on this rank: takes part in
+  /// schedule `s` with no tokens, marked as refused, so that the other ranks' matching calls
+  /// fail naming this rank instead of waiting for it (dispatch() does this for its own checks).
+  void refuse_dispatch(Schedule s);
+
  private:
-  void check_typed(DataType t, size_t x, size_t idx, size_t w) const;
+  void check_typed(DataType t, size_t x, size_t idx, size_t w, Schedule s) const;
   void check_typed_combine(DataType t, size_t y, const Handle& h, size_t out) const;
   std::unique_ptr<detail::BufferImpl> impl_;
 };

@@ -25,7 +25,11 @@ void heap_free(const std::shared_ptr<ContextImpl>& ctx, void* p, bool symmetric)
 [[noreturn]] void throw_invalid(const std::string& message);
 /// InvalidArgument from rank `rank` of `comm` (for a check in a header, before the library
 /// sees the call): the message and Error::rank() name the rank.
+/// Refuses the call too: see refuse_call.
 [[noreturn]] void throw_invalid_on(const std::shared_ptr<CommImpl>& comm, const std::string& message);
+/// Takes the place of a collective this rank refuses (its arguments are invalid) in the order of
+/// operations, so that the peers' matching calls fail naming this rank instead of waiting for it.
+void refuse_call(const std::shared_ptr<CommImpl>& comm);
 
 /// A contiguous range of elements: Buffer<T>, std::vector<T>, std::span<T>, std::array.
 template <class R>

@@ -24,16 +24,6 @@ void heap_free(const std::shared_ptr<ContextImpl>& ctx, void* p, bool symmetric)
 
 void throw_invalid(const std::string& message) { throw Error(Code::InvalidArgument, message); }
 
-void throw_invalid_on(const std::shared_ptr<CommImpl>& comm, const std::string& message) {
-  if (!comm) throw Error(Code::InvalidArgument, message);
-  const std::string::size_type colon = message.find(':');
-  // "all_gather: out has ..." -> "all_gather on rank 1: out has ...".
-  const std::string where = " on rank " + std::to_string(comm->rank);
-  throw Error(Code::InvalidArgument,
-              colon == std::string::npos ? message + where : message.substr(0, colon) + where + message.substr(colon),
-              comm->rank);
-}
-
 namespace {
 
 void engine_loop(CommImpl* c) {
@@ -93,6 +83,13 @@ Status execute(CommImpl& c, const std::function<Status()>& fn) {
 Status usable(const CommImpl& c) {
   if (c.destroyed) return invalid_argument("communicator was destroyed");
   return Status::ok();
+}
+
+/// validate(), refusing the call in the order of operations when it fails.
+Status validated(const std::shared_ptr<CommImpl>& impl, const Op& op) {
+  Status v = validate(*impl, op);
+  if (!v.is_ok()) refuse_call(impl);
+  return v;
 }
 
 // ---- point to point ------------------------------------------------------------------------
@@ -314,6 +311,33 @@ Status do_recv_any(CommImpl& c, const Op& op, int* source) {
 }
 
 }  // namespace
+
+/// A collective this rank refuses (its arguments are invalid) still takes its place in the
+/// order of operations: a barrier marked as refused (coll::kRootRefused) runs behind the work
+/// queued before it, and every peer fails its matching call naming this rank, at once, instead
+/// of waiting for it until the timeout. The caller gets its own error now; the barrier's result
+/// (a mismatch, or ok where every rank refused the same call) is of no further use to it.
+void refuse_call(const std::shared_ptr<CommImpl>& impl) {
+  if (!impl || !usable(*impl).is_ok() || impl->size == 1) return;
+  CommImpl& c = *impl;
+  Op op;
+  op.kind = OpKind::Barrier;
+  op.root = coll::kRootRefused;
+  const uint64_t q = flight_queue(c, op);
+  (void)submit(c, [impl, op, q]() mutable { return run_collective(*impl, op, q); });
+}
+
+void throw_invalid_on(const std::shared_ptr<CommImpl>& comm, const std::string& message) {
+  if (!comm) throw Error(Code::InvalidArgument, message);
+  refuse_call(comm);
+  const std::string::size_type colon = message.find(':');
+  // "all_gather: out has ..." -> "all_gather on rank 1: out has ...".
+  const std::string where = " on rank " + std::to_string(comm->rank);
+  throw Error(Code::InvalidArgument,
+              colon == std::string::npos ? message + where : message.substr(0, colon) + where + message.substr(colon),
+              comm->rank);
+}
+
 }  // namespace detail
 
 // ---- Work ------------------------------------------------------------------------------------
@@ -532,7 +556,7 @@ void run_blocking(const std::shared_ptr<detail::CommImpl>& impl, Op op) {
                    c.rank);
     return;
   }
-  throw_if_error(detail::validate(c, op), c.rank);
+  throw_if_error(detail::validated(impl, op), c.rank);
   throw_if_error(detail::execute(c, [&] { return detail::run_collective(c, op); }), c.rank);
 }
 
@@ -556,7 +580,7 @@ Work run_async(const std::shared_ptr<detail::CommImpl>& impl, Op op) {
       return st;
     }));
   }
-  throw_if_error(detail::validate(c, op), c.rank);
+  throw_if_error(detail::validated(impl, op), c.rank);
   auto keep = impl;
   const uint64_t q = detail::flight_queue(c, op);
   return Work(detail::submit(c, [keep, op, q]() mutable { return detail::run_collective(*keep, op, q); }));

@@ -54,6 +54,7 @@ Status compare_descriptor(const Op& op, const OpDesc& mine, int me, const OpDesc
       }
   }
   if (same) return Status::ok();
+  if (coll::refused(static_cast<OpKind>(d.kind), d.root) && d.seq == mine.seq) return refused_mismatch(mine, me, r);
   return Status(Code::InvalidArgument,
                 "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(me) +
                     " called " + coll::describe(mine) + " but rank " + std::to_string(r) + " called " +
@@ -105,6 +106,22 @@ size_t first_message_words(OpKind kind, int n) {
   return has_vec(kind) ? static_cast<size_t>(n) : 0;
 }
 
+namespace {
+constexpr const char* kRefusedWords = " refused its call there (its arguments were invalid; its own error names them)";
+}  // namespace
+
+Status refused_mismatch(const OpDesc& mine, int me, int r) {
+  return Status(Code::InvalidArgument,
+                "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(r) +
+                    kRefusedWords + " while rank " + std::to_string(me) + " called " + coll::describe(mine) +
+                    ", so it fails on every rank",
+                r);
+}
+
+bool is_refusal(const Status& s) {
+  return s.code() == Code::InvalidArgument && s.message().find(kRefusedWords) != std::string::npos;
+}
+
 Status late_mismatch(const OpDesc& mine, int me, int finder, uint64_t seq, int r) {
   return Status(Code::InvalidArgument,
                 "collective mismatch on operation #" + std::to_string(mine.seq) + ": rank " + std::to_string(finder) +
@@ -129,6 +146,8 @@ Result<OpDesc> read_first_message(const Op& op, const OpDesc& mine, int me, int 
   if (d.flags & kHostMismatch) {
     // The pair's numbers are only printed.
     const auto a = static_cast<int32_t>(d.in_seg), b = static_cast<int32_t>(d.in_off);
+    // The error names the sender as the peer, as for any message; its text names who refused.
+    if (b == kPairRefused && a >= 0 && a < n) return bad(refused_mismatch(mine, me, a).message());
     return bad("collective mismatch on " + op_no + ": ranks on rank " + std::to_string(r) +
                "'s host called different operations" +
                (a >= 0 && b >= 0 ? " (ranks " + std::to_string(a) + " and " + std::to_string(b) + ")" : std::string()) +

@@ -34,6 +34,16 @@ inline constexpr uint32_t kLateMismatch = 256;
 /// (coll/net/hierarchical.cpp, broadcast_hier).
 inline constexpr uint32_t kInHeap = 512;
 
+/// In a kHostMismatch descriptor's in_off (where the second rank of the pair goes): the rank in
+/// in_seg refused its call (coll::kRootRefused) rather than calling another one.
+inline constexpr int kPairRefused = -2;
+
+/// The error of operation `mine` on rank `me` when rank r refused its call there (its
+/// arguments were invalid): InvalidArgument naming r, on every rank but r.
+Status refused_mismatch(const coll::OpDesc& mine, int me, int r);
+/// Whether `s` is refused_mismatch's error (as a local exchange reports it).
+bool is_refusal(const Status& s);
+
 /// The error of operation `mine` on rank `me` when rank `finder` (reported by rank r) flagged
 /// it kLateMismatch, finding operation #seq mismatched: InvalidArgument naming both and #seq.
 Status late_mismatch(const coll::OpDesc& mine, int me, int finder, uint64_t seq, int r);

@@ -39,6 +39,8 @@ const char* exchange_of(OpKind kind, int root) {
 
 std::string describe(const OpDesc& d) {
   auto k = static_cast<OpKind>(d.kind);
+  if (k == OpKind::Barrier && d.root == kRootRefused)
+    return "a call it refused (its arguments were invalid; its own error names them)";
   const char* exchange = exchange_of(k, d.root);
   std::ostringstream os;
   if (exchange) os << exchange << " (its exchange, ";

@@ -46,6 +46,12 @@ inline bool has_count(OpKind k) {
 inline constexpr int kRootNone = -1;
 inline constexpr int kRootSplitExchange = -2;
 inline constexpr int kRootSymmetricExchange = -3;
+/// A barrier in the place of a call this rank refused (its arguments were invalid): peers that
+/// meet it fail their call naming this rank, instead of waiting for it until the timeout.
+inline constexpr int kRootRefused = -4;
+/// Whether a peer's descriptor is the barrier in the place of a call it refused, or, across
+/// hosts, that barrier's exchange within its host (coll/net/run.cpp, host_gather).
+inline bool refused(OpKind kind, int root) { return root == kRootRefused && !rooted(kind); }
 /// The call an internal exchange serves ("split", "alloc_symmetric"), from its `root`; null
 /// for a user's call or a rooted kind.
 const char* exchange_of(OpKind kind, int root);

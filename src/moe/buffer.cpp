@@ -329,8 +329,28 @@ Dispatch BufferImpl::result(Schedule s, std::shared_ptr<HandleState> h, std::byt
 
 // ---- routing to the schedule ------------------------------------------------------------------
 
+void BufferImpl::refuse(Schedule s) {
+  if (R == 1 || static_cast<unsigned>(s) > static_cast<unsigned>(Schedule::Relay) || !usable().is_ok()) return;
+  refusing = true;
+  (void)dispatch(nullptr, 0, nullptr, nullptr, s);
+  refusing = false;
+}
+
+Status BufferImpl::refused_by(int r, uint64_t count) const {
+  if (count != kRefusedRows) return Status::ok();
+  return Status(Code::InvalidArgument,
+                "moe::dispatch: rank " + std::to_string(r) +
+                    " refused its call (its arguments were invalid; its own error names them), so it fails on "
+                    "every rank" +
+                    where(),
+                r);
+}
+
 Result<Dispatch> BufferImpl::dispatch(const void* x, size_t T, const int64_t* idx, const float* w, Schedule s) {
-  STRATA_RETURN_IF_ERROR(validate(x, T, idx, w));
+  if (Status v = validate(x, T, idx, w); !v.is_ok()) {
+    refuse(s);
+    return v;
+  }
   switch (s) {
     case Schedule::Prefill: return prefill(x, T, idx, w);
     case Schedule::Decode: return decode(x, T, idx, w);
@@ -419,9 +439,15 @@ void Buffer::combine(const void* y, const Handle& h, void* out) {
   throw_if_error(impl_->combine(y, *h.state, out), impl_->me);
 }
 
-void Buffer::check_typed(DataType t, size_t x, size_t idx, size_t w) const {
-  const auto& b = *impl_;
+void Buffer::refuse_dispatch(Schedule s) {
+  if (impl_) impl_->refuse(s);
+}
+
+void Buffer::check_typed(DataType t, size_t x, size_t idx, size_t w, Schedule s) const {
+  if (!impl_) throw Error(Code::InvalidArgument, "moe::Buffer: used after move");
+  auto& b = *impl_;
   auto bad = [&](const std::string& m) {
+    b.refuse(s);
     throw Error(Code::InvalidArgument, "moe::dispatch: " + m + " on rank " + std::to_string(b.me), b.me);
   };
   if (t != b.cfg.dtype)

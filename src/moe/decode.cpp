@@ -20,7 +20,7 @@ Result<Dispatch> BufferImpl::decode(const void* x, size_t T, const int64_t* idx,
   idx = mask_dead(T, idx, *h);
   plan(T, idx);
   uint64_t* mine = count_row(me);
-  for (int e = 0; e < E; ++e) mine[e] = cnt[e];  // released with sent_to below
+  for (int e = 0; e < E; ++e) mine[e] = refusing ? kRefusedRows : cnt[e];  // released with sent_to below
   std::vector<uint64_t> first_row(E);
   for (int e = 0; e < E; ++e) first_row[e] = (static_cast<size_t>(e % L) * R + me) * M;
   h->total_rows = rows;
@@ -32,6 +32,11 @@ Result<Dispatch> BufferImpl::decode(const void* x, size_t T, const int64_t* idx,
     STRATA_RETURN_IF_ERROR(send_rows_to(T, static_cast<const std::byte*>(x), idx, peer_dwin, first_row, *h));
   }
   STRATA_RETURN_IF_ERROR(finish_sends(d));
+  // A refusing rank's counts reach every rank (a gate marks them for its host): all fail here.
+  for (int s = 0; s < R; ++s)
+    if (!dead[s])
+      STRATA_RETURN_IF_ERROR(
+          refused_by(s, on_my_host(s) ? count_row(s)[me * L] : in_counts(me)[static_cast<size_t>(s) * L]));
   h->counts.resize(static_cast<size_t>(L) * R);
   h->offsets.resize(static_cast<size_t>(L) * R);
   for (int l = 0; l < L; ++l)

@@ -46,7 +46,7 @@ Result<Dispatch> BufferImpl::prefill(const void* x, size_t T, const int64_t* idx
     // its traffic within the host where it can).
     STRATA_RETURN_IF_ERROR(relay_cnt.ensure(comm, sizeof(uint64_t) * E * (R + 1)));
     auto* cs = static_cast<uint64_t*>(relay_cnt.p);
-    for (int e = 0; e < E; ++e) cs[e] = cnt[e];
+    for (int e = 0; e < E; ++e) cs[e] = refusing ? kRefusedRows : cnt[e];
     try {
       comm.all_gather(cs, cs + E, static_cast<size_t>(E), DataType::UInt64);
     } catch (const Error& e) {
@@ -55,7 +55,7 @@ Result<Dispatch> BufferImpl::prefill(const void* x, size_t T, const int64_t* idx
     std::memcpy(matrix.data(), cs + E, sizeof(uint64_t) * E * R);
   }
   uint64_t* mine = count_row(me);
-  for (int e = 0; e < E; ++e) mine[e] = cnt[e];
+  for (int e = 0; e < E; ++e) mine[e] = refusing ? kRefusedRows : cnt[e];
   transport::publish(head(me)->counts_ready, seq);
   for (int k = 0; k < R && !xhost; ++k) {
     int r = (me + k) % R;
@@ -64,6 +64,9 @@ Result<Dispatch> BufferImpl::prefill(const void* x, size_t T, const int64_t* idx
     if (live) std::memcpy(&matrix[static_cast<size_t>(r) * E], count_row(r), sizeof(uint64_t) * E);
     else std::fill_n(&matrix[static_cast<size_t>(r) * E], E, 0);
   }
+  // A rank that refused its call: every rank sees the same matrix and stops here, before any
+  // row moves or a window grows.
+  for (int r = 0; r < R; ++r) STRATA_RETURN_IF_ERROR(refused_by(r, matrix[static_cast<size_t>(r) * E]));
   // Where our rows for each expert start, and how large the largest window must be.
   std::vector<uint64_t> first_row(E), offs, host_offs;  // host_offs: [R][L*R] of this host's ranks
   size_t need = 0;

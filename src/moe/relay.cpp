@@ -48,12 +48,14 @@ Result<Dispatch> BufferImpl::relay(const void* x, size_t T, const int64_t* idx, 
   // Counts: [d][l] to rank d; back comes [s][l] = rows of our expert l from rank s.
   auto* cs = static_cast<uint64_t*>(relay_cnt.p);
   auto* cr = cs + E;
-  for (int e = 0; e < E; ++e) cs[e] = cnt[e];
+  for (int e = 0; e < E; ++e) cs[e] = refusing ? kRefusedRows : cnt[e];
   try {
     comm.all_to_all(cs, cr, static_cast<size_t>(L), DataType::UInt64);
   } catch (const Error& e) {
     return from_error(e);
   }
+  // Every rank receives a refusing rank's counts, and stops here before any row moves.
+  for (int r = 0; r < R; ++r) STRATA_RETURN_IF_ERROR(refused_by(r, cr[static_cast<size_t>(r) * L]));
   h->send_rows.assign(R, 0);
   h->recv_rows.assign(R, 0);
   for (int r = 0; r < R; ++r)

@@ -234,6 +234,16 @@ struct BufferImpl {
   void publish_released(uint32_t s);
   /// Argument checks of dispatch.
   Status validate(const void* x, size_t T, const int64_t* idx, const float* w) const;
+  /// A published count in the place of a dispatch this rank refused (its arguments were
+  /// invalid): the rank takes part in schedule `s` with no tokens and publishes this instead
+  /// of its counts, so that every peer fails the call naming it instead of waiting for it.
+  static constexpr uint64_t kRefusedRows = ~uint64_t{0};
+  /// Set while this rank runs such a call (refuse).
+  bool refusing = false;
+  /// Runs schedule `s` as a refused call (see kRefusedRows); its own result is of no use.
+  void refuse(Schedule s);
+  /// InvalidArgument naming rank r, whose count `count` is kRefusedRows, else ok.
+  Status refused_by(int r, uint64_t count) const;
   /// `idx` with the selections of dead ranks' experts replaced by -1 (marked lost in `h`);
   /// `idx` itself when no rank is known dead.
   const int64_t* mask_dead(size_t T, const int64_t* idx, HandleState& h);

@@ -183,7 +183,7 @@ Status BufferImpl::xdispatch(size_t T, const std::byte* xb, const int64_t* idx, 
     const size_t bytes = msg_bytes(n);
     STRATA_RETURN_IF_ERROR(o.stage.ensure(comm, bytes));
     std::byte* p = o.stage.b();
-    const uint64_t n64 = n;
+    const uint64_t n64 = refusing ? kRefusedRows : n;  // a refused call (no tokens): its gates mark it
     std::memcpy(p, &n64, kHead);
     auto* rec = reinterpret_cast<Record*>(p + kHead);
     std::byte* rows = p + round_up(kHead + n * K * sizeof(Record), kLine);
@@ -223,6 +223,8 @@ Status BufferImpl::xdispatch(size_t T, const std::byte* xb, const int64_t* idx, 
     const std::byte* p = in.stage.b();
     uint64_t n = 0;
     std::memcpy(&n, p, kHead);
+    const bool refused = n == kRefusedRows;
+    if (refused) n = 0;
     if (n > M || (!use_put && in.recv->received != msg_bytes(n)))
       return internal_error("moe::dispatch: a malformed message from rank " + std::to_string(in.src) + " (" +
                             std::to_string(in.recv->received) + " bytes, " + std::to_string(n) + " tokens)" + where());
@@ -251,7 +253,8 @@ Status BufferImpl::xdispatch(size_t T, const std::byte* xb, const int64_t* idx, 
     }
     if (decode)
       for (int dst : shm_ranks)
-        for (int l = 0; l < L; ++l) in_counts(dst)[static_cast<size_t>(in.src) * L + l] = run[dst * L + l];
+        for (int l = 0; l < L; ++l)
+          in_counts(dst)[static_cast<size_t>(in.src) * L + l] = refused ? kRefusedRows : run[dst * L + l];
   }
   ++traffic.calls;
   return Status::ok();

@@ -813,6 +813,101 @@ TEST(Mismatch, AllToAllVCountsFailOnEveryRankAcrossHosts) {
   all_to_all_v_count_mismatches_fail_everywhere(*team);
 }
 
+// A call one rank refuses (bad arguments) takes its place in the order of operations, so the
+// peers' matching calls fail at once naming that rank, small or large, blocking or async, the
+// typed overloads' size checks included; every rank refusing the same call costs a barrier.
+void a_refused_call_fails_every_rank(Team& team) {
+  std::atomic<int> own{0}, told{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_no_failures(team.run([&](Communicator& c) {
+    const int n = c.size(), me = c.rank();
+    const size_t big = size_t{1} << 18;
+    auto a = c.alloc<float>(big * n), b = c.alloc<float>(big * n);
+    // `defers`: the ranks that need nothing back (the non-roots of a small reduce across hosts)
+    // may return first and learn of it in their next operation (docs/SEMANTICS.md).
+    auto check = [&](int variant, const std::function<void()>& call, int refuser, const char* own_needle,
+                     bool defers = false) {
+      const std::string v = "variant " + std::to_string(variant) + " on rank " + std::to_string(me) + ": ";
+      auto expect = [&](const std::function<void()>& f) {
+        try {
+          f();
+          return false;
+        } catch (const Error& e) {
+          const std::string m = e.what();
+          if (e.code() != Code::InvalidArgument) throw std::runtime_error(v + m);
+          if (refuser < 0 || me == refuser) {
+            if (m.find(own_needle) == std::string::npos) throw std::runtime_error(v + "not its own error: " + m);
+            ++own;
+          } else if (m.find("rank " + std::to_string(refuser) + " refused its call") != std::string::npos) {
+            ++told;
+          } else {
+            throw std::runtime_error(v + "does not name the refusing rank: " + m);
+          }
+          return true;
+        }
+      };
+      const bool deferred = !expect(call);
+      if (deferred && (!defers || me == refuser)) throw std::runtime_error(v + "no error");
+      if (defers) {
+        // Found late, the mismatch fails the next operation on every rank (those that waited too).
+        auto next = [&] { c.all_reduce(b.data(), b.data(), 8, DataType::Float32, ReduceOp::Sum); };
+        if (deferred) {
+          if (!expect(next)) throw std::runtime_error(v + "no error in the next operation either");
+        } else {
+          try {
+            next();
+          } catch (const Error& e) {
+            if (std::string(e.what()).find("did not match") == std::string::npos) throw;
+          }
+        }
+      }
+      std::fill(a.data(), a.data() + 8, 1.0f);
+      c.all_reduce(a.data(), a.data(), 8, DataType::Float32, ReduceOp::Sum);
+      if (a.data()[7] != static_cast<float>(n)) throw std::runtime_error(v + "all_reduce after it: wrong sum");
+    };
+    check(
+        0, [&] { c.all_reduce(me == 1 ? nullptr : a.data(), a.data(), 16, DataType::Float32, ReduceOp::Sum); }, 1,
+        "null");
+    check(
+        1,
+        [&] {
+          if (me == 1) c.all_gather(a.span().subspan(0, big), b.span().subspan(0, big));
+          else c.all_gather(a.span().subspan(0, big), b.span());
+        },
+        1, "has");
+    check(
+        2,
+        [&] {
+          c.all_reduce_async(me == n - 1 ? nullptr : a.data(), a.data(), big, DataType::Float32, ReduceOp::Sum).wait();
+        },
+        n - 1, "null");
+    check(
+        3, [&] { c.reduce(a.span().subspan(0, big), b.span().subspan(0, me == 0 ? 32 : big), ReduceOp::Sum, 0); }, 0,
+        "has");
+    check(
+        4, [&] { c.reduce(a.span().subspan(0, 64), b.span().subspan(0, me == 0 ? 32 : 64), ReduceOp::Sum, 0); }, 0,
+        "has", true);
+    check(
+        5, [&] { c.broadcast(a.span().subspan(0, 64), n); }, -1, "root");
+  }));
+  const int n = team.size();
+  EXPECT_EQ(own.load(), 5 + n);
+  EXPECT_EQ(told.load(), 5 * (n - 1));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10000ms) << "told by the refused call, not by the timeout";
+}
+
+TEST(InvalidArgument, ACallRefusedOnOneRankFailsItsPeersAtOnce) {
+  Team team(3, 20000ms);
+  a_refused_call_fails_every_rank(team);
+}
+
+TEST(InvalidArgument, ACallRefusedOnOneRankFailsItsPeersAtOnceAcrossHosts) {
+  std::string why;
+  std::unique_ptr<Team> team = two_host_team("refused", 20000ms, why);
+  if (!team) GTEST_SKIP() << "no transport between hosts in this build: " << why;
+  a_refused_call_fails_every_rank(*team);
+}
+
 TEST(Mismatch, DtypeAndRootAndKind) {
   for (int variant = 0; variant < 3; ++variant) {
     std::atomic<int> errors{0};
@@ -905,18 +1000,18 @@ TEST(InvalidArgument, BufferOfAnotherCommunicator) {
     auto buf = c.alloc<float>(8);
     if (c.rank() == 0) rank0_buf = buf.data();
     c.barrier();
-    if (c.rank() == 1) {
-      try {
-        c.all_reduce(rank0_buf.load(), buf.data(), 8, DataType::Float32, ReduceOp::Sum);
-      } catch (const Error& e) {
-        if (e.code() == Code::InvalidArgument &&
-            std::string(e.what()).find("another communicator") != std::string::npos)
-          ++ok;
-      }
+    // Rank 0's matching call fails too, naming rank 1 (ACallRefusedOnOneRankFailsItsPeersAtOnce).
+    try {
+      c.all_reduce(c.rank() == 1 ? rank0_buf.load() : buf.data(), buf.data(), 8, DataType::Float32, ReduceOp::Sum);
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      if (e.code() == Code::InvalidArgument &&
+          m.find(c.rank() == 1 ? "another communicator" : "rank 1 refused its call") != std::string::npos)
+        ++ok;
     }
     c.barrier();
   }));
-  EXPECT_EQ(ok.load(), 1);
+  EXPECT_EQ(ok.load(), 2);
 }
 
 TEST(Async, ManyInFlightCompleteInOrder) {

@@ -408,12 +408,53 @@ TEST(Moe, InvalidConfigsAndArguments) {
     auto d1 = buf.dispatch(x.data(), 4, idx.data(), w.data(), Schedule::Prefill);
     auto d2 = buf.dispatch(x.data(), 4, idx.data(), w.data(), Schedule::Decode);
     std::vector<float> out(32);
-    expect_invalid([&] { buf.combine(d1.window, d1.handle, out.data()); }, "handle is from dispatch #1");
+    expect_invalid([&] { buf.combine(d1.window, d1.handle, out.data()); }, "but the buffer's latest dispatch is");
     buf.combine(d2.window, d2.handle, out.data());
     for (size_t i = 0; i < out.size(); ++i)
       STRATA_TEST_REQUIRE(out[i] == 1.0f,
                           "rank " << c.rank() << ": out[" << i << "] = " << out[i] << " after the good call");
   });
+}
+
+// A dispatch one rank refuses (an expert id out of range, or a typed overload's shapes) takes
+// its place in every schedule: the other ranks' matching calls fail naming it at once instead
+// of waiting for it until the timeout, and the Buffer stays usable.
+TEST(Moe, ADispatchRefusedOnOneRankFailsEveryRankAtOnce) {
+  const auto t0 = std::chrono::steady_clock::now();
+  run_team(3, [](Communicator& c) {
+    const int R = c.size(), me = c.rank();
+    moe::Buffer buf(c, {.num_experts = 2 * R, .hidden = 8, .max_tokens = 4, .topk = 2, .dtype = DataType::Float32});
+    std::vector<float> x(4 * 8, 1.0f), w(8, 0.5f);
+    std::vector<int64_t> idx = {0, 1, 2, 3, 4, 5, 0, 5}, bad = idx;
+    bad[5] = 2 * R;
+    int round = 0;
+    for (Schedule sc : {Schedule::Prefill, Schedule::Decode, Schedule::Relay})
+      for (int typed = 0; typed < 2; ++typed, ++round) {
+        const int refuser = round % R;
+        try {
+          if (typed)
+            buf.dispatch(std::span<const float>(x.data(), me == refuser ? 30 : 32),
+                         std::span<const int64_t>(idx.data(), 8), std::span<const float>(w.data(), 8), sc);
+          else buf.dispatch(x.data(), 4, (me == refuser ? bad : idx).data(), w.data(), sc);
+          throw std::runtime_error("rank " + std::to_string(me) + ": no error in round " + std::to_string(round));
+        } catch (const Error& e) {
+          const std::string m = e.what();
+          const std::string want = me != refuser ? "rank " + std::to_string(refuser) + " refused its call"
+                                   : typed       ? "not a multiple of hidden"
+                                                 : "topk_idx[2][1] = " + std::to_string(2 * R);
+          STRATA_TEST_REQUIRE(e.code() == Code::InvalidArgument && m.find(want) != std::string::npos,
+                              "rank " << me << ", round " << round << ": '" << m << "' lacks '" << want << "'");
+          if (me != refuser) STRATA_TEST_REQUIRE(e.peer() == refuser, "rank " << me << ": peer " << e.peer());
+        }
+        auto d = buf.dispatch(x.data(), 4, idx.data(), w.data(), sc);
+        std::vector<float> out(32);
+        buf.combine(d.window, d.handle, out.data());
+        for (size_t i = 0; i < out.size(); ++i)
+          STRATA_TEST_REQUIRE(out[i] == 1.0f, "rank " << me << ", round " << round << ": out[" << i << "] = " << out[i]
+                                                      << " after the refused call");
+      }
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20)) << "told by the refusal, not the timeout";
 }
 
 // ---- processes: shared memory for real, and a peer that dies --------------------------------

@@ -327,6 +327,30 @@ int run(Communicator& c, bool quick) {
     buf.combine(d.window, d.handle, out.data());
     for (float v : out) ck.require(v == 1.0f, "after the error: combine gives " + std::to_string(v));
   }
+  // An expert id out of range on the last rank only: it refuses its call, and every other
+  // rank's matching call fails naming it (not by the timeout); the Buffer stays usable.
+  {
+    ck.where = "refused";
+    moe::Buffer buf(c, {.num_experts = 2 * R, .hidden = 8, .max_tokens = 4, .topk = 1, .dtype = DataType::Float32});
+    std::vector<float> x(4 * 8, 1.0f), w(4, 1.0f);
+    std::vector<int64_t> idx(4, 0), bad = {0, 2 * R, 0, 0};
+    for (Schedule sc : {Schedule::Prefill, Schedule::Decode, Schedule::Relay}) {
+      std::string msg;
+      try {
+        buf.dispatch(x.data(), 4, (c.rank() == R - 1 ? bad : idx).data(), w.data(), sc);
+      } catch (const Error& e) {
+        msg = e.what();
+        ck.require(e.code() == Code::InvalidArgument, "refused: code is not InvalidArgument: " + msg);
+      }
+      const std::string want = c.rank() == R - 1 ? "topk_idx[1][0] = " + std::to_string(2 * R)
+                                                 : "rank " + std::to_string(R - 1) + " refused its call";
+      ck.require(msg.find(want) != std::string::npos, "refused: error '" + msg + "' lacks '" + want + "'");
+      auto d = buf.dispatch(x.data(), 4, idx.data(), w.data(), sc);
+      std::vector<float> out(4 * 8);
+      buf.combine(d.window, d.handle, out.data());
+      for (float v : out) ck.require(v == 1.0f, "after the refused call: combine gives " + std::to_string(v));
+    }
+  }
   std::printf("mh_moe_rank: rank %d: %ld checks, %d failed\n", c.rank(), ck.checks, ck.failures);
   return ck.failures ? 1 : 0;
 }

@@ -262,7 +262,15 @@ Result<HostRound> host_gather(NetExec& x, const OpDesc& mine, std::span<const ch
   Op g = local_op(x, OpKind::AllGather, in, h.recs, {}, ReduceOp::Sum);
   g.dtype = DataType::UInt8;
   g.count = h.rec;
+  // A refused call's record is shorter than most: the exchange itself says who refused.
+  if (coll::refused(static_cast<OpKind>(mine.kind), mine.root)) g.root = coll::kRootRefused;
   Status st = run_collective(*c.local, g);
+  const std::vector<int>& lm = c.host_members[c.host_of[c.rank]];
+  if (is_refusal(st) && st.peer() >= 0 && static_cast<size_t>(st.peer()) < L) {
+    h.a = lm[static_cast<size_t>(st.peer())], h.b = kPairRefused;
+    h.mismatch = refused_mismatch(mine, c.rank, h.a);
+    return h;
+  }
   if (st.code() == Code::InvalidArgument) {
     // The records differ in size, and so do the calls; every rank of the host sees it.
     h.mismatch =
@@ -272,7 +280,6 @@ Result<HostRound> host_gather(NetExec& x, const OpDesc& mine, std::span<const ch
     return h;
   }
   STRATA_RETURN_IF_ERROR(st.with_context("intra-host descriptor check: "));
-  const std::vector<int>& lm = c.host_members[c.host_of[c.rank]];
   for (size_t j = 0; j < L && h.mismatch.is_ok(); ++j) {
     const int r = lm[j];
     if (r == c.rank) continue;
@@ -284,7 +291,10 @@ Result<HostRound> host_gather(NetExec& x, const OpDesc& mine, std::span<const ch
     }
     Status cmp = compare_algorithm(mine, c.rank, d, r);
     if (cmp.is_ok()) cmp = compare_descriptor(x.op, mine, c.rank, d, nullptr, r, c.size);
-    if (!cmp.is_ok()) h.mismatch = cmp, h.a = c.rank, h.b = r;
+    if (cmp.is_ok()) continue;
+    h.mismatch = cmp;
+    if (coll::refused(static_cast<OpKind>(d.kind), d.root)) h.a = r, h.b = kPairRefused;
+    else h.a = c.rank, h.b = r;
   }
   return h;
 }
@@ -546,6 +556,8 @@ Status hosts_first(NetExec& x, const OpDesc& mine, const Eager* eager, bool& don
       Status ls = check_late(c, x.deadline, seq);
       if (!ls.is_ok() && ls.code() != Code::InvalidArgument) return ls;
     }
+    // This rank refused its call: it is the one to name on the other hosts.
+    if (!h.late && coll::refused(static_cast<OpKind>(mine.kind), mine.root)) h.a = c.rank, h.b = kPairRefused;
     OpDesc flagged = mine;
     if (h.late) {
       flagged.flags |= kLateMismatch;

@@ -242,6 +242,20 @@ if n > 1:
     x = np.ones(8, np.float32)
     chk.equal("usable after mismatch", comm.all_reduce(x), np.full(8, n, np.float32))
 
+# ---- a call one rank refuses (the binding's own check) fails its peers' calls naming it, at once ----
+if n > 1:
+    import time  # noqa: E402
+
+    t0 = time.monotonic()
+    bad = r == n - 1
+    e = chk.raises("refused on one rank", strata.InvalidArgument,
+                   lambda: comm.all_reduce(np.ones(16, np.float32),
+                                           out=np.ones(8 if bad else 16, np.float32), timeout=60))
+    assert ("needs 16" if bad else f"rank {n - 1} refused its call") in str(e), str(e)
+    assert time.monotonic() - t0 < 30, "told by the refused call, not by the timeout"
+    x = np.ones(8, np.float32)
+    chk.equal("usable after a refused call", comm.all_reduce(x), np.full(8, n, np.float32))
+
 # ---- split: color by parity, key reverses the order -------------------------------------------------
 sub = comm.split(r % 2, key=-r)
 members = [j for j in range(n) if j % 2 == r % 2]

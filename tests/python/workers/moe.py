@@ -73,6 +73,23 @@ for bad, what in (((np.ascontiguousarray(x[:, :5]), idx, w), "expected [T, hidde
     else:
         raise AssertionError("no error for " + what)
 
+# A shape the binding refuses on the last rank only: the other ranks' matching calls fail naming
+# it (not by the timeout), and the Buffer stays usable.
+import time  # noqa: E402
+
+t0 = time.monotonic()
+for sched in ("prefill", "decode", "relay"):
+    try:
+        buf.dispatch(x[:, :H - 1].copy() if r == n - 1 else x, idx, w, sched)
+    except strata.InvalidArgument as e:
+        want = "expected [T, hidden" if r == n - 1 else f"rank {n - 1} refused its call"
+        assert want in str(e), str(e)
+    else:
+        raise AssertionError(f"rank {r}: no error for a {sched} dispatch refused by rank {n - 1}")
+    d = buf.dispatch(x, idx, w, sched)
+    assert np.allclose(buf.combine(d), x * np.where(idx >= 0, w, 0).sum(1)[:, None], rtol=1e-5, atol=1e-5)
+assert time.monotonic() - t0 < 30, "told by the refused call, not by the timeout"
+
 try:
     import torch
 except ImportError:

@@ -223,6 +223,26 @@ except strata.InvalidArgument as e:
     assert "integer types only" in str(e), e
 checks += 2
 
+# ---- a call the backend's own checks refuse on one rank fails the others' calls naming it, at once ---
+if n > 1:
+    import time
+
+    t0 = time.monotonic()
+    outs = [torch.zeros(3) for _ in range(n - 1 if r == n - 1 else n)]
+    try:
+        dist.all_gather(outs, torch.ones(3))
+        raise AssertionError(f"rank {r}: an all_gather refused by rank {n - 1} did not fail")
+    except AssertionError:
+        raise
+    except Exception as e:  # torch's RuntimeError on the refusing rank, strata.InvalidArgument on the others
+        want = f"needs one output list of {n} tensors" if r == n - 1 else f"rank {n - 1} refused its call"
+        assert want in str(e), e
+    assert time.monotonic() - t0 < 30, "told by the refused call, not by the timeout"
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    check("all_reduce after a refused call", x, torch.full((4,), float(n)))
+    checks += 1
+
 # ---- DDP: a few steps over strata match the same steps over gloo -------------------------------------
 if not quick:
     gloo = dist.new_group(backend="gloo")
