@@ -18,6 +18,7 @@ using coll::OpKind;
 
 void heap_free(const std::shared_ptr<ContextImpl>& ctx, void* p, bool symmetric) noexcept {
   if (!ctx || !p) return;
+  if (ctx->defer_free(p, symmetric)) return;
   Status s = symmetric ? ctx->heap->free_symmetric(p) : ctx->heap->free(p);
   if (!s.is_ok()) STRATA_LOG(Warn, "freeing a heap buffer: " << s.to_string());
 }
@@ -54,6 +55,7 @@ std::shared_ptr<WorkState> submit(CommImpl& c, std::function<Status()> fn) {
   auto w = std::make_shared<WorkState>();
   w->rank = c.rank;
   w->run = std::move(fn);
+  w->on_finish = [ctx = c.ctx, t = c.ctx->open_async()] { ctx->close_async(t); };
   {
     std::lock_guard<std::mutex> g(c.q_mu);
     if (!c.engine.joinable()) c.engine = std::thread(engine_loop, &c);

@@ -18,6 +18,36 @@ namespace strata::detail {
 
 ContextImpl::~ContextImpl() = default;
 
+uint64_t ContextImpl::open_async() {
+  std::lock_guard<std::mutex> g(async_mu);
+  async_open.insert(async_next);
+  return async_next++;
+}
+
+void ContextImpl::close_async(uint64_t ticket) {
+  std::vector<HeldFree> ready;
+  {
+    std::lock_guard<std::mutex> g(async_mu);
+    async_open.erase(ticket);
+    // Every ticket below the oldest open one is finished.
+    const uint64_t oldest = async_open.empty() ? async_next : *async_open.begin();
+    auto keep = std::partition(held_frees.begin(), held_frees.end(), [&](const HeldFree& f) { return f.before > oldest; });
+    ready.assign(keep, held_frees.end());
+    held_frees.erase(keep, held_frees.end());
+  }
+  for (const HeldFree& f : ready) {
+    Status s = f.symmetric ? heap->free_symmetric(f.p) : heap->free(f.p);
+    if (!s.is_ok()) STRATA_LOG(Warn, "freeing a heap buffer after the async work on it: " << s.to_string());
+  }
+}
+
+bool ContextImpl::defer_free(void* p, bool symmetric) {
+  std::lock_guard<std::mutex> g(async_mu);
+  if (async_open.empty()) return false;
+  held_frees.push_back({async_next, p, symmetric});
+  return true;
+}
+
 bool ContextImpl::is_registered(const void* p, size_t bytes) {
   auto a = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> g(mu);

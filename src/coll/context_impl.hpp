@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,6 +39,17 @@ struct ContextImpl {
   /// True when [p, p + bytes) lies inside one registered external buffer.
   bool is_registered(const void* p, size_t bytes);
 
+  // Heap memory freed while async work queued before the free may still touch it (a Buffer
+  // destroyed with an _async operation on it pending) goes back to the heap only once that
+  // work finished, as torch's record_stream does: else the next alloc would hand it out and
+  // the work would write into, or read from, its new owner.
+  /// A ticket for async work about to be queued on any communicator of this context.
+  uint64_t open_async();
+  /// That work finished (or was dropped): frees what waited on it and on nothing later.
+  void close_async(uint64_t ticket);
+  /// Holds the free of `p` back while async work is open; false when there is none.
+  bool defer_free(void* p, bool symmetric);
+
   // Failure handling: every live communicator, so a failure notice can revoke them all.
   std::vector<std::weak_ptr<CommImpl>> comms;
   EpochState epochs;
@@ -51,6 +63,17 @@ struct ContextImpl {
   // heap's segments and removes its listener before the heap goes.
   std::unique_ptr<transport::Net> net;
   ~ContextImpl();
+
+ private:
+  struct HeldFree {
+    uint64_t before;  // the first ticket handed out after the free
+    void* p;
+    bool symmetric;
+  };
+  std::mutex async_mu;
+  uint64_t async_next = 0;
+  std::set<uint64_t> async_open;  // tickets of queued or running async work
+  std::vector<HeldFree> held_frees;
 };
 
 }  // namespace strata::detail

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <utility>
 
 #include "common/status.hpp"
 
@@ -19,15 +20,20 @@ struct WorkState {
   std::function<Status()> run;             // engine-executed body
   std::function<Status(bool block)> poll;  // for sends: completes by observing the receiver
   std::function<void()> on_destroy;        // releases staging memory
+  std::function<void()> on_finish;         // after the outcome is recorded (ContextImpl::close_async)
   ~WorkState() {
+    if (on_finish) on_finish();  // never finished: what waited on it must not wait forever
     if (on_destroy) on_destroy();
   }
   /// Records the outcome and wakes every waiter.
   void finish(Status s) {
-    std::lock_guard<std::mutex> g(mu);
-    status = std::move(s);
-    done = true;
-    cv.notify_all();
+    {
+      std::lock_guard<std::mutex> g(mu);
+      status = std::move(s);
+      done = true;
+      cv.notify_all();
+    }
+    if (on_finish) std::exchange(on_finish, nullptr)();
   }
 };
 

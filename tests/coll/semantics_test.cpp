@@ -1014,6 +1014,37 @@ TEST(InvalidArgument, BufferOfAnotherCommunicator) {
   EXPECT_EQ(ok.load(), 2);
 }
 
+// A Buffer destroyed while an _async operation on it is still queued: its memory goes back to
+// the heap only after that operation, so the next alloc (same size: the same block) is not
+// written by it, and the operation still reads the input it was given (torch's record_stream).
+TEST(Async, BufferFreedWithPendingWorkIsNotHandedOutUnderIt) {
+  expect_no_failures(Team::get(2).run([](Communicator& c) {
+    const size_t n = 1 << 16;
+    for (int round = 0; round < 3; ++round) {
+      Work w;
+      const float* was = nullptr;
+      {
+        auto b = c.alloc<float>(n);
+        std::fill(b.begin(), b.end(), 1.0f + c.rank());
+        was = b.data();
+        // Rank 1 comes late, so rank 0's operation is still queued when its buffer goes.
+        if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        w = c.all_reduce_async(b, ReduceOp::Sum);
+      }
+      auto next = c.alloc<float>(n);
+      std::fill(next.begin(), next.end(), 7.0f);
+      w.wait();
+      for (size_t i = 0; i < n; i += 4099)
+        if (next[i] != 7.0f)
+          throw std::runtime_error("rank " + std::to_string(c.rank()) + ", round " + std::to_string(round) +
+                                   ": the next alloc (" + (next.data() == was ? "the freed block" : "another block") +
+                                   ") was written by the pending all_reduce: " + std::to_string(next[i]));
+      // The freed block is back once the work is done: a later alloc may have it again.
+      c.barrier();
+    }
+  }));
+}
+
 TEST(Async, ManyInFlightCompleteInOrder) {
   expect_no_failures(Team::get(4).run([](Communicator& c) {
     std::vector<Buffer<int64_t>> bufs;
