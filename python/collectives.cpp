@@ -319,6 +319,9 @@ py::object all_to_all_v(PyComm& self, py::handle a, py::handle send_counts_obj, 
   if (max_end(sc, sd) > in.count)
     invalid("all_to_all_v: a has " + std::to_string(in.count) + " elements but send_counts/send_displs reach " +
             std::to_string(max_end(sc, sd)));
+  // The count exchange is a collective of its own: from here on an error is not this call's
+  // refusal (its peers met the exchange), so Refusing must not add one.
+  if (recv_counts_obj.is_none()) self.dispatched = true;
   auto rc =
       recv_counts_obj.is_none() ? exchange_counts(c, sc) : to_counts(recv_counts_obj, n, "all_to_all_v: recv_counts");
   auto rd = recv_displs_obj.is_none() ? prefix_sums(rc) : to_counts(recv_displs_obj, n, "all_to_all_v: recv_displs");

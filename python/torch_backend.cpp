@@ -507,7 +507,10 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
     Refusal refusal(*this);
-    if (tensors.size() == 1 && tensors[0].layout() == at::kSparse) return sparse_allreduce(tensors[0], opts);
+    if (tensors.size() == 1 && tensors[0].layout() == at::kSparse) {
+      refusal.ops = 3;  // sparse_all_reduce_sum: the sizes, then the indices and the values
+      return sparse_allreduce(tensors[0], opts);
+    }
     at::Tensor t = single(tensors, "allreduce");
     DataType dt = reduce_type(t, "allreduce");
     ReduceOp op = reduce_op(opts.reduceOp, "allreduce");
@@ -617,6 +620,7 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts) override {
     Refusal refusal(*this);
+    refusal.ops = inputs.size();
     // One all_gather per input: simple, and the same order on every rank.
     TORCH_CHECK(outputs.size() == static_cast<size_t>(size_), "strata backend: allgather_coalesced needs ", size_,
                 " output lists");
@@ -889,14 +893,22 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     Refusal(const Refusal&) = delete;
     Refusal& operator=(const Refusal&) = delete;
     ~Refusal() {
-      if (pg_.submitted_ || std::uncaught_exceptions() == uncaught_) return;
+      // Local mode: the peers are not there to meet a refusal (the call fails on this rank only).
+      if (pg_.submitted_ || std::uncaught_exceptions() == uncaught_ || ops == 0 ||
+          pg_.mode_->local.load(std::memory_order_acquire))
+        return;
       try {
-        auto w = pg_.make_work(c10d::OpType::BARRIER, "strata:refused", {},
-                               [impl = pg_.comm_.impl()] { strata::detail::refuse_call(impl); });
+        auto w = pg_.make_work(c10d::OpType::BARRIER, "strata:refused", {}, [impl = pg_.comm_.impl(), n = ops] {
+          for (size_t i = 0; i < n; ++i) strata::detail::refuse_call(impl);
+        });
         pg_.exec_->enqueue(w);
       } catch (...) {  // already unwinding: the caller's own error is what matters
       }
     }
+
+    /// The collectives the call would have issued (one refusal each, so that the next call
+    /// meets the peers' next one): the sparse all_reduce and the coalesced all_gather issue more.
+    size_t ops = 1;
 
    private:
     ProcessGroupStrata& pg_;

@@ -19,21 +19,22 @@ namespace strata::detail {
 ContextImpl::~ContextImpl() = default;
 
 uint64_t ContextImpl::open_async() {
-  std::lock_guard<std::mutex> g(async_mu);
-  async_open.insert(async_next);
-  return async_next++;
+  std::lock_guard<std::mutex> g(async_mu_);
+  async_open_.insert(async_next_);
+  return async_next_++;
 }
 
 void ContextImpl::close_async(uint64_t ticket) {
   std::vector<HeldFree> ready;
   {
-    std::lock_guard<std::mutex> g(async_mu);
-    async_open.erase(ticket);
+    std::lock_guard<std::mutex> g(async_mu_);
+    async_open_.erase(ticket);
     // Every ticket below the oldest open one is finished.
-    const uint64_t oldest = async_open.empty() ? async_next : *async_open.begin();
-    auto keep = std::partition(held_frees.begin(), held_frees.end(), [&](const HeldFree& f) { return f.before > oldest; });
-    ready.assign(keep, held_frees.end());
-    held_frees.erase(keep, held_frees.end());
+    const uint64_t oldest = async_open_.empty() ? async_next_ : *async_open_.begin();
+    auto keep =
+        std::partition(held_frees_.begin(), held_frees_.end(), [&](const HeldFree& f) { return f.before > oldest; });
+    ready.assign(keep, held_frees_.end());
+    held_frees_.erase(keep, held_frees_.end());
   }
   for (const HeldFree& f : ready) {
     Status s = f.symmetric ? heap->free_symmetric(f.p) : heap->free(f.p);
@@ -42,9 +43,9 @@ void ContextImpl::close_async(uint64_t ticket) {
 }
 
 bool ContextImpl::defer_free(void* p, bool symmetric) {
-  std::lock_guard<std::mutex> g(async_mu);
-  if (async_open.empty()) return false;
-  held_frees.push_back({async_next, p, symmetric});
+  std::lock_guard<std::mutex> g(async_mu_);
+  if (async_open_.empty()) return false;
+  held_frees_.push_back({async_next_, p, symmetric});
   return true;
 }
 

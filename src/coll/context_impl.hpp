@@ -70,10 +70,10 @@ struct ContextImpl {
     void* p;
     bool symmetric;
   };
-  std::mutex async_mu;
-  uint64_t async_next = 0;
-  std::set<uint64_t> async_open;  // tickets of queued or running async work
-  std::vector<HeldFree> held_frees;
+  std::mutex async_mu_;
+  uint64_t async_next_ = 0;
+  std::set<uint64_t> async_open_;  // tickets of queued or running async work
+  std::vector<HeldFree> held_frees_;
 };
 
 }  // namespace strata::detail
