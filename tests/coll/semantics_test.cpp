@@ -801,16 +801,26 @@ void all_to_all_v_count_mismatches_fail_everywhere(Team& team) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10000ms) << "detected by descriptor, not by timeout";
 }
 
+/// Runs `body` on 3 ranks of this host, or `across` on two_host_team(`name`) (skipped in a
+/// build without a transport between hosts).
+void within_or_across_hosts(bool across, const char* name, const std::function<void(Team&)>& body) {
+  if (!across) {
+    Team team(3, 20000ms);
+    body(team);
+    return;
+  }
+  std::string why;
+  std::unique_ptr<Team> team = two_host_team(name, 20000ms, why);
+  if (!team) GTEST_SKIP() << "no transport between hosts in this build: " << why;
+  body(*team);
+}
+
 TEST(Mismatch, AllToAllVCountsFailOnEveryRank) {
-  Team team(3, 20000ms);
-  all_to_all_v_count_mismatches_fail_everywhere(team);
+  within_or_across_hosts(false, "", all_to_all_v_count_mismatches_fail_everywhere);
 }
 
 TEST(Mismatch, AllToAllVCountsFailOnEveryRankAcrossHosts) {
-  std::string why;
-  std::unique_ptr<Team> team = two_host_team("a2avmm", 20000ms, why);
-  if (!team) GTEST_SKIP() << "no transport between hosts in this build: " << why;
-  all_to_all_v_count_mismatches_fail_everywhere(*team);
+  within_or_across_hosts(true, "a2avmm", all_to_all_v_count_mismatches_fail_everywhere);
 }
 
 // A call one rank refuses (bad arguments) takes its place in the order of operations, so the
@@ -897,15 +907,11 @@ void a_refused_call_fails_every_rank(Team& team) {
 }
 
 TEST(InvalidArgument, ACallRefusedOnOneRankFailsItsPeersAtOnce) {
-  Team team(3, 20000ms);
-  a_refused_call_fails_every_rank(team);
+  within_or_across_hosts(false, "", a_refused_call_fails_every_rank);
 }
 
 TEST(InvalidArgument, ACallRefusedOnOneRankFailsItsPeersAtOnceAcrossHosts) {
-  std::string why;
-  std::unique_ptr<Team> team = two_host_team("refused", 20000ms, why);
-  if (!team) GTEST_SKIP() << "no transport between hosts in this build: " << why;
-  a_refused_call_fails_every_rank(*team);
+  within_or_across_hosts(true, "refused", a_refused_call_fails_every_rank);
 }
 
 TEST(Mismatch, DtypeAndRootAndKind) {
