@@ -137,39 +137,30 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
             auto& b = self.cast<PyMoeBuffer&>();
             const auto& cfg = b.cfg;
             const moe::Schedule s = parse_schedule(schedule);
-            // A call these checks refuse still takes its place, so that the peers fail naming
-            // this rank instead of waiting for it (moe::Buffer::refuse_dispatch).
-            auto refused = [&](const std::string& message) {
-              {
-                py::gil_scoped_release nogil;
-                b.get().refuse_dispatch(s);
-              }
-              invalid(message);
-            };
-            ArrayView xv;
+            ArrayView xv, iv, wv;
+            size_t T = 0;
             try {
               xv = view_of(x, "moe.dispatch: x", false);
-            } catch (const Error& e) {
-              if (e.code() == Code::InvalidArgument) refused(e.what());
-              throw;
-            }
-            if (xv.dtype != cfg.dtype)
-              refused("moe.dispatch: x has dtype " + std::string(to_string(xv.dtype)) + ", the buffer was made for " +
-                      to_string(cfg.dtype));
-            // [T, hidden]; a flat array of T * hidden elements is taken too.
-            if (xv.shape.size() > 1 && static_cast<size_t>(xv.shape.back()) != cfg.hidden)
-              refused("moe.dispatch: x has shape " + py::str(x.attr("shape")).cast<std::string>() +
-                      ", expected [T, hidden = " + std::to_string(cfg.hidden) + "]");
-            if (xv.count % cfg.hidden != 0)
-              refused("moe.dispatch: x has " + std::to_string(xv.count) +
-                      " elements, not a multiple of hidden = " + std::to_string(cfg.hidden));
-            const size_t T = xv.count / cfg.hidden;
-            ArrayView iv, wv;
-            try {
+              if (xv.dtype != cfg.dtype)
+                invalid("moe.dispatch: x has dtype " + std::string(to_string(xv.dtype)) + ", the buffer was made for " +
+                        to_string(cfg.dtype));
+              // [T, hidden]; a flat array of T * hidden elements is taken too.
+              if (xv.shape.size() > 1 && static_cast<size_t>(xv.shape.back()) != cfg.hidden)
+                invalid("moe.dispatch: x has shape " + py::str(x.attr("shape")).cast<std::string>() +
+                        ", expected [T, hidden = " + std::to_string(cfg.hidden) + "]");
+              if (xv.count % cfg.hidden != 0)
+                invalid("moe.dispatch: x has " + std::to_string(xv.count) +
+                        " elements, not a multiple of hidden = " + std::to_string(cfg.hidden));
+              T = xv.count / cfg.hidden;
               iv = checked(topk_idx, "moe.dispatch: topk_idx", DataType::Int64, T * cfg.topk, false);
               wv = checked(topk_w, "moe.dispatch: topk_w", DataType::Float32, T * cfg.topk, false);
             } catch (const Error& e) {
-              if (e.code() == Code::InvalidArgument) refused(e.what());
+              // A call these checks refuse still takes its place, so that the peers fail naming
+              // this rank instead of waiting for it (moe::Buffer::refuse_dispatch).
+              if (e.code() == Code::InvalidArgument) {
+                py::gil_scoped_release nogil;
+                b.get().refuse_dispatch(s);
+              }
               throw;
             }
             PyDispatch out;

@@ -20,7 +20,7 @@ Result<Dispatch> BufferImpl::decode(const void* x, size_t T, const int64_t* idx,
   idx = mask_dead(T, idx, *h);
   plan(T, idx);
   uint64_t* mine = count_row(me);
-  for (int e = 0; e < E; ++e) mine[e] = refusing ? kRefusedRows : cnt[e];  // released with sent_to below
+  put_counts(mine);  // released with sent_to below
   std::vector<uint64_t> first_row(E);
   for (int e = 0; e < E; ++e) first_row[e] = (static_cast<size_t>(e % L) * R + me) * M;
   h->total_rows = rows;

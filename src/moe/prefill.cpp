@@ -46,7 +46,7 @@ Result<Dispatch> BufferImpl::prefill(const void* x, size_t T, const int64_t* idx
     // its traffic within the host where it can).
     STRATA_RETURN_IF_ERROR(relay_cnt.ensure(comm, sizeof(uint64_t) * E * (R + 1)));
     auto* cs = static_cast<uint64_t*>(relay_cnt.p);
-    for (int e = 0; e < E; ++e) cs[e] = refusing ? kRefusedRows : cnt[e];
+    put_counts(cs);
     try {
       comm.all_gather(cs, cs + E, static_cast<size_t>(E), DataType::UInt64);
     } catch (const Error& e) {
@@ -55,7 +55,7 @@ Result<Dispatch> BufferImpl::prefill(const void* x, size_t T, const int64_t* idx
     std::memcpy(matrix.data(), cs + E, sizeof(uint64_t) * E * R);
   }
   uint64_t* mine = count_row(me);
-  for (int e = 0; e < E; ++e) mine[e] = refusing ? kRefusedRows : cnt[e];
+  put_counts(mine);
   transport::publish(head(me)->counts_ready, seq);
   for (int k = 0; k < R && !xhost; ++k) {
     int r = (me + k) % R;

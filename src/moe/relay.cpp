@@ -48,7 +48,7 @@ Result<Dispatch> BufferImpl::relay(const void* x, size_t T, const int64_t* idx, 
   // Counts: [d][l] to rank d; back comes [s][l] = rows of our expert l from rank s.
   auto* cs = static_cast<uint64_t*>(relay_cnt.p);
   auto* cr = cs + E;
-  for (int e = 0; e < E; ++e) cs[e] = refusing ? kRefusedRows : cnt[e];
+  put_counts(cs);
   try {
     comm.all_to_all(cs, cr, static_cast<size_t>(L), DataType::UInt64);
   } catch (const Error& e) {

@@ -244,6 +244,10 @@ struct BufferImpl {
   void refuse(Schedule s);
   /// InvalidArgument naming rank r, whose count `count` is kRefusedRows, else ok.
   Status refused_by(int r, uint64_t count) const;
+  /// Writes this call's E counts (cnt, or kRefusedRows while refusing) to `row`.
+  void put_counts(uint64_t* row) const {
+    for (int e = 0; e < E; ++e) row[e] = refusing ? kRefusedRows : cnt[e];
+  }
   /// `idx` with the selections of dead ranks' experts replaced by -1 (marked lost in `h`);
   /// `idx` itself when no rank is known dead.
   const int64_t* mask_dead(size_t T, const int64_t* idx, HandleState& h);
