@@ -28,6 +28,7 @@ void throw_invalid(const std::string& message) { throw Error(Code::InvalidArgume
 namespace {
 
 void engine_loop(CommImpl* c) {
+  const std::shared_ptr<std::atomic<bool>> orphaned = c->engine_orphaned;
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(c->q_mu);
@@ -48,6 +49,10 @@ void engine_loop(CommImpl* c) {
       s = w->run();
     }
     w->finish(std::move(s));
+    // Dropping the work here may drop the communicator's last reference (its body holds one);
+    // the destructor then runs on this thread, detaches it, and `c` is gone.
+    w.reset();
+    if (orphaned->load(std::memory_order_acquire)) return;
   }
 }
 

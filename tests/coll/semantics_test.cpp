@@ -997,6 +997,32 @@ TEST(InvalidArgument, BadCallsAreRejectedWithAMessage) {
   }));
 }
 
+// A refusal is queued work nobody holds: when the communicator is dropped while it is still
+// pending, its engine thread drops the last reference and must not touch the freed
+// communicator afterwards (ASan caught it reading the freed queue lock).
+TEST(InvalidArgument, ACommunicatorDroppedWithARefusalPendingIsFreedSafely) {
+  std::atomic<int> dropped{-1};  // the last round in which rank 0 dropped its communicator
+  expect_no_failures(Team::get(2).run([&](Communicator& c) {
+    for (int round = 0; round < 50; ++round) {
+      {
+        Communicator sub = c.split(0, c.rank());
+        std::vector<float> v(8);
+        // Rank 1 refuses only once rank 0 has dropped `sub`: rank 0's refusal is still waiting then.
+        if (c.rank() == 1)
+          while (dropped.load() < round) std::this_thread::yield();
+        try {
+          sub.all_reduce(nullptr, v.data(), v.size(), DataType::Float32, ReduceOp::Sum);
+          throw std::runtime_error("a null input was accepted");
+        } catch (const Error& e) {
+          if (e.code() != Code::InvalidArgument) throw;
+        }
+      }
+      if (c.rank() == 0) dropped.store(round);
+    }
+    c.barrier();
+  }));
+}
+
 TEST(InvalidArgument, BufferOfAnotherCommunicator) {
   // Threads as ranks share an address space, so rank 1 can be handed rank 0's heap memory.
   std::atomic<float*> rank0_buf{nullptr};
@@ -1100,7 +1126,7 @@ TEST(PointToPoint, RingSendRecvAndTags) {
     const int n = c.size(), me = c.rank();
     auto out = c.alloc<int32_t>(1000);
     std::vector<int32_t> in(1000);              // external receive buffer is fine
-    for (int round = 0; round < 20; ++round) {  // more than the ring depth
+    for (int round = 0; round < 50; ++round) {  // more than the ring depth
       std::fill(out.begin(), out.end(), me * 100 + round);
       Work s = c.send_async(out, (me + 1) % n, round);
       c.recv(in, (me + n - 1) % n, round);
