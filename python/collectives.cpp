@@ -478,8 +478,12 @@ struct Refusing<F> {
     try {
       return F(self, std::forward<A>(a)...);
     } catch (const Error& e) {
-      if (e.code() == Code::InvalidArgument && !self.dispatched && self.handle().valid())
+      if (e.code() == Code::InvalidArgument && !self.dispatched && self.handle().valid()) {
         detail::refuse_call(self.handle().impl());
+        // The binding's own checks do not know the rank: name it, as the library's do.
+        const int r = self.handle().rank();
+        if (e.rank() < 0) throw Error(e.code(), detail::on_rank(e.what(), r), r, e.peer());
+      }
       throw;
     }
   }

@@ -24,6 +24,7 @@ moe::Schedule parse_schedule(const std::string& s) {
 struct PyMoeBuffer {
   std::unique_ptr<moe::Buffer> buf;
   moe::Config cfg;
+  int rank = -1;  // of the communicator: named in the errors of the binding's own checks
   moe::Buffer& get() {
     if (!buf) invalid("moe.Buffer was closed");
     return *buf;
@@ -124,6 +125,7 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
                        .mask_failed_ranks = mask_failed_ranks,
                        .renormalize = renormalize};
              Communicator c = comm_of(comm);
+             b->rank = c.rank();
              py::gil_scoped_release nogil;
              b->buf = std::make_unique<moe::Buffer>(c, b->cfg);
              return b;
@@ -158,8 +160,11 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
               // A call these checks refuse still takes its place, so that the peers fail naming
               // this rank instead of waiting for it (moe::Buffer::refuse_dispatch).
               if (e.code() == Code::InvalidArgument) {
-                py::gil_scoped_release nogil;
-                b.get().refuse_dispatch(s);
+                {
+                  py::gil_scoped_release nogil;
+                  b.get().refuse_dispatch(s);
+                }
+                if (e.rank() < 0) throw Error(e.code(), strata::detail::on_rank(e.what(), b.rank), b.rank, e.peer());
               }
               throw;
             }
@@ -181,21 +186,34 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
           [](PyMoeBuffer& b, const PyDispatch& d, py::object y, py::object out) {
             const auto& cfg = b.cfg;
             const auto H = static_cast<py::ssize_t>(cfg.hidden);
-            if (y.is_none()) y = d.rows(0, {static_cast<py::ssize_t>(d.d.total_rows), H});  // in place
-            ArrayView yv = checked(y, "moe.combine: y", cfg.dtype, view_of(y, "moe.combine: y", false).count, false);
-            if (yv.count < d.d.total_rows * cfg.hidden)
-              invalid("moe.combine: y has " + std::to_string(yv.count) +
-                      " elements, needs total_rows * hidden = " + std::to_string(d.d.total_rows * cfg.hidden));
-            if (out.is_none()) {
-              std::vector<py::ssize_t> shape = {static_cast<py::ssize_t>(d.d.num_tokens), H};
-              if (d.torch || cfg.dtype == DataType::BFloat16) {
-                py::module_ torch = py::module_::import("torch");
-                out = torch.attr("empty")(py::tuple(py::cast(shape)), py::arg("dtype") = torch_dtype(cfg.dtype));
-              } else {
-                out = py::array(numpy_dtype(cfg.dtype), shape);
+            ArrayView yv, ov;
+            try {
+              if (y.is_none()) y = d.rows(0, {static_cast<py::ssize_t>(d.d.total_rows), H});  // in place
+              yv = checked(y, "moe.combine: y", cfg.dtype, view_of(y, "moe.combine: y", false).count, false);
+              if (yv.count < d.d.total_rows * cfg.hidden)
+                invalid("moe.combine: y has " + std::to_string(yv.count) +
+                        " elements, needs total_rows * hidden = " + std::to_string(d.d.total_rows * cfg.hidden));
+              if (out.is_none()) {
+                std::vector<py::ssize_t> shape = {static_cast<py::ssize_t>(d.d.num_tokens), H};
+                if (d.torch || cfg.dtype == DataType::BFloat16) {
+                  py::module_ torch = py::module_::import("torch");
+                  out = torch.attr("empty")(py::tuple(py::cast(shape)), py::arg("dtype") = torch_dtype(cfg.dtype));
+                } else {
+                  out = py::array(numpy_dtype(cfg.dtype), shape);
+                }
               }
+              ov = checked(out, "moe.combine: out", cfg.dtype, d.d.num_tokens * cfg.hidden, true);
+            } catch (const Error& e) {
+              // As in dispatch: the peers' matching combine fails naming this rank.
+              if (e.code() == Code::InvalidArgument) {
+                {
+                  py::gil_scoped_release nogil;
+                  b.get().refuse_combine();
+                }
+                if (e.rank() < 0) throw Error(e.code(), strata::detail::on_rank(e.what(), b.rank), b.rank, e.peer());
+              }
+              throw;
             }
-            ArrayView ov = checked(out, "moe.combine: out", cfg.dtype, d.d.num_tokens * cfg.hidden, true);
             {
               py::gil_scoped_release nogil;
               b.get().combine(yv.data, d.d.handle, ov.data);

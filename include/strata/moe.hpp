@@ -162,7 +162,8 @@ class Buffer {
   /// the layout of the dispatch (d.total_rows rows; the window itself, written in place, is
   /// the fast path). y elsewhere in the registered heap is read in place, and this call then
   /// returns only once every peer has read it; y outside the heap is copied into the window.
-  /// out has num_tokens rows of H.
+  /// out has num_tokens rows of H. Argument errors refuse the call (refuse_combine): the
+  /// peers' matching combine fails naming this rank; after a failed combine, dispatch again.
   void combine(const void* y, const Handle& h, void* out);
 
   /// Typed form of combine().
@@ -176,6 +177,9 @@ class Buffer {
   /// schedule `s` with no tokens, marked as refused, so that the other ranks' matching calls
   /// fail naming this rank instead of waiting for it (dispatch() does this for its own checks).
   void refuse_dispatch(Schedule s);
+  /// The same for combine: takes this rank's place in the combine of the latest dispatch
+  /// (combine() does this for its own checks). Nothing when this rank already joined it.
+  void refuse_combine();
 
  private:
   void check_typed(DataType t, size_t x, size_t idx, size_t w, Schedule s) const;

@@ -337,12 +337,13 @@ void refuse_call(const std::shared_ptr<CommImpl>& impl) {
 void throw_invalid_on(const std::shared_ptr<CommImpl>& comm, const std::string& message) {
   if (!comm) throw Error(Code::InvalidArgument, message);
   refuse_call(comm);
+  throw Error(Code::InvalidArgument, on_rank(message, comm->rank), comm->rank);
+}
+
+std::string on_rank(const std::string& message, int rank) {
   const std::string::size_type colon = message.find(':');
-  // "all_gather: out has ..." -> "all_gather on rank 1: out has ...".
-  const std::string where = " on rank " + std::to_string(comm->rank);
-  throw Error(Code::InvalidArgument,
-              colon == std::string::npos ? message + where : message.substr(0, colon) + where + message.substr(colon),
-              comm->rank);
+  const std::string where = " on rank " + std::to_string(rank);
+  return colon == std::string::npos ? message + where : message.substr(0, colon) + where + message.substr(colon);
 }
 
 }  // namespace detail

@@ -189,6 +189,7 @@ Status BufferImpl::rejoin() {
   peer_ctrl.clear();
   seq = 0;
   released_pub = 0;
+  dispatched = combined = combine_failed = 0;
   return init();
 }
 
@@ -336,10 +337,10 @@ void BufferImpl::refuse(Schedule s) {
   refusing = false;
 }
 
-Status BufferImpl::refused_by(int r, uint64_t count) const {
+Status BufferImpl::refused_by(int r, uint64_t count, const char* call) const {
   if (count != kRefusedRows) return Status::ok();
   return Status(Code::InvalidArgument,
-                "moe::dispatch: rank " + std::to_string(r) +
+                std::string("moe::") + call + ": rank " + std::to_string(r) +
                     " refused its call (its arguments were invalid; its own error names them), so it fails on "
                     "every rank" +
                     where(),
@@ -351,28 +352,55 @@ Result<Dispatch> BufferImpl::dispatch(const void* x, size_t T, const int64_t* id
     refuse(s);
     return v;
   }
-  switch (s) {
-    case Schedule::Prefill: return prefill(x, T, idx, w);
-    case Schedule::Decode: return decode(x, T, idx, w);
-    case Schedule::Relay: return relay(x, T, idx, w);
+  last_schedule = s;
+  if (s == Schedule::Prefill || s == Schedule::Decode || s == Schedule::Relay) {
+    Result<Dispatch> r = s == Schedule::Prefill  ? prefill(x, T, idx, w)
+                         : s == Schedule::Decode ? decode(x, T, idx, w)
+                                                 : relay(x, T, idx, w);
+    if (r.is_ok() && !refusing) dispatched = seq;
+    return r;
   }
   return invalid_argument("moe::dispatch: unknown schedule " + std::to_string(static_cast<int>(s)) + " on rank " +
                           std::to_string(me));
 }
 
+void BufferImpl::refuse_combine() {
+  const bool relay = last_schedule == Schedule::Relay;
+  // A dispatch that failed here failed everywhere (or the peers are gone): no combine follows.
+  if (R == 1 || dispatched != seq || combined == seq || !(relay ? c->broken() : usable()).is_ok()) return;
+  combined = combine_failed = seq;
+  if (relay) {  // its combine is one all_to_all_v of the communicator
+    strata::detail::refuse_call(comm.impl());
+    return;
+  }
+  YLine& yl = head(me)->y;
+  yl.seg = 0;
+  yl.off = 0;
+  yl.bytes = kRefusedRows;
+  transport::publish(yl.ready, seq);
+}
+
 Status BufferImpl::combine(const void* y, const HandleState& h, void* out) {
-  if (h.owner != this) return invalid_argument("moe::combine: the handle comes from another moe::Buffer" + where());
-  if (h.epoch != epoch || epoch != comm.epoch())
-    return invalid_argument("moe::combine: the handle is from before recover(); dispatch again" + where());
+  auto refused = [&](const std::string& m) {
+    refuse_combine();
+    return invalid_argument("moe::combine: " + m + where());
+  };
+  if (h.owner != this) return refused("the handle comes from another moe::Buffer");
+  if (h.epoch != epoch || epoch != comm.epoch()) return refused("the handle is from before recover(); dispatch again");
   if (h.seq != seq)
-    return invalid_argument("moe::combine: the handle is from dispatch #" + std::to_string(h.seq) +
-                            " but the buffer's latest dispatch is #" + std::to_string(seq) +
-                            " (windows are reused by every dispatch)" + where());
-  if (h.num_tokens && !out) return invalid_argument("moe::combine: out is null" + where());
-  if (h.total_rows && !y) return invalid_argument("moe::combine: y is null" + where());
+    return refused("the handle is from dispatch #" + std::to_string(h.seq) + " but the buffer's latest dispatch is #" +
+                   std::to_string(seq) + " (windows are reused by every dispatch)");
+  if (h.num_tokens && !out) return refused("out is null");
+  if (h.total_rows && !y) return refused("y is null");
+  if (combine_failed == seq)
+    return invalid_argument("moe::combine: the combine of dispatch #" + std::to_string(seq) +
+                            " failed or was refused on this rank, and the peers have moved on; dispatch again" +
+                            where());
   STRATA_RETURN_IF_ERROR(h.schedule == Schedule::Relay ? c->broken() : usable());
-  if (h.schedule == Schedule::Relay) return combine_relay(h, y, out);
-  return combine_windows(y, h, out);
+  combined = seq;
+  Status st = h.schedule == Schedule::Relay ? combine_relay(h, y, out) : combine_windows(y, h, out);
+  if (!st.is_ok()) combine_failed = seq;
+  return st;
 }
 
 }  // namespace detail
@@ -435,8 +463,15 @@ Dispatch Buffer::dispatch(const void* x, size_t num_tokens, const int64_t* topk_
 
 void Buffer::combine(const void* y, const Handle& h, void* out) {
   if (!impl_) throw Error(Code::InvalidArgument, "moe::Buffer: used after move");
-  if (!h.state) throw Error(Code::InvalidArgument, "moe::combine: empty handle", impl_->me);
+  if (!h.state) {
+    impl_->refuse_combine();
+    throw Error(Code::InvalidArgument, "moe::combine: empty handle on rank " + std::to_string(impl_->me), impl_->me);
+  }
   throw_if_error(impl_->combine(y, *h.state, out), impl_->me);
+}
+
+void Buffer::refuse_combine() {
+  if (impl_) impl_->refuse_combine();
 }
 
 void Buffer::refuse_dispatch(Schedule s) {
@@ -462,8 +497,10 @@ void Buffer::check_typed(DataType t, size_t x, size_t idx, size_t w, Schedule s)
 }
 
 void Buffer::check_typed_combine(DataType t, size_t y, const Handle& h, size_t out) const {
-  const auto& b = *impl_;
+  if (!impl_) throw Error(Code::InvalidArgument, "moe::Buffer: used after move");
+  auto& b = *impl_;
   auto bad = [&](const std::string& m) {
+    b.refuse_combine();
     throw Error(Code::InvalidArgument, "moe::combine: " + m + " on rank " + std::to_string(b.me), b.me);
   };
   if (t != b.cfg.dtype)

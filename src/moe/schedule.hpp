@@ -242,8 +242,20 @@ struct BufferImpl {
   bool refusing = false;
   /// Runs schedule `s` as a refused call (see kRefusedRows); its own result is of no use.
   void refuse(Schedule s);
-  /// InvalidArgument naming rank r, whose count `count` is kRefusedRows, else ok.
-  Status refused_by(int r, uint64_t count) const;
+  /// InvalidArgument naming rank r, whose count (or y line's bytes, in combine) `count` is
+  /// kRefusedRows, else ok. `call` is "dispatch" or "combine".
+  Status refused_by(int r, uint64_t count, const char* call = "dispatch") const;
+  /// The schedule of the latest dispatch: the one the peers' next combine runs.
+  Schedule last_schedule = Schedule::Prefill;
+  /// The latest dispatch (seq) that succeeded on this rank; whose combine this rank has joined
+  /// or refused; whose combine failed or was refused on this rank (it is not run again: the
+  /// peers have moved on, and a retry would meet their next call).
+  uint32_t dispatched = 0, combined = 0, combine_failed = 0;
+  /// Takes this rank's place in the combine of the latest dispatch, which it refuses (its
+  /// arguments are invalid): a y line marked kRefusedRows (windows) or a refused collective
+  /// (Relay), so that the peers fail naming this rank before they read anything, instead of
+  /// waiting for it. Nothing when this rank already joined that combine.
+  void refuse_combine();
   /// Writes this call's E counts (cnt, or kRefusedRows while refusing) to `row`.
   void put_counts(uint64_t* row) const {
     for (int e = 0; e < E; ++e) row[e] = refusing ? kRefusedRows : cnt[e];

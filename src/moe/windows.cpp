@@ -89,6 +89,9 @@ Status BufferImpl::combine_windows(const void* y, const HandleState& h, void* ou
     int r = shm_ranks[(at + j) % n];
     STRATA_ASSIGN_OR_RETURN(bool live, wait_live(head(r)->y.ready, seq, d, r, "combine"));
     const YLine& py = head(r)->y;
+    // Every rank's line is seen before any row is read, so a refusal stops the call everywhere
+    // with nothing of it read (the next dispatch publishes released for it).
+    if (live) STRATA_RETURN_IF_ERROR(refused_by(r, py.bytes, "combine"));
     if (!live) {
       // Died before publishing its outputs: its experts' selections are dropped now (one
       // that published first is still read; its mapping stays until recover()).

@@ -409,7 +409,10 @@ TEST(Moe, InvalidConfigsAndArguments) {
     auto d2 = buf.dispatch(x.data(), 4, idx.data(), w.data(), Schedule::Decode);
     std::vector<float> out(32);
     expect_invalid([&] { buf.combine(d1.window, d1.handle, out.data()); }, "but the buffer's latest dispatch is");
-    buf.combine(d2.window, d2.handle, out.data());
+    // That refused combine was d2's (every rank refused it): d2 is not combined now.
+    expect_invalid([&] { buf.combine(d2.window, d2.handle, out.data()); }, "dispatch again");
+    auto d3 = buf.dispatch(x.data(), 4, idx.data(), w.data(), Schedule::Decode);
+    buf.combine(d3.window, d3.handle, out.data());
     for (size_t i = 0; i < out.size(); ++i)
       STRATA_TEST_REQUIRE(out[i] == 1.0f,
                           "rank " << c.rank() << ": out[" << i << "] = " << out[i] << " after the good call");
@@ -452,6 +455,62 @@ TEST(Moe, ADispatchRefusedOnOneRankFailsEveryRankAtOnce) {
         for (size_t i = 0; i < out.size(); ++i)
           STRATA_TEST_REQUIRE(out[i] == 1.0f, "rank " << me << ", round " << round << ": out[" << i << "] = " << out[i]
                                                       << " after the refused call");
+      }
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20)) << "told by the refusal, not the timeout";
+}
+
+// A combine one rank refuses (a null out, a typed y too small, the handle of an older dispatch)
+// takes its place too: the other ranks' matching combine fails naming it before reading any row,
+// that dispatch's combine is not run again on any rank, and the next dispatch works.
+TEST(Moe, ACombineRefusedOnOneRankFailsEveryRankAtOnce) {
+  const auto t0 = std::chrono::steady_clock::now();
+  run_team(3, [](Communicator& c) {
+    const int R = c.size(), me = c.rank();
+    moe::Buffer buf(c, {.num_experts = 2 * R, .hidden = 8, .max_tokens = 4, .topk = 2, .dtype = DataType::Float32});
+    std::vector<float> x(4 * 8, 1.0f), w(8, 0.5f), out(32);
+    std::vector<int64_t> idx = {0, 1, 2, 3, 4, 5, 0, 5};
+    auto expect_invalid = [&](const std::function<void()>& f, const std::string& want, int peer, int round) {
+      try {
+        f();
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        STRATA_TEST_REQUIRE(e.code() == Code::InvalidArgument && m.find(want) != std::string::npos,
+                            "rank " << me << ", round " << round << ": '" << m << "' lacks '" << want << "'");
+        if (peer >= 0) STRATA_TEST_REQUIRE(e.peer() == peer, "rank " << me << ": peer " << e.peer());
+        return;
+      }
+      STRATA_TEST_REQUIRE(false, "rank " << me << ": no error in round " << round << " ('" << want << "')");
+    };
+    int round = 0;
+    for (Schedule sc : {Schedule::Prefill, Schedule::Decode, Schedule::Relay})
+      for (int kind = 0; kind < 3; ++kind, ++round) {
+        const int refuser = round % R;
+        auto old = buf.dispatch(x.data(), 4, idx.data(), w.data(), sc);
+        auto d = buf.dispatch(x.data(), 4, idx.data(), w.data(), sc);
+        if (me == refuser) {
+          if (kind == 0) expect_invalid([&] { buf.combine(d.window, d.handle, nullptr); }, "out is null", -1, round);
+          else if (kind == 1)
+            expect_invalid(
+                [&] {
+                  buf.combine(std::span<const float>(reinterpret_cast<const float*>(d.window), 1), d.handle,
+                              std::span<float>(out));
+                },
+                "y has 1 elements", -1, round);
+          else
+            expect_invalid([&] { buf.combine(old.window, old.handle, out.data()); }, "latest dispatch is", -1, round);
+        } else {
+          expect_invalid([&] { buf.combine(d.window, d.handle, out.data()); },
+                         "rank " + std::to_string(refuser) + " refused its call", refuser, round);
+        }
+        // That dispatch's combine is over on every rank: a retry would meet the peers' next call.
+        expect_invalid([&] { buf.combine(d.window, d.handle, out.data()); }, "dispatch again", -1, round);
+        auto again = buf.dispatch(x.data(), 4, idx.data(), w.data(), sc);
+        std::fill(out.begin(), out.end(), 0.0f);
+        buf.combine(again.window, again.handle, out.data());
+        for (size_t i = 0; i < out.size(); ++i)
+          STRATA_TEST_REQUIRE(out[i] == 1.0f, "rank " << me << ", round " << round << ": out[" << i << "] = " << out[i]
+                                                      << " after the refused combine");
       }
   });
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20)) << "told by the refusal, not the timeout";

@@ -350,6 +350,23 @@ int run(Communicator& c, bool quick) {
       buf.combine(d.window, d.handle, out.data());
       for (float v : out) ck.require(v == 1.0f, "after the refused call: combine gives " + std::to_string(v));
     }
+    // A Relay combine refused on the last rank (a null out): its all_to_all_v is refused, so
+    // the ranks of every host fail naming it; that dispatch is not combined again anywhere.
+    ck.where = "refused combine";
+    auto d = buf.dispatch(x.data(), 4, idx.data(), w.data(), Schedule::Relay);
+    std::vector<float> out(4 * 8);
+    std::string msg;
+    try {
+      buf.combine(d.window, d.handle, c.rank() == R - 1 ? nullptr : out.data());
+    } catch (const Error& e) {
+      msg = e.what();
+      ck.require(e.code() == Code::InvalidArgument, "code is not InvalidArgument: " + msg);
+    }
+    const std::string want = c.rank() == R - 1 ? "out is null" : "rank " + std::to_string(R - 1) + " refused its call";
+    ck.require(msg.find(want) != std::string::npos, "error '" + msg + "' lacks '" + want + "'");
+    d = buf.dispatch(x.data(), 4, idx.data(), w.data(), Schedule::Relay);
+    buf.combine(d.window, d.handle, out.data());
+    for (float v : out) ck.require(v == 1.0f, "after the refused combine: combine gives " + std::to_string(v));
   }
   std::printf("mh_moe_rank: rank %d: %ld checks, %d failed\n", c.rank(), ck.checks, ck.failures);
   return ck.failures ? 1 : 0;

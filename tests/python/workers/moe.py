@@ -84,8 +84,19 @@ for sched in ("prefill", "decode", "relay"):
     except strata.InvalidArgument as e:
         want = "expected [T, hidden" if r == n - 1 else f"rank {n - 1} refused its call"
         assert want in str(e), str(e)
+        # The binding's own check names the rank too, in the message and in Error.rank.
+        assert e.rank == r, (e.rank, r, str(e))
     else:
         raise AssertionError(f"rank {r}: no error for a {sched} dispatch refused by rank {n - 1}")
+    d = buf.dispatch(x, idx, w, sched)
+    # A combine whose out the binding refuses on the last rank: the same, for combine.
+    try:
+        buf.combine(d, out=np.empty((T, H - 1), np.float32) if r == n - 1 else None)
+    except strata.InvalidArgument as e:
+        want = "moe.combine on rank" if r == n - 1 else f"rank {n - 1} refused its call"
+        assert want in str(e), str(e)
+    else:
+        raise AssertionError(f"rank {r}: no error for a {sched} combine refused by rank {n - 1}")
     d = buf.dispatch(x, idx, w, sched)
     assert np.allclose(buf.combine(d), x * np.where(idx >= 0, w, 0).sum(1)[:, None], rtol=1e-5, atol=1e-5)
 assert time.monotonic() - t0 < 30, "told by the refused call, not by the timeout"
