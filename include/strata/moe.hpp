@@ -163,7 +163,9 @@ class Buffer {
   /// the fast path). y elsewhere in the registered heap is read in place, and this call then
   /// returns only once every peer has read it; y outside the heap is copied into the window.
   /// out has num_tokens rows of H. Argument errors refuse the call (refuse_combine): the
-  /// peers' matching combine fails naming this rank; after a failed combine, dispatch again.
+  /// matching combine of the ranks on this host (Relay: on every host) fails naming this rank;
+  /// across hosts a Prefill or Decode combine of the other hosts times out. After a failed
+  /// combine, dispatch again.
   void combine(const void* y, const Handle& h, void* out);
 
   /// Typed form of combine().

@@ -31,7 +31,8 @@ void heap_free(const std::shared_ptr<ContextImpl>& ctx, void* p, bool symmetric)
 /// operations, so that the peers' matching calls fail naming this rank instead of waiting for it.
 void refuse_call(const std::shared_ptr<CommImpl>& comm);
 /// `message` with the rank that raised it: "all_gather: out has ..." becomes
-/// "all_gather on rank 1: out has ...".
+/// "all_gather on rank 1: out has ..."; a message that does not start with a call's name gets
+/// " (on rank 1)" at its end.
 std::string on_rank(const std::string& message, int rank);
 
 /// A contiguous range of elements: Buffer<T>, std::vector<T>, std::span<T>, std::array.

@@ -343,7 +343,10 @@ void throw_invalid_on(const std::shared_ptr<CommImpl>& comm, const std::string& 
 std::string on_rank(const std::string& message, int rank) {
   const std::string::size_type colon = message.find(':');
   const std::string where = " on rank " + std::to_string(rank);
-  return colon == std::string::npos ? message + where : message.substr(0, colon) + where + message.substr(colon);
+  // Only a call's name goes before the rank ("all_gather: ..."); any other text keeps its words.
+  if (colon == std::string::npos || colon == 0 || message.find(' ') < colon)
+    return message + " (" + where.substr(1) + ")";
+  return message.substr(0, colon) + where + message.substr(colon);
 }
 
 }  // namespace detail

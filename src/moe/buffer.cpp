@@ -189,7 +189,8 @@ Status BufferImpl::rejoin() {
   peer_ctrl.clear();
   seq = 0;
   released_pub = 0;
-  dispatched = combined = combine_failed = 0;
+  dispatched = false;
+  combined = Combine::None;
   return init();
 }
 
@@ -352,12 +353,16 @@ Result<Dispatch> BufferImpl::dispatch(const void* x, size_t T, const int64_t* id
     refuse(s);
     return v;
   }
-  last_schedule = s;
   if (s == Schedule::Prefill || s == Schedule::Decode || s == Schedule::Relay) {
+    dispatched = false;
+    combined = Combine::None;
     Result<Dispatch> r = s == Schedule::Prefill  ? prefill(x, T, idx, w)
                          : s == Schedule::Decode ? decode(x, T, idx, w)
                                                  : relay(x, T, idx, w);
-    if (r.is_ok() && !refusing) dispatched = seq;
+    if (r.is_ok() && !refusing) {
+      dispatched = true;
+      dispatched_schedule = s;
+    }
     return r;
   }
   return invalid_argument("moe::dispatch: unknown schedule " + std::to_string(static_cast<int>(s)) + " on rank " +
@@ -365,10 +370,14 @@ Result<Dispatch> BufferImpl::dispatch(const void* x, size_t T, const int64_t* id
 }
 
 void BufferImpl::refuse_combine() {
-  const bool relay = last_schedule == Schedule::Relay;
-  // A dispatch that failed here failed everywhere (or the peers are gone): no combine follows.
-  if (R == 1 || dispatched != seq || combined == seq || !(relay ? c->broken() : usable()).is_ok()) return;
-  combined = combine_failed = seq;
+  const bool relay = dispatched_schedule == Schedule::Relay;
+  // No combine of the peers to meet: the dispatch failed here (a refusal or a failed peer fails
+  // it everywhere), this rank already joined or refused it, or the communicator moved to a new
+  // epoch that this Buffer has not rejoined (its first collective there is the peers' rejoin).
+  if (R == 1 || !dispatched || combined != Combine::None || epoch != comm.epoch() ||
+      !(relay ? c->broken() : usable()).is_ok())
+    return;
+  combined = Combine::Failed;
   if (relay) {  // its combine is one all_to_all_v of the communicator
     strata::detail::refuse_call(comm.impl());
     return;
@@ -392,14 +401,14 @@ Status BufferImpl::combine(const void* y, const HandleState& h, void* out) {
                    std::to_string(seq) + " (windows are reused by every dispatch)");
   if (h.num_tokens && !out) return refused("out is null");
   if (h.total_rows && !y) return refused("y is null");
-  if (combine_failed == seq)
+  if (combined == Combine::Failed)
     return invalid_argument("moe::combine: the combine of dispatch #" + std::to_string(seq) +
                             " failed or was refused on this rank, and the peers have moved on; dispatch again" +
                             where());
   STRATA_RETURN_IF_ERROR(h.schedule == Schedule::Relay ? c->broken() : usable());
-  combined = seq;
+  combined = Combine::Joined;
   Status st = h.schedule == Schedule::Relay ? combine_relay(h, y, out) : combine_windows(y, h, out);
-  if (!st.is_ok()) combine_failed = seq;
+  if (!st.is_ok()) combined = Combine::Failed;
   return st;
 }
 

@@ -245,12 +245,14 @@ struct BufferImpl {
   /// InvalidArgument naming rank r, whose count (or y line's bytes, in combine) `count` is
   /// kRefusedRows, else ok. `call` is "dispatch" or "combine".
   Status refused_by(int r, uint64_t count, const char* call = "dispatch") const;
-  /// The schedule of the latest dispatch: the one the peers' next combine runs.
-  Schedule last_schedule = Schedule::Prefill;
-  /// The latest dispatch (seq) that succeeded on this rank; whose combine this rank has joined
-  /// or refused; whose combine failed or was refused on this rank (it is not run again: the
-  /// peers have moved on, and a retry would meet their next call).
-  uint32_t dispatched = 0, combined = 0, combine_failed = 0;
+  /// This rank's part in the latest dispatch and its combine (reset by every dispatch, so
+  /// nothing compares call numbers that wrap): whether the dispatch succeeded here, with which
+  /// schedule (the one the peers' combine runs), and whether this rank joined its combine, or
+  /// saw it fail or refused it (then it is not run again: the peers have moved on, and a
+  /// retry would meet their next call).
+  bool dispatched = false;
+  Schedule dispatched_schedule = Schedule::Prefill;
+  enum class Combine { None, Joined, Failed } combined = Combine::None;
   /// Takes this rank's place in the combine of the latest dispatch, which it refuses (its
   /// arguments are invalid): a y line marked kRefusedRows (windows) or a refused collective
   /// (Relay), so that the peers fail naming this rank before they read anything, instead of

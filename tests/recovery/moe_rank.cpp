@@ -2,7 +2,9 @@
 // moe::Buffer with identity experts. Survivors run dispatch + combine until rank 2's original
 // process dies by SIGKILL at its 3rd call, recover() and go on with the same Buffer; the
 // replacement makes its own. Then every rank runs 3 Prefill and 3 Decode calls and checks
-// out[t] = x[t] * sum of its valid weights against a local reference. Each rank prints
+// out[t] = x[t] * sum of its valid weights against a local reference. Before rank 2 dies every
+// rank makes a Relay dispatch nobody combines; after recover() the survivors combine it, which
+// must fail as stale and refuse nothing (a refusal would meet the replacement's first call). Each rank prints
 // "MOE_OK rank=R" or "MOE_BAD rank=R ..." and exits 1.
 //
 // With the argument `mask` (issue 17 item 2) the Buffer masks failed ranks: rank 2 dies after
@@ -21,6 +23,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -109,11 +112,20 @@ int main(int argc, char** argv) {
       }
       comm.recover();
     } else if (!replacement) {
+      std::optional<strata::moe::Dispatch> stale;
       try {
         for (int n = 0; n < 6; ++n) {
-          if (rank == 2 && n == 2) {
-            strata::recovery::mark_failure(comm);
-            ::raise(SIGKILL);
+          if (n == 2) {
+            // A Relay dispatch every rank completes and nobody combines: after recover() its
+            // handle is stale, and combining it must refuse nothing into the new epoch.
+            std::vector<float> x(kH, 1.0f), w(kK, 0.5f);
+            std::vector<int64_t> idx = {0, kE - 1};
+            stale = ep.dispatch(x.data(), 1, idx.data(), w.data(), strata::moe::Schedule::Relay);
+            if (rank == 2) {
+              strata::recovery::mark_failure(comm);
+              ::raise(SIGKILL);
+            }
+            comm.barrier();  // fails: rank 2 is gone
           }
           auto s = n % 2 ? strata::moe::Schedule::Decode : strata::moe::Schedule::Prefill;
           ok = call(ep, rank, n, s) && ok;
@@ -126,6 +138,20 @@ int main(int argc, char** argv) {
           throw;
       }
       comm.recover();
+      if (stale) {
+        std::vector<float> out(kH);
+        try {
+          ep.combine(stale->window, stale->handle, out.data());
+          std::printf("MOE_BAD rank=%d a combine with a handle from before recover() succeeded\n", rank);
+          return 1;
+        } catch (const strata::Error& e) {
+          if (e.code() != strata::Code::InvalidArgument ||
+              std::string(e.what()).find("before recover()") == std::string::npos) {
+            std::printf("MOE_BAD rank=%d stale combine: %s\n", rank, e.what());
+            return 1;
+          }
+        }
+      }
     }
     for (int n = 10; n < 16; ++n) {
       auto s = n < 13 ? strata::moe::Schedule::Prefill : strata::moe::Schedule::Decode;
