@@ -480,9 +480,7 @@ struct Refusing<F> {
     } catch (const Error& e) {
       if (e.code() == Code::InvalidArgument && !self.dispatched && self.handle().valid()) {
         detail::refuse_call(self.handle().impl());
-        // The binding's own checks do not know the rank: name it, as the library's do.
-        const int r = self.handle().rank();
-        if (e.rank() < 0) throw Error(e.code(), detail::on_rank(e.what(), r), r, e.peer());
+        rethrow_on_rank(e, self.handle().rank());
       }
       throw;
     }

@@ -13,6 +13,11 @@ namespace strata::python {
 
 void invalid(const std::string& message) { throw Error(Code::InvalidArgument, message); }
 
+void rethrow_on_rank(const Error& e, int rank) {
+  if (e.rank() >= 0) throw;
+  throw Error(e.code(), detail::on_rank(e.what(), rank), rank, e.peer());
+}
+
 namespace {
 
 struct DtypeName {

@@ -22,6 +22,9 @@ namespace py = pybind11;
 /// Throws strata::Error(InvalidArgument, message): the binding's own argument errors take
 /// the same path (and the same Python class) as the library's.
 [[noreturn]] void invalid(const std::string& message);
+/// Rethrows `e`, the error being handled, naming `rank` when it names none (the binding's own
+/// checks do not know it), as the library's errors do.
+[[noreturn]] void rethrow_on_rank(const Error& e, int rank);
 
 // ---- data types ----------------------------------------------------------------------------
 

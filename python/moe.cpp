@@ -164,7 +164,7 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
                   py::gil_scoped_release nogil;
                   b.get().refuse_dispatch(s);
                 }
-                if (e.rank() < 0) throw Error(e.code(), strata::detail::on_rank(e.what(), b.rank), b.rank, e.peer());
+                rethrow_on_rank(e, b.rank);
               }
               throw;
             }
@@ -210,7 +210,7 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
                   py::gil_scoped_release nogil;
                   b.get().refuse_combine();
                 }
-                if (e.rank() < 0) throw Error(e.code(), strata::detail::on_rank(e.what(), b.rank), b.rank, e.peer());
+                rethrow_on_rank(e, b.rank);
               }
               throw;
             }

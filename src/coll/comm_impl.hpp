@@ -176,9 +176,6 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   std::deque<std::shared_ptr<WorkState>> queue;
   std::thread engine;
   bool stopping = false;
-  /// Set when the engine thread itself dropped the last reference (a finished Work or a refusal
-  /// nobody holds) and detached: the thread outlives this object and must not touch it again.
-  std::shared_ptr<std::atomic<bool>> engine_orphaned = std::make_shared<std::atomic<bool>>(false);
   bool destroyed = false;
 
   ~CommImpl();

@@ -27,8 +27,7 @@ void throw_invalid(const std::string& message) { throw Error(Code::InvalidArgume
 
 namespace {
 
-void engine_loop(CommImpl* c) {
-  const std::shared_ptr<std::atomic<bool>> orphaned = c->engine_orphaned;
+void engine_loop(CommImpl* c, std::weak_ptr<CommImpl> self) {
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(c->q_mu);
@@ -49,10 +48,10 @@ void engine_loop(CommImpl* c) {
       s = w->run();
     }
     w->finish(std::move(s));
-    // Dropping the work here may drop the communicator's last reference (its body holds one);
-    // the destructor then runs on this thread, detaches it, and `c` is gone.
+    // Dropping the work here may drop the communicator's last reference (a refusal or a Work
+    // nobody holds); the destructor then runs on this thread, detaches it, and `c` is gone.
     w.reset();
-    if (orphaned->load(std::memory_order_acquire)) return;
+    if (self.expired()) return;
   }
 }
 
@@ -63,7 +62,7 @@ std::shared_ptr<WorkState> submit(CommImpl& c, std::function<Status()> fn) {
   w->on_finish = [ctx = c.ctx, t = c.ctx->open_async()] { ctx->close_async(t); };
   {
     std::lock_guard<std::mutex> g(c.q_mu);
-    if (!c.engine.joinable()) c.engine = std::thread(engine_loop, &c);
+    if (!c.engine.joinable()) c.engine = std::thread(engine_loop, &c, c.weak_from_this());
     c.queue.push_back(w);
   }
   c.q_cv.notify_one();

@@ -235,12 +235,8 @@ void CommImpl::shutdown() {
   q_cv.notify_all();
   if (!engine.joinable()) return;
   // The engine thread may drop the last reference itself (a finished Work held it).
-  if (engine.get_id() == std::this_thread::get_id()) {
-    engine_orphaned->store(true, std::memory_order_release);
-    engine.detach();
-  } else {
-    engine.join();
-  }
+  if (engine.get_id() == std::this_thread::get_id()) engine.detach();
+  else engine.join();
 }
 
 CommImpl::~CommImpl() {
