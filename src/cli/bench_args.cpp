@@ -1,5 +1,6 @@
 #include "cli/bench_args.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -105,25 +106,29 @@ std::string usage_text(Tool tool) {
   return u;
 }
 
-namespace {
-// Why output file `path` of option `opt` could not be written, or "" : checked before the
-// sweep, so that a typo does not cost the whole run.
 std::string unwritable(const char* opt, const std::string& path) {
   if (path.empty()) return "";
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return std::string(opt) + " " + path + ": is a directory, not a file to write";
-    if (::access(path.c_str(), W_OK) != 0)
-      return std::string(opt) + " " + path + ": cannot write it (" + std::strerror(errno) + ")";
-    return "";
+  const bool exists = ::stat(path.c_str(), &st) == 0;
+  if (exists && S_ISDIR(st.st_mode)) return std::string(opt) + " " + path + ": is a directory, not a file to write";
+  bool created = !exists;
+  int fd = ::open(path.c_str(), exists ? O_WRONLY | O_CLOEXEC : O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0 && created && errno == EEXIST) {
+    // Another rank of an --as-rank job is probing the same name at this moment.
+    created = false;
+    fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   }
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  if (::access(dir.c_str(), W_OK) != 0)
-    return std::string(opt) + " " + path + ": cannot write in " + dir + " (" + std::strerror(errno) + ")";
+  if (fd < 0) {
+    const std::string why = std::strerror(errno);
+    if (!created) return std::string(opt) + " " + path + ": cannot write it (" + why + ")";
+    const size_t slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    return std::string(opt) + " " + path + ": cannot write in " + dir + " (" + why + ")";
+  }
+  ::close(fd);
+  if (created) ::unlink(path.c_str());
   return "";
 }
-}  // namespace
 
 std::string parse_options(int argc, char** argv, int first, Tool tool, Options& o, bool& help) {
   help = false;

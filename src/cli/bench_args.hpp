@@ -67,6 +67,12 @@ std::string human_bytes(size_t b);
 /// The --help text of `tool`.
 std::string usage_text(Tool tool);
 
+/// Why output file `path` of option `opt` could not be written, or "": checked before a sweep,
+/// so that a typo does not cost the whole run. It opens the file for writing rather than asking
+/// access(), which root passes on a read-only mount or in /proc; a file it creates it removes
+/// again, an existing one it does not truncate.
+std::string unwritable(const char* opt, const std::string& path);
+
 /// Parses argv[first..argc). Returns an error message ("" when fine); sets `help` for -h.
 /// -n is the rank count (strata bench); the MPI peer refuses it, mpirun -np sets the ranks.
 std::string parse_options(int argc, char** argv, int first, Tool tool, Options& o, bool& help);

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/bench_args.hpp"
 #include "cli/bench_moe.hpp"
 #include "cli/commands.hpp"
 #include "common/parse.hpp"
@@ -184,7 +185,12 @@ int worker(const MoeOptions& o) {
           char extra[96];
           std::snprintf(extra, sizeof extra, ", \"memcpy_us\": %.3f, \"memcpy_gbs\": %.4f}\n", m_us,
                         gbs(static_cast<double>(sel_bytes), m_us));
-          std::ofstream(o.json, std::ios::app) << json << extra;
+          std::ofstream f(o.json, std::ios::app);
+          f << json << extra;
+          if (!f.flush()) {
+            print_error(kWho, "cannot append to --json " + o.json + ": " + std::strerror(errno));
+            rc = 1;
+          }
         }
         char b[96];
         std::snprintf(b, sizeof b, " %s dispatch %.0f%% combine %.0f%%;", moe::to_string(scheds[k]),
@@ -261,6 +267,10 @@ int bench_moe_main(int argc, char** argv) {
   }
   if (o.nranks == 0) {
     print_error(kWho, "-n is required");
+    return kUsageError;
+  }
+  if (std::string why = bench::unwritable("--json", o.json); !why.empty()) {
+    print_error(kWho, why);
     return kUsageError;
   }
   char exe[PATH_MAX];

@@ -1,6 +1,8 @@
 // `strata bench`: a short sweep runs through the launcher, checks every size and writes a JSON
 // document with the documented fields; malformed command lines are usage errors (exit 2).
 
+#include <unistd.h>
+
 #include <cctype>
 #include <map>
 #include <memory>
@@ -284,6 +286,49 @@ TEST(BenchCli, OneRankThatPullsMakesEveryRankPull) {
   }
 }
 
+// `strata bench moe`: the decode cases (3 token counts x 3 methods) each print a row and append
+// one JSON object per line with the figures the report reads; bad command lines are usage errors
+// found before any rank starts.
+TEST(BenchCli, MoeDecodeSweepAppendsOneJsonLinePerCase) {
+  STRATA_REQUIRE_BIN();
+  TempDir dir;
+  const std::string json = dir.path() + "/moe.jsonl";
+  Outcome r = run_cli({"bench", "moe", "-n", "2", "--quick", "--only", "decode", "--json", json}, {}, 120s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::vector<std::string> rows;
+  for (const auto& l : lines_of(r.out))
+    if (l.starts_with("  decode")) rows.push_back(l);
+  EXPECT_EQ(rows.size(), 9u) << r.out;
+  const auto objects = lines_of(read_file(json));
+  size_t parsed = 0;
+  std::set<std::string> methods;
+  for (const auto& text : objects) {
+    if (text.empty()) continue;
+    Json doc;
+    ASSERT_TRUE(JsonReader(text).parse(doc)) << "a JSON line does not parse: " << text;
+    ++parsed;
+    for (const char* k : {"phase", "ranks", "tokens", "hidden", "method", "dispatch_us", "combine_us", "memcpy_us"})
+      ASSERT_NE(doc.get(k), nullptr) << "missing field " << k << " in " << text;
+    EXPECT_EQ(std::get<std::string>(doc.get("phase")->v), "decode");
+    EXPECT_EQ(std::get<double>(doc.get("ranks")->v), 2.0);
+    EXPECT_GT(std::get<double>(doc.get("dispatch_us")->v), 0.0) << text;
+    methods.insert(std::get<std::string>(doc.get("method")->v));
+  }
+  EXPECT_EQ(parsed, 9u) << read_file(json);
+  EXPECT_EQ(methods, (std::set<std::string>{"strata-decode", "strata-prefill", "strata-relay"}));
+
+  Outcome only = run_cli({"bench", "moe", "-n", "2", "--only", "train"});
+  EXPECT_EQ(only.exit_code, 2) << only.err;
+  EXPECT_TRUE(contains(only.err, "--only takes prefill or decode, got 'train'")) << only.err;
+  Outcome non = run_cli({"bench", "moe", "--quick"});
+  EXPECT_EQ(non.exit_code, 2) << non.err;
+  EXPECT_TRUE(contains(non.err, "-n is required")) << non.err;
+  Outcome proc = run_cli({"bench", "moe", "-n", "2", "--json", "/proc/strata-moe.jsonl"});
+  EXPECT_EQ(proc.exit_code, 2) << proc.out << proc.err;
+  EXPECT_TRUE(contains(proc.err, "--json /proc/strata-moe.jsonl: cannot write in /proc")) << proc.err;
+  EXPECT_FALSE(contains(proc.out, "decode")) << "the sweep ran: " << proc.out;
+}
+
 TEST(BenchCli, BadCommandLinesAreUsageErrors) {
   STRATA_REQUIRE_BIN();
   Outcome bad = run_cli({"bench", "all_reduse", "-n", "2"});
@@ -304,6 +349,19 @@ TEST(BenchCli, BadCommandLinesAreUsageErrors) {
   Outcome isdir = run_cli({"bench", "all_reduce", "-n", "2", "--csv", "/tmp"});
   EXPECT_EQ(isdir.exit_code, 2) << isdir.err;
   EXPECT_TRUE(contains(isdir.err, "--csv /tmp: is a directory")) << isdir.err;
+  // A directory that access() calls writable for root but where no file can be made (/proc);
+  // the probe opens the file for real.
+  Outcome proc = run_cli({"bench", "all_reduce", "-n", "2", "--plot", "/proc/strata-bench.png"});
+  EXPECT_EQ(proc.exit_code, 2) << proc.out << proc.err;
+  EXPECT_TRUE(contains(proc.err, "--plot /proc/strata-bench.png: cannot write in /proc")) << proc.err;
+  EXPECT_FALSE(contains(proc.out, "all_reduce")) << "the sweep ran: " << proc.out;
+  // The probe leaves no file behind when the run stops before writing one (--csv is probed
+  // before --plot).
+  const std::string probe = "/tmp/strata-bench-probe-" + std::to_string(::getpid()) + ".csv";
+  Outcome later = run_cli({"bench", "all_reduce", "-n", "2", "--csv", probe, "--plot", "/proc/p.png"});
+  EXPECT_EQ(later.exit_code, 2) << later.err;
+  EXPECT_TRUE(contains(later.err, "--plot /proc/p.png")) << later.err;
+  EXPECT_NE(::access(probe.c_str(), F_OK), 0) << probe << " was left behind";
   // Options the collective would ignore.
   Outcome algo = run_cli({"bench", "all_gather", "-n", "2", "--algorithm", "one_shot"});
   EXPECT_EQ(algo.exit_code, 2) << algo.err;
