@@ -98,9 +98,13 @@ Result<JobInfo> detect_job(const Env& env, const JobOverrides& overrides) {
 
   job.job_id = overrides.job_id.empty() ? env.job_id : overrides.job_id;
   if (job.job_id.empty()) {
-    if (!job.store.empty()) {
+    if (!env.launcher_job.empty()) {
+      // Open MPI's identity of this mpirun: hashed, as it is part of socket paths.
+      job.job_id = "mpirun-" + hex64(fnv1a(env.launcher_job + '\n' + job.store + '\n' + job.token));
+    } else if (!job.store.empty()) {
       // Every rank sees the same store and token, so every rank derives the same id.
       job.job_id = "job-" + hex64(fnv1a(job.store + '\n' + job.token));
+      job.id_from_store = true;
     } else {
       // A lone process only needs an id no other process on the host uses right now.
       auto now = std::chrono::steady_clock::now().time_since_epoch().count();

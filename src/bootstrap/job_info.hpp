@@ -13,9 +13,13 @@ namespace strata::bootstrap {
 struct JobInfo {
   int rank = 0;
   int world_size = 1;
-  std::string store;    // "host:port"; empty when world_size == 1 and no store was given
-  std::string token;    // job token presented to the store
-  std::string job_id;   // unique per job; names abstract sockets, store keys
+  std::string store;   // "host:port"; empty when world_size == 1 and no store was given
+  std::string token;   // job token presented to the store
+  std::string job_id;  // unique per job; names abstract sockets, store keys
+  // job_id was derived from the store address and token alone (no launcher gave one), so it is
+  // the same for every job on that store: init() appends a generation the store hands out per
+  // run (coll/context.cpp, run_generation).
+  bool id_from_store = false;
   std::string host_id;  // ranks with equal host_id share memory
 };
 

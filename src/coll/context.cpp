@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -530,6 +531,39 @@ Result<std::shared_ptr<CommImpl>> make_net_comm(const std::shared_ptr<ContextImp
   return c;
 }
 
+namespace {
+/// A job whose id came from its store alone (JobInfo::id_from_store) shares that id with every
+/// earlier job on the store (two mpiexec runs against one `strata store`): without more, the
+/// second would read the first one's records. So each run gets a generation of the id: rank 0
+/// opens a new one; every other rank waits until a generation newer than the last it joined is
+/// open and joins the newest. Runs one after the other thus meet in their own generation,
+/// whichever of their ranks comes first. A run whose rank 0 opened a generation and died before
+/// the others came leaves it open, and a later run's rank that comes before its own rank 0 may
+/// join it and fail (naming the gone rank): STRATA_JOB_ID per job avoids that.
+Status join_run_generation(ContextImpl& ctx) {
+  bootstrap::JobInfo& job = ctx.job;
+  const std::string base = "strata/" + job.job_id + "/run/";
+  int64_t g = 0;
+  if (job.rank == 0) {
+    STRATA_ASSIGN_OR_RETURN(g, ctx.store->add(base + "newest", 1));
+    STRATA_RETURN_IF_ERROR(ctx.store->set(base + "open/" + std::to_string(g), "1"));
+  } else {
+    const std::string joined = base + "joined/" + std::to_string(job.rank);
+    STRATA_ASSIGN_OR_RETURN(auto last, ctx.store->try_get(joined));
+    int64_t l = 0;
+    if (last && !last->empty()) l = std::strtoll(last->c_str(), nullptr, 10);
+    if (Status w = ctx.store->wait({base + "open/" + std::to_string(l + 1)}, ctx.timeout); !w.is_ok())
+      return w.with_context("init on rank " + std::to_string(job.rank) + ": waiting for rank 0 of this job (its id " +
+                            job.job_id + " comes from the store address and token; set STRATA_JOB_ID to name it): ");
+    STRATA_ASSIGN_OR_RETURN(g, ctx.store->add(base + "newest", 0));
+    STRATA_RETURN_IF_ERROR(ctx.store->set(joined, std::to_string(g)));
+  }
+  job.job_id += "-" + std::to_string(g);
+  job.id_from_store = false;
+  return Status::ok();
+}
+}  // namespace
+
 Result<ContextRef> make_context(const Env& env, const bootstrap::JobInfo& job, std::chrono::milliseconds timeout,
                                 std::unique_ptr<bootstrap::StoreClient> store) {
   auto ctx = std::make_shared<ContextImpl>();
@@ -549,7 +583,9 @@ Result<ContextRef> make_context(const Env& env, const bootstrap::JobInfo& job, s
     return invalid_argument("init: a job of " + std::to_string(job.world_size) +
                             " ranks needs a store (STRATA_STORE or MASTER_ADDR/MASTER_PORT)");
   }
-  STRATA_ASSIGN_OR_RETURN(ctx->heap, memory::Heap::create(memory::HeapOptions::from_env(env), job.job_id, job.rank));
+  if (ctx->job.id_from_store && ctx->store) STRATA_RETURN_IF_ERROR(join_run_generation(*ctx));
+  STRATA_ASSIGN_OR_RETURN(ctx->heap,
+                          memory::Heap::create(memory::HeapOptions::from_env(env), ctx->job.job_id, job.rank));
   flight_watch(ctx);
   return ContextRef(std::move(ctx));
 }

@@ -111,6 +111,10 @@ Env parse(Lookup lookup, void* ctx) {
     e.world_size = first_int({"OMPI_COMM_WORLD_SIZE"});
     e.local_rank = first_int({"OMPI_COMM_WORLD_LOCAL_RANK"});
     e.local_size = first_int({"OMPI_COMM_WORLD_LOCAL_SIZE"});
+    // Both are the same on every rank of one mpirun and differ from one mpirun to the next (the
+    // second is random per job), so two jobs on one store do not share an id.
+    auto ns = get("PMIX_NAMESPACE"), pt = get("OMPI_MCA_orte_precondition_transports");
+    if ((ns && !ns->empty()) || (pt && !pt->empty())) e.launcher_job = ns.value_or("") + "/" + pt.value_or("");
   } else if (e.launcher == "mpiexec") {
     e.rank = first_int({"PMI_RANK"});
     e.world_size = first_int({"PMI_SIZE"});

@@ -25,6 +25,8 @@ struct Env {
   std::string store;             // STRATA_STORE host:port | MASTER_ADDR:MASTER_PORT
   std::string job_token;         // STRATA_JOB_TOKEN: secret the store requires on connect
   std::string job_id;            // STRATA_JOB_ID | TORCHELASTIC_RUN_ID | SLURM_JOB_ID[.SLURM_STEP_ID]
+  std::string launcher_job;      // Open MPI: PMIX_NAMESPACE + OMPI_MCA_orte_precondition_transports, which
+                                 // tell one mpirun apart from the next (detect_job makes the job id of it)
   std::string host_id;           // STRATA_HOST_ID: overrides hostname + boot id
   std::optional<int> node_rank;  // STRATA_NODE_RANK | GROUP_RANK: this host's agent in a multi-node job
   std::optional<int> nnodes;     // STRATA_NNODES: agents (hosts) in the job

@@ -141,6 +141,36 @@ TEST(JobInfoTest, DerivedJobIdIsTheSameOnEveryRankAndDiffersPerToken) {
   EXPECT_FALSE(r0->job_id.empty());
 }
 
+// A job id made from the store alone is marked so (init() then takes a generation of it per
+// run); Open MPI's own identity of the mpirun makes one that differs from one mpirun to the next.
+TEST(JobInfoTest, OpenMpiRunsGetTheirOwnIdAndStoreDerivedIdsAreMarked) {
+  auto ompi = [](const char* rank, const char* ns, const char* transports) {
+    return env_of({{"OMPI_COMM_WORLD_RANK", rank},
+                   {"OMPI_COMM_WORLD_SIZE", "2"},
+                   {"PMIX_NAMESPACE", ns},
+                   {"OMPI_MCA_orte_precondition_transports", transports},
+                   {"STRATA_STORE", "h:1"},
+                   {"STRATA_JOB_TOKEN", "t"}});
+  };
+  auto a0 = detect_job(ompi("0", "1541603329", "0cd7-940"));
+  auto a1 = detect_job(ompi("1", "1541603329", "0cd7-940"));
+  auto b0 = detect_job(ompi("0", "1541603330", "77aa-123"));
+  STRATA_ASSERT_OK(a0);
+  STRATA_ASSERT_OK(a1);
+  STRATA_ASSERT_OK(b0);
+  EXPECT_EQ(a0->job_id, a1->job_id);
+  EXPECT_NE(a0->job_id, b0->job_id);
+  EXPECT_FALSE(a0->id_from_store);
+  auto mpich = detect_job(env_of({{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"STRATA_STORE", "h:1"}}));
+  STRATA_ASSERT_OK(mpich);
+  EXPECT_TRUE(mpich->id_from_store);
+  auto named =
+      detect_job(env_of({{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"STRATA_STORE", "h:1"}, {"STRATA_JOB_ID", "j7"}}));
+  STRATA_ASSERT_OK(named);
+  EXPECT_EQ(named->job_id, "j7");
+  EXPECT_FALSE(named->id_from_store);
+}
+
 TEST(JobInfoTest, RankNotBelowWorldSizeNamesBothVariables) {
   EXPECT_NE(error_of({{"STRATA_RANK", "5"}, {"STRATA_WORLD_SIZE", "4"}, {"STRATA_STORE", "h:1"}})
                 .find("STRATA_RANK=5 is not below STRATA_WORLD_SIZE=4"),

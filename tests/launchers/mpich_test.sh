@@ -13,3 +13,7 @@ grep -qi hydra <<<"$("$MPIEXEC" --version 2>&1 || true)" || skip "$MPIEXEC is no
 start_store
 # Hydra passes the whole environment on by default (-genvall).
 run_case mpiexec 4 "$MPIEXEC" -n 4 "$PROBE" 4
+# A second job on the same store: the launcher gives no job id that the ranks could tell apart
+# from the first one's, so init() takes a new generation of the one it derives from the
+# store (it read the first job's records before).
+run_case mpiexec-again 4 "$MPIEXEC" -n 4 "$PROBE" 4

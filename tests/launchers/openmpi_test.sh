@@ -17,3 +17,6 @@ start_store
 args=(-n 4 --oversubscribe -x STRATA_STORE -x STRATA_JOB_TOKEN)
 [[ $(id -u) -eq 0 ]] && args+=(--allow-run-as-root)
 run_case mpirun 4 "$MPIRUN" "${args[@]}" "$PROBE" 4
+# A second job on the same store: the launcher gives no job id that the ranks could tell apart
+# from the first one's but its own (PMIX_NAMESPACE).
+run_case mpirun-again 4 "$MPIRUN" "${args[@]}" "$PROBE" 4
