@@ -52,7 +52,7 @@ std::vector<size_t> to_counts(py::handle seq, int n, const std::string& what) {
   }
   std::vector<size_t> v;
   for (auto x : seq) {
-    auto c = x.cast<long long>();
+    const long long c = int_arg(x, what + " entry");
     if (c < 0) invalid(what + " has a negative entry (" + std::to_string(c) + ")");
     v.push_back(static_cast<size_t>(c));
   }
@@ -84,8 +84,9 @@ void need_count(const ArrayView& v, size_t want, const std::string& what) {
 
 // ---- the calls -----------------------------------------------------------------------------
 
-py::object all_reduce(PyComm& self, py::handle a, py::handle op, py::handle out, bool async, py::handle timeout,
-                      py::handle algorithm) {
+py::object all_reduce(PyComm& self, py::handle a, py::handle op, py::handle out, py::handle async_arg,
+                      py::handle timeout, py::handle algorithm) {
+  const bool async = flag_arg(async_arg, "all_reduce: async_op");
   const bool in_place = out.is_none();
   ArrayView in = view_of(a, "all_reduce: a", in_place);
   ArrayView o = in_place ? in : view_of(out, "all_reduce: out", true);
@@ -107,7 +108,10 @@ py::object all_reduce(PyComm& self, py::handle a, py::handle op, py::handle out,
   });
 }
 
-py::object reduce(PyComm& self, py::handle a, int root, py::handle op, py::handle out, bool async, py::handle timeout) {
+py::object reduce(PyComm& self, py::handle a, py::handle root_arg, py::handle op, py::handle out, py::handle async_arg,
+                  py::handle timeout) {
+  const int root = int32_arg(root_arg, "reduce: root");
+  const bool async = flag_arg(async_arg, "reduce: async_op");
   Communicator& c = self.comm();
   const bool is_root = c.rank() == root;
   const bool in_place = out.is_none();
@@ -135,7 +139,10 @@ py::object reduce(PyComm& self, py::handle a, int root, py::handle op, py::handl
   });
 }
 
-py::object broadcast(PyComm& self, py::handle a, int root, py::handle out, bool async, py::handle timeout) {
+py::object broadcast(PyComm& self, py::handle a, py::handle root_arg, py::handle out, py::handle async_arg,
+                     py::handle timeout) {
+  const int root = int32_arg(root_arg, "broadcast: root");
+  const bool async = flag_arg(async_arg, "broadcast: async_op");
   Communicator& c = self.comm();
   const bool is_root = c.rank() == root;
   ArrayView in, o;
@@ -164,7 +171,8 @@ py::object broadcast(PyComm& self, py::handle a, int root, py::handle out, bool 
   });
 }
 
-py::object all_gather(PyComm& self, py::handle a, py::handle out, bool async, py::handle timeout) {
+py::object all_gather(PyComm& self, py::handle a, py::handle out, py::handle async_arg, py::handle timeout) {
+  const bool async = flag_arg(async_arg, "all_gather: async_op");
   Communicator& c = self.comm();
   ArrayView in = view_of(a, "all_gather: a", false);
   const size_t n = static_cast<size_t>(c.size());
@@ -189,8 +197,9 @@ py::object all_gather(PyComm& self, py::handle a, py::handle out, bool async, py
   });
 }
 
-py::object all_gather_v(PyComm& self, py::handle a, py::handle counts_obj, py::handle out, bool async,
+py::object all_gather_v(PyComm& self, py::handle a, py::handle counts_obj, py::handle out, py::handle async_arg,
                         py::handle timeout) {
+  const bool async = flag_arg(async_arg, "all_gather_v: async_op");
   Communicator& c = self.comm();
   auto counts = to_counts(counts_obj, c.size(), "all_gather_v: counts");
   ArrayView in = view_of(a, "all_gather_v: a", false);
@@ -213,7 +222,9 @@ py::object all_gather_v(PyComm& self, py::handle a, py::handle counts_obj, py::h
                        });
 }
 
-py::object reduce_scatter(PyComm& self, py::handle a, py::handle op, py::handle out, bool async, py::handle timeout) {
+py::object reduce_scatter(PyComm& self, py::handle a, py::handle op, py::handle out, py::handle async_arg,
+                          py::handle timeout) {
+  const bool async = flag_arg(async_arg, "reduce_scatter: async_op");
   Communicator& c = self.comm();
   ArrayView in = view_of(a, "reduce_scatter: a", false);
   const size_t n = static_cast<size_t>(c.size());
@@ -246,7 +257,8 @@ py::object reduce_scatter(PyComm& self, py::handle a, py::handle op, py::handle 
 }
 
 py::object reduce_scatter_v(PyComm& self, py::handle a, py::handle counts_obj, py::handle op, py::handle out,
-                            bool async, py::handle timeout) {
+                            py::handle async_arg, py::handle timeout) {
+  const bool async = flag_arg(async_arg, "reduce_scatter_v: async_op");
   Communicator& c = self.comm();
   auto counts = to_counts(counts_obj, c.size(), "reduce_scatter_v: counts");
   ArrayView in = view_of(a, "reduce_scatter_v: a", false);
@@ -270,7 +282,8 @@ py::object reduce_scatter_v(PyComm& self, py::handle a, py::handle counts_obj, p
                        });
 }
 
-py::object all_to_all(PyComm& self, py::handle a, py::handle out, bool async, py::handle timeout) {
+py::object all_to_all(PyComm& self, py::handle a, py::handle out, py::handle async_arg, py::handle timeout) {
+  const bool async = flag_arg(async_arg, "all_to_all: async_op");
   Communicator& c = self.comm();
   const bool in_place = !out.is_none() && out.is(a);
   ArrayView in = view_of(a, "all_to_all: a", in_place);
@@ -308,8 +321,9 @@ std::vector<size_t> exchange_counts(Communicator& c, const std::vector<size_t>& 
 }
 
 py::object all_to_all_v(PyComm& self, py::handle a, py::handle send_counts_obj, py::handle recv_counts_obj,
-                        py::handle out, py::handle send_displs_obj, py::handle recv_displs_obj, bool async,
+                        py::handle out, py::handle send_displs_obj, py::handle recv_displs_obj, py::handle async_arg,
                         py::handle timeout) {
+  const bool async = flag_arg(async_arg, "all_to_all_v: async_op");
   Communicator& c = self.comm();
   const int n = c.size();
   const bool in_place = !out.is_none() && out.is(a);
@@ -347,7 +361,10 @@ py::object all_to_all_v(PyComm& self, py::handle a, py::handle send_counts_obj, 
                        });
 }
 
-py::object gather(PyComm& self, py::handle a, int root, py::handle out, bool async, py::handle timeout) {
+py::object gather(PyComm& self, py::handle a, py::handle root_arg, py::handle out, py::handle async_arg,
+                  py::handle timeout) {
+  const int root = int32_arg(root_arg, "gather: root");
+  const bool async = flag_arg(async_arg, "gather: async_op");
   Communicator& c = self.comm();
   ArrayView in = view_of(a, "gather: a", false);
   const bool is_root = c.rank() == root;
@@ -379,7 +396,10 @@ py::object gather(PyComm& self, py::handle a, int root, py::handle out, bool asy
   });
 }
 
-py::object scatter(PyComm& self, py::handle a, int root, py::handle out, bool async, py::handle timeout) {
+py::object scatter(PyComm& self, py::handle a, py::handle root_arg, py::handle out, py::handle async_arg,
+                   py::handle timeout) {
+  const int root = int32_arg(root_arg, "scatter: root");
+  const bool async = flag_arg(async_arg, "scatter: async_op");
   Communicator& c = self.comm();
   const bool is_root = c.rank() == root;
   const size_t n = static_cast<size_t>(c.size());
@@ -419,7 +439,8 @@ py::object scatter(PyComm& self, py::handle a, int root, py::handle out, bool as
   });
 }
 
-py::object barrier(PyComm& self, bool async, py::handle timeout) {
+py::object barrier(PyComm& self, py::handle async_arg, py::handle timeout) {
+  const bool async = flag_arg(async_arg, "barrier: async_op");
   Communicator& c = self.comm();
   CollOptions opts = make_opts(timeout, py::none());
   return self.dispatch(async, py::none(), py::none(), [&c, opts](bool as) {
@@ -482,6 +503,14 @@ struct Refusing<F> {
         detail::refuse_call(self.handle().impl());
         rethrow_on_rank(e, self.handle().rank());
       }
+      throw;
+    } catch (const py::error_already_set&) {
+      // A Python error while reading the arguments (an object whose __len__ or __index__
+      // raised): refused all the same, or the peers would meet this rank's next call.
+      if (!self.dispatched && self.handle().valid()) detail::refuse_call(self.handle().impl());
+      throw;
+    } catch (const py::cast_error&) {
+      if (!self.dispatched && self.handle().valid()) detail::refuse_call(self.handle().impl());
       throw;
     }
   }

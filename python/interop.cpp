@@ -1,11 +1,14 @@
 // numpy / torch interop and the exception family of the `_strata` extension.
 
+#include <limits>
+
 #include "interop.hpp"
 
 #include <algorithm>
 #include <array>
 #include <cctype>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <utility>
 
@@ -16,6 +19,37 @@ void invalid(const std::string& message) { throw Error(Code::InvalidArgument, me
 void rethrow_on_rank(const Error& e, int rank) {
   if (e.rank() >= 0) throw;
   throw Error(e.code(), detail::on_rank(e.what(), rank), rank, e.peer());
+}
+
+bool flag_arg(py::handle h, const std::string& what) {
+  if (py::isinstance<py::bool_>(h)) return h.cast<bool>();
+  // numpy's bool scalar is not a subclass of bool (numpy.bool_, named numpy.bool from 2.0).
+  const py::handle t = h.get_type();
+  const auto mod = py::str(t.attr("__module__")).cast<std::string>();
+  const auto name = py::str(t.attr("__name__")).cast<std::string>();
+  if (mod == "numpy" && (name == "bool_" || name == "bool")) return PyObject_IsTrue(h.ptr()) == 1;
+  invalid(what + " must be True or False, not " + py::repr(h).cast<std::string>());
+}
+
+long long int_arg(py::handle h, const std::string& what) {
+  // int and anything with __index__ (numpy integers); bool is an int in Python but never meant
+  // as a rank or count here, and a float would be truncated silently.
+  if (!py::isinstance<py::bool_>(h) && (py::isinstance<py::int_>(h) || py::hasattr(h, "__index__"))) {
+    try {
+      return py::int_(h.attr("__index__")()).cast<long long>();
+    } catch (const py::error_already_set&) {
+    } catch (const py::cast_error&) {
+    }
+    invalid(what + " is out of range: " + py::repr(h).cast<std::string>());
+  }
+  invalid(what + " must be an integer, not " + py::repr(h).cast<std::string>());
+}
+
+int int32_arg(py::handle h, const std::string& what) {
+  const long long v = int_arg(h, what);
+  if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+    invalid(what + " = " + std::to_string(v) + " is out of range");
+  return static_cast<int>(v);
 }
 
 namespace {

@@ -26,6 +26,15 @@ namespace py = pybind11;
 /// checks do not know it), as the library's errors do.
 [[noreturn]] void rethrow_on_rank(const Error& e, int rank);
 
+/// A flag argument (True/False, numpy.bool_) read by the call itself rather than by pybind11, so
+/// that a wrong type is an InvalidArgument the call's refusal covers (pybind11 would raise a
+/// TypeError before the call, and the peers' matching calls would meet this rank's next one).
+bool flag_arg(py::handle h, const std::string& what);
+/// An integer argument (int, numpy integers; not bool, not float), likewise.
+long long int_arg(py::handle h, const std::string& what);
+/// An integer argument that must fit an int (a rank, a tag).
+int int32_arg(py::handle h, const std::string& what);
+
 // ---- data types ----------------------------------------------------------------------------
 
 /// The DataType named by `spec`: a string ("float32", "bfloat16", ...), a numpy dtype or

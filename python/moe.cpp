@@ -4,6 +4,7 @@
 // numpy has no such type); results come back as the kind of array x was.
 
 #include <pybind11/stl.h>
+#include <optional>
 
 #include <strata/moe.hpp>
 
@@ -113,21 +114,41 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
 
   py::class_<PyMoeBuffer>(m, "MoeBuffer",
                           "Expert-parallel dispatch/combine of one MoE layer (strata::moe::Buffer). Collective.")
-      .def(py::init([comm_of](py::handle comm, int num_experts, size_t hidden, size_t max_tokens, int topk,
-                              py::handle dtype, size_t expert_alignment, bool mask_failed_ranks, bool renormalize) {
+      .def(py::init([comm_of](py::handle comm, py::handle num_experts, py::handle hidden, py::handle max_tokens,
+                              py::handle topk, py::handle dtype, py::handle expert_alignment,
+                              py::handle mask_failed_ranks, py::handle renormalize) {
              auto b = std::make_unique<PyMoeBuffer>();
-             b->cfg = {.num_experts = num_experts,
-                       .hidden = hidden,
-                       .max_tokens = max_tokens,
-                       .topk = topk,
-                       .dtype = parse_dtype(dtype),
-                       .expert_alignment = expert_alignment,
-                       .mask_failed_ranks = mask_failed_ranks,
-                       .renormalize = renormalize};
              Communicator c = comm_of(comm);
              b->rank = c.rank();
-             py::gil_scoped_release nogil;
-             b->buf = std::make_unique<moe::Buffer>(c, b->cfg);
+             // The constructor is collective: an argument this rank cannot read still joins it,
+             // with a config that fails there, so that the peers fail naming this rank instead of
+             // waiting for it; this rank raises its own error.
+             std::optional<Error> mine;
+             try {
+               auto size_arg = [](py::handle h, const char* what) {
+                 const long long v = int_arg(h, std::string("moe.Buffer: ") + what);
+                 if (v < 0) invalid(std::string("moe.Buffer: ") + what + " = " + std::to_string(v) + " is negative");
+                 return static_cast<size_t>(v);
+               };
+               b->cfg = {.num_experts = int32_arg(num_experts, "moe.Buffer: num_experts"),
+                         .hidden = size_arg(hidden, "hidden"),
+                         .max_tokens = size_arg(max_tokens, "max_tokens"),
+                         .topk = int32_arg(topk, "moe.Buffer: topk"),
+                         .dtype = parse_dtype(dtype),
+                         .expert_alignment = size_arg(expert_alignment, "expert_alignment"),
+                         .mask_failed_ranks = flag_arg(mask_failed_ranks, "moe.Buffer: mask_failed_ranks"),
+                         .renormalize = flag_arg(renormalize, "moe.Buffer: renormalize")};
+             } catch (const Error& e) {
+               mine = e;
+               b->cfg = moe::Config{};  // num_experts = 0: refused on every rank
+             }
+             try {
+               py::gil_scoped_release nogil;
+               b->buf = std::make_unique<moe::Buffer>(c, b->cfg);
+             } catch (const Error& e) {
+               if (mine) rethrow_on_rank(*mine, b->rank);
+               throw;
+             }
              return b;
            }),
            py::arg("comm"), py::kw_only(), py::arg("num_experts"), py::arg("hidden"), py::arg("max_tokens"),
@@ -135,13 +156,18 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
            py::arg("mask_failed_ranks") = false, py::arg("renormalize") = false)
       .def(
           "dispatch",
-          [](py::object self, py::handle x, py::handle topk_idx, py::handle topk_w, const std::string& schedule) {
+          [](py::object self, py::handle x, py::handle topk_idx, py::handle topk_w, py::handle schedule) {
             auto& b = self.cast<PyMoeBuffer&>();
             const auto& cfg = b.cfg;
-            const moe::Schedule s = parse_schedule(schedule);
+            // A schedule this rank cannot read refuses as the default one, prefill.
+            moe::Schedule s = moe::Schedule::Prefill;
             ArrayView xv, iv, wv;
             size_t T = 0;
             try {
+              if (!py::isinstance<py::str>(schedule))
+                invalid("moe.dispatch: schedule must be 'prefill', 'decode' or 'relay', not " +
+                        py::repr(schedule).cast<std::string>());
+              s = parse_schedule(schedule.cast<std::string>());
               xv = view_of(x, "moe.dispatch: x", false);
               if (xv.dtype != cfg.dtype)
                 invalid("moe.dispatch: x has dtype " + std::string(to_string(xv.dtype)) + ", the buffer was made for " +
@@ -183,26 +209,31 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
           "x [T, hidden], topk_idx [T, topk] int64 (-1: none), topk_w [T, topk] float32. Returns a MoeDispatch.")
       .def(
           "combine",
-          [](PyMoeBuffer& b, const PyDispatch& d, py::object y, py::object out) {
+          [](PyMoeBuffer& b, py::handle d_obj, py::object y, py::object out) {
             const auto& cfg = b.cfg;
             const auto H = static_cast<py::ssize_t>(cfg.hidden);
             ArrayView yv, ov;
+            const PyDispatch* dp = nullptr;
             try {
-              if (y.is_none()) y = d.rows(0, {static_cast<py::ssize_t>(d.d.total_rows), H});  // in place
+              if (!py::isinstance<PyDispatch>(d_obj))
+                invalid("moe.combine: d must be the MoeDispatch a dispatch of this buffer returned, not " +
+                        py::repr(d_obj).cast<std::string>());
+              dp = &d_obj.cast<const PyDispatch&>();
+              if (y.is_none()) y = dp->rows(0, {static_cast<py::ssize_t>(dp->d.total_rows), H});  // in place
               yv = checked(y, "moe.combine: y", cfg.dtype, view_of(y, "moe.combine: y", false).count, false);
-              if (yv.count < d.d.total_rows * cfg.hidden)
+              if (yv.count < dp->d.total_rows * cfg.hidden)
                 invalid("moe.combine: y has " + std::to_string(yv.count) +
-                        " elements, needs total_rows * hidden = " + std::to_string(d.d.total_rows * cfg.hidden));
+                        " elements, needs total_rows * hidden = " + std::to_string(dp->d.total_rows * cfg.hidden));
               if (out.is_none()) {
-                std::vector<py::ssize_t> shape = {static_cast<py::ssize_t>(d.d.num_tokens), H};
-                if (d.torch || cfg.dtype == DataType::BFloat16) {
+                std::vector<py::ssize_t> shape = {static_cast<py::ssize_t>(dp->d.num_tokens), H};
+                if (dp->torch || cfg.dtype == DataType::BFloat16) {
                   py::module_ torch = py::module_::import("torch");
                   out = torch.attr("empty")(py::tuple(py::cast(shape)), py::arg("dtype") = torch_dtype(cfg.dtype));
                 } else {
                   out = py::array(numpy_dtype(cfg.dtype), shape);
                 }
               }
-              ov = checked(out, "moe.combine: out", cfg.dtype, d.d.num_tokens * cfg.hidden, true);
+              ov = checked(out, "moe.combine: out", cfg.dtype, dp->d.num_tokens * cfg.hidden, true);
             } catch (const Error& e) {
               // As in dispatch: the peers' matching combine fails naming this rank.
               if (e.code() == Code::InvalidArgument) {
@@ -216,7 +247,7 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
             }
             {
               py::gil_scoped_release nogil;
-              b.get().combine(yv.data, d.d.handle, ov.data);
+              b.get().combine(yv.data, dp->d.handle, ov.data);
             }
             return out;
           },

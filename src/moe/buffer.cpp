@@ -6,7 +6,9 @@
 #include <poll.h>
 
 #include <cstring>
+#include <iterator>
 #include <string>
+#include <string_view>
 
 #include "moe/schedule.hpp"
 
@@ -150,7 +152,100 @@ Result<void*> BufferImpl::sym_alloc(size_t bytes) {
   }
 }
 
+namespace {
+/// Why `cfg` cannot make a Buffer over R ranks, or "".
+std::string config_error(const Config& cfg, int R, bool spans_hosts) {
+  if (cfg.num_experts <= 0 || cfg.num_experts % R != 0)
+    return "num_experts = " + std::to_string(cfg.num_experts) + " is not a positive multiple of the " +
+           std::to_string(R) + " ranks";
+  if (cfg.topk < 1 || cfg.topk > cfg.num_experts)
+    return "topk = " + std::to_string(cfg.topk) + " is outside [1, num_experts = " + std::to_string(cfg.num_experts) +
+           "]";
+  if (cfg.hidden == 0) return "hidden is 0";
+  if (cfg.max_tokens == 0) return "max_tokens is 0";
+  if (cfg.expert_alignment == 0) return "expert_alignment is 0";
+  if (cfg.dtype != DataType::BFloat16 && cfg.dtype != DataType::Float16 && cfg.dtype != DataType::Float32)
+    return std::string("dtype ") + strata::to_string(cfg.dtype) + " is not bfloat16, float16 or float32";
+  // The largest window (Decode's [L][R][M][H], as many rows as Prefill's worst case) must be a
+  // size at all: a product that wraps would allocate a small window and write past it.
+  size_t bytes = 0;
+  const size_t rows_per_expert_rank = cfg.max_tokens, experts = static_cast<size_t>(cfg.num_experts);
+  if (__builtin_mul_overflow(cfg.hidden, dtype_size(cfg.dtype), &bytes) ||
+      __builtin_mul_overflow(bytes, rows_per_expert_rank, &bytes) || __builtin_mul_overflow(bytes, experts, &bytes) ||
+      __builtin_mul_overflow(bytes, static_cast<size_t>(cfg.topk) + cfg.expert_alignment, &bytes))
+    return "hidden = " + std::to_string(cfg.hidden) + ", max_tokens = " + std::to_string(cfg.max_tokens) +
+           " and num_experts = " + std::to_string(cfg.num_experts) + " make windows larger than memory can address";
+  if (spans_hosts && cfg.mask_failed_ranks)
+    return "mask_failed_ranks is not supported on a communicator that spans hosts";
+  return "";
+}
+
+/// The fields every rank's Config must agree on, in the order they are compared.
+constexpr const char* kConfigFields[] = {"num_experts", "hidden",           "max_tokens",        "topk",
+                                         "dtype",       "expert_alignment", "mask_failed_ranks", "renormalize"};
+constexpr size_t kConfigWords = 1 + std::size(kConfigFields);  // a validity word, then the fields
+
+std::string field_value(size_t i, uint64_t v) {
+  if (std::string_view(kConfigFields[i]) == "dtype") return strata::to_string(static_cast<DataType>(v));
+  return std::to_string(v);
+}
+
+/// Building a Buffer is collective, so its checks are too: every rank shows the others its
+/// config and whether it is valid before any window exists (an all_gather on the communicator).
+/// A rank whose config is invalid fails with its own message, the others naming it; configs
+/// that differ (a row size that matches but a dtype that does not, a different max_tokens) fail
+/// everywhere, naming both ranks, instead of landing rows in windows laid out differently. The
+/// survivors' rejoin after recover() runs it too, meeting the replacement's constructor.
+Status agree_config(Communicator& comm, const Config& cfg) {
+  const int R = comm.size(), me = comm.rank();
+  const std::string mine = config_error(cfg, R, comm.impl()->net != nullptr);
+  const uint64_t fields[kConfigWords] = {mine.empty() ? 1u : 0u,
+                                         static_cast<uint64_t>(static_cast<int64_t>(cfg.num_experts)),
+                                         cfg.hidden,
+                                         cfg.max_tokens,
+                                         static_cast<uint64_t>(static_cast<int64_t>(cfg.topk)),
+                                         static_cast<uint64_t>(cfg.dtype),
+                                         cfg.expert_alignment,
+                                         cfg.mask_failed_ranks ? 1u : 0u,
+                                         cfg.renormalize ? 1u : 0u};
+  std::vector<uint64_t> all(kConfigWords * static_cast<size_t>(R));
+  try {
+    comm.all_gather(std::span<const uint64_t>(fields), std::span<uint64_t>(all));
+  } catch (const Error& e) {
+    return from_error(e);
+  }
+  auto bad = [&](const std::string& m, int peer) {
+    return Status(Code::InvalidArgument, "moe::Buffer: " + m + " on rank " + std::to_string(me), peer);
+  };
+  if (!mine.empty()) return bad(mine, -1);
+  for (int r = 0; r < R; ++r)
+    if (all[r * kConfigWords] == 0)
+      return bad("rank " + std::to_string(r) + "'s config is invalid (its own error names why), so no Buffer is made",
+                 r);
+  for (int r = 1; r < R; ++r)
+    for (size_t i = 0; i < std::size(kConfigFields); ++i) {
+      const uint64_t a = all[1 + i], b = all[r * kConfigWords + 1 + i];
+      if (a != b)
+        return Status(Code::InvalidArgument,
+                      "moe::Buffer: the ranks' configs differ: " + std::string(kConfigFields[i]) + " is " +
+                          field_value(i, a) + " on rank 0 but " + field_value(i, b) + " on rank " + std::to_string(r) +
+                          " (seen on rank " + std::to_string(me) + ")",
+                      r == me ? 0 : r);
+    }
+  return Status::ok();
+}
+}  // namespace
+
 Status BufferImpl::init() {
+  // Local state first: every rank has the same config here (the constructor compared them), so
+  // a size that cannot be allocated fails on every rank before any collective step.
+  try {
+    acc.resize(H);
+    cnt.resize(E);
+  } catch (const std::exception&) {
+    return invalid_argument("moe::Buffer: hidden = " + std::to_string(H) + " is too large to allocate its accumulator" +
+                            where());
+  }
   init_hosts();
   ctrl_bytes = sizeof(CtrlHead) + kLine * static_cast<size_t>(R) + round_up(sizeof(uint64_t) * E, kLine) +
                sizeof(uint64_t) * R * L;
@@ -169,8 +264,6 @@ Status BufferImpl::init() {
   if (xhost && c->net->use_put()) STRATA_RETURN_IF_ERROR(init_puts());
   epoch = comm.epoch();
   dead.assign(R, 0);
-  acc.resize(H);
-  cnt.resize(E);
   return Status::ok();
 }
 
@@ -191,6 +284,7 @@ Status BufferImpl::rejoin() {
   released_pub = 0;
   dispatched = false;
   combined = Combine::None;
+  STRATA_RETURN_IF_ERROR(agree_config(comm, cfg));
   return init();
 }
 
@@ -419,21 +513,7 @@ Status BufferImpl::combine(const void* y, const HandleState& h, void* out) {
 Buffer::Buffer(Communicator comm, const Config& cfg) {
   if (!comm.valid()) throw Error(Code::InvalidArgument, "moe::Buffer: the communicator is invalid");
   const int R = comm.size(), me = comm.rank();
-  auto bad = [&](const std::string& m) {
-    throw Error(Code::InvalidArgument, "moe::Buffer: " + m + " on rank " + std::to_string(me), me);
-  };
-  if (cfg.num_experts <= 0 || cfg.num_experts % R != 0)
-    bad("num_experts = " + std::to_string(cfg.num_experts) + " is not a positive multiple of the " + std::to_string(R) +
-        " ranks");
-  if (cfg.topk < 1 || cfg.topk > cfg.num_experts)
-    bad("topk = " + std::to_string(cfg.topk) + " is outside [1, num_experts = " + std::to_string(cfg.num_experts) +
-        "]");
-  if (cfg.hidden == 0) bad("hidden is 0");
-  if (cfg.max_tokens == 0) bad("max_tokens is 0");
-  if (cfg.expert_alignment == 0) bad("expert_alignment is 0");
-  if (cfg.dtype != DataType::BFloat16 && cfg.dtype != DataType::Float16 && cfg.dtype != DataType::Float32)
-    bad(std::string("dtype ") + strata::to_string(cfg.dtype) + " is not bfloat16, float16 or float32");
-
+  if (Status st = detail::agree_config(comm, cfg); !st.is_ok()) throw_if_error(st, me);
   impl_ = std::make_unique<detail::BufferImpl>();
   auto& b = *impl_;
   b.comm = comm;
@@ -449,7 +529,6 @@ Buffer::Buffer(Communicator comm, const Config& cfg) {
   b.esz = dtype_size(cfg.dtype);
   b.row_bytes = b.H * b.esz;
   b.align = cfg.expert_alignment;
-  if (b.c->net && cfg.mask_failed_ranks) bad("mask_failed_ranks is not supported on a communicator that spans hosts");
   b.tag_id = b.c->moe_buffers++;
   throw_if_error(b.init(), me);
 }

@@ -419,6 +419,44 @@ TEST(Moe, InvalidConfigsAndArguments) {
   });
 }
 
+// Building a Buffer is collective and so are its checks: configs that differ between ranks
+// (a dtype that keeps the row size, a max_tokens) fail on every rank naming the field and both
+// ranks, instead of rows landing in windows laid out differently; a config invalid on one rank
+// only fails on every rank, naming it; a size that cannot be addressed is refused, not thrown as
+// a std::length_error. The communicator stays usable after each.
+TEST(Moe, ConfigsAreComparedAcrossRanks) {
+  run_team(3, [](Communicator& c) {
+    using moe::Config;
+    const bool odd = c.rank() == 2;
+    const Config good{.num_experts = 3, .hidden = 16, .max_tokens = 4, .topk = 2, .dtype = DataType::Float32};
+    Config dtype = good;
+    if (odd) dtype.dtype = DataType::BFloat16, dtype.hidden = 32;  // the same bytes per row
+    expect_invalid([&] { moe::Buffer b(c, dtype); }, "configs differ: hidden is 16 on rank 0 but 32 on rank 2");
+    Config same_rows = good;
+    if (odd) same_rows.dtype = DataType::BFloat16;
+    expect_invalid([&] { moe::Buffer b(c, same_rows); }, "dtype is float32 on rank 0 but bfloat16 on rank 2");
+    Config tokens = good;
+    if (odd) tokens.max_tokens = 8;
+    expect_invalid([&] { moe::Buffer b(c, tokens); }, "max_tokens is 4 on rank 0 but 8 on rank 2");
+    Config topk = good;
+    if (odd) topk.topk = 0;
+    expect_invalid([&] { moe::Buffer b(c, topk); }, odd ? "topk = 0" : "rank 2's config is invalid");
+    Config huge = good;
+    huge.hidden = SIZE_MAX / 4;
+    expect_invalid([&] { moe::Buffer b(c, huge); }, "larger than memory can address");
+    // The communicator and a good Buffer still work.
+    moe::Buffer buf(c, good);
+    std::vector<float> x(4 * 16, 1.0f + c.rank()), w(8, 0.5f), out(4 * 16);
+    std::vector<int64_t> idx = {0, 1, 1, 2, 2, 0, 0, 2};
+    for (Schedule s : {Schedule::Prefill, Schedule::Decode}) {
+      auto d = buf.dispatch(x.data(), 4, idx.data(), w.data(), s);
+      buf.combine(d.window, d.handle, out.data());
+      for (size_t i = 0; i < out.size(); ++i)
+        STRATA_TEST_REQUIRE(out[i] == 1.0f + c.rank(), "rank " << c.rank() << ": out[" << i << "] = " << out[i]);
+    }
+  });
+}
+
 // A dispatch one rank refuses (an expert id out of range, or a typed overload's shapes) takes
 // its place in every schedule: the other ranks' matching calls fail naming it at once instead
 // of waiting for it until the timeout, and the Buffer stays usable.

@@ -257,6 +257,23 @@ if n > 1:
     assert time.monotonic() - t0 < 30, "told by the refused call, not by the timeout"
     x = np.ones(8, np.float32)
     chk.equal("usable after a refused call", comm.all_reduce(x), np.full(8, n, np.float32))
+    # Arguments of the wrong type (pybind11 would have raised TypeError before the call, so the
+    # peers' calls met this rank's next one and mixed data): refused the same way.
+    for what, call, want in (
+            ("async_op='yes'", lambda bad: comm.all_reduce(np.full(4, 10.0 * (r + 1), np.float32),
+                                                           async_op="yes" if bad else False),
+             "async_op must be True or False"),
+            ("root=0.0", lambda bad: comm.broadcast(np.ones(4, np.float32), root=0.0 if bad else 0),
+             "root must be an integer"),
+            ("counts=[.., 'x']", lambda bad: comm.all_gather_v(
+                np.ones(1, np.float32), ["x" if bad else 1] + [1] * (n - 1)), "counts entry must be an integer")):
+        t0 = time.monotonic()
+        e = chk.raises("a wrong type refused on one rank: " + what, strata.InvalidArgument,
+                       lambda: call(r == n - 1))
+        assert (want if bad else f"rank {n - 1} refused its call") in str(e), (what, str(e))
+        assert time.monotonic() - t0 < 30, "told by the refused call, not by the timeout"
+        chk.equal("in step after " + what, comm.all_reduce(np.full(4, r + 1.0, np.float32)),
+                  np.full(4, n * (n + 1) / 2, np.float32))
 
 # ---- split: color by parity, key reverses the order -------------------------------------------------
 sub = comm.split(r % 2, key=-r)

@@ -101,6 +101,43 @@ for sched in ("prefill", "decode", "relay"):
     assert np.allclose(buf.combine(d), x * np.where(idx >= 0, w, 0).sum(1)[:, None], rtol=1e-5, atol=1e-5)
 assert time.monotonic() - t0 < 30, "told by the refused call, not by the timeout"
 
+# A schedule name or an argument type the last rank cannot read: refused there, the others told.
+t0 = time.monotonic()
+try:
+    buf.dispatch(x, idx, w, "fast" if r == n - 1 else "prefill")
+except strata.InvalidArgument as e:
+    want = "schedule must be 'prefill', 'decode' or 'relay'" if r == n - 1 else f"rank {n - 1} refused its call"
+    assert want in str(e) and e.rank == r, (e.rank, str(e))
+else:
+    raise AssertionError(f"rank {r}: no error for a dispatch with a bad schedule on rank {n - 1}")
+d = buf.dispatch(x, idx, w, "prefill")
+try:
+    buf.combine("not a dispatch" if r == n - 1 else d)
+except strata.InvalidArgument as e:
+    want = "d must be the MoeDispatch" if r == n - 1 else f"rank {n - 1} refused its call"
+    assert want in str(e), str(e)
+else:
+    raise AssertionError(f"rank {r}: no error for a combine of a non-dispatch on rank {n - 1}")
+# Buffers whose configs differ, or whose arguments one rank cannot read, are refused everywhere.
+for kw, want, differ in (({"max_tokens": M + 1}, f"max_tokens is {M} on rank 0 but {M + 1} on rank {n - 1}", True),
+                         ({"hidden": 2 ** 62}, "larger than memory can address", False),
+                         ({"topk": "two"}, "topk must be an integer", False)):
+    args = dict(num_experts=E, hidden=H, max_tokens=M, topk=K, dtype="float32")
+    if r == n - 1:
+        args.update(kw)
+    try:
+        strata.moe.Buffer(comm, **args)
+    except strata.InvalidArgument as e:
+        if r == n - 1 or differ:
+            assert want in str(e), (kw, str(e))
+        else:
+            assert f"rank {n - 1}'s config is invalid" in str(e), (kw, str(e))
+    else:
+        raise AssertionError(f"rank {r}: no error for a Buffer with {kw} on rank {n - 1}")
+assert time.monotonic() - t0 < 30, "told by the refused call, not by the timeout"
+d = buf.dispatch(x, idx, w, "decode")
+assert np.allclose(buf.combine(d), x * np.where(idx >= 0, w, 0).sum(1)[:, None], rtol=1e-5, atol=1e-5)
+
 try:
     import torch
 except ImportError:
