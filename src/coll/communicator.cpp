@@ -131,22 +131,45 @@ std::string p2p_desc(const char* name, uint64_t count, uint8_t dtype, int tag) {
          ", tag=" + std::to_string(tag) + ")";
 }
 
+/// Settles message `s` of this rank to `peer` for the receiver or the sender (P2pSlot::claim):
+/// true when `to` won, false when the other side had settled it first.
+bool settle(P2pSlot& slot, uint32_t to) {
+  uint32_t posted = 0;
+  return std::atomic_ref<uint32_t>(slot.claim).compare_exchange_strong(posted, to, std::memory_order_acq_rel);
+}
+
 /// Completion of a posted send: the receiver acknowledged sequence `s`.
 Status send_done(CommImpl& c, int peer, uint32_t s, Deadline d, bool block) {
   const CtrlView& rv = c.peers[peer];
   transport::Signal& done = rv.recv_done(c.rank);
   if (block) {
-    STRATA_RETURN_IF_ERROR(c.broken());
-    Status st = transport::wait_reached(done, s, c.policy(d), "send");
+    Status st = c.broken();
+    const bool was_broken = !st.is_ok();
+    if (!was_broken) st = transport::wait_reached(done, s, c.policy(d), "send");
     if (!st.is_ok()) {
-      std::string msg = st.message() + " on rank " + std::to_string(c.rank) + " waiting for rank " +
-                        std::to_string(peer) + " to receive (send #" + std::to_string(s) + ")";
-      if (std::string a = peer_activity(c, peer); !a.empty()) msg += "; " + a;
-      Status full(st.code(), std::move(msg), peer);
-      // Revoked as after any timeout: the message stays posted, and a receiver that takes it
-      // later would read a buffer the caller may reuse by then.
-      c.set_broken(full);
-      return full;
+      // This call fails, and its caller may reuse the buffer at once: the message is withdrawn,
+      // so that a receive that comes later fails instead of copying whatever is there by then.
+      // Unless the receiver claimed it first: then it is copying now, and the send completes.
+      if (settle(c.self.slot(peer, s), kP2pWithdrawn)) {
+        if (was_broken) return st;
+        std::string msg = st.message() + " on rank " + std::to_string(c.rank) + " waiting for rank " +
+                          std::to_string(peer) + " to receive (send #" + std::to_string(s) +
+                          "; withdrawn: its receive fails)";
+        if (std::string a = peer_activity(c, peer); !a.empty()) msg += "; " + a;
+        Status full(st.code(), std::move(msg), peer);
+        // Revoked as after any timeout: this pair's messages are out of step from here.
+        c.set_broken(full);
+        return full;
+      }
+      // The receiver's copy is under way: its acknowledgment follows (not cut short by abort(),
+      // which would leave the copy reading a buffer handed back; only by its death).
+      transport::WaitPolicy p = c.policy(Deadline::after(c.timeout));
+      p.abort = nullptr;
+      if (Status w = transport::wait_reached(done, s, p, "send"); !w.is_ok())
+        return Status(w.code(),
+                      w.message() + " on rank " + std::to_string(c.rank) + ": rank " + std::to_string(peer) +
+                          " began receiving send #" + std::to_string(s) + " and did not finish",
+                      peer);
     }
   } else if (!transport::reached(done.value.load(std::memory_order_acquire), s)) {
     return Status(Code::Unavailable, "pending");
@@ -206,6 +229,7 @@ Result<std::shared_ptr<WorkState>> post_send(CommImpl& c, const Op& op) {
   sl.count = op.count;
   sl.seg = ref ? ref->seg : 0;
   sl.off = ref ? ref->offset : 0;
+  sl.claim = 0;  // published with the rest by the release below
   transport::publish(c.self.send_posted(peer), s);
 
   auto w = std::make_shared<WorkState>();
@@ -216,7 +240,9 @@ Result<std::shared_ptr<WorkState>> post_send(CommImpl& c, const Op& op) {
     auto ctx = c.ctx;
     // Freed when the Work goes away; by then the receiver has copied (or the job failed).
     w->on_destroy = [ctx, staged, self, peer, s] {
-      if (transport::reached(self->peers[peer].recv_done(self->rank).value.load(), s)) (void)ctx->heap->free(staged);
+      if (transport::reached(self->peers[peer].recv_done(self->rank).value.load(), s) ||
+          std::atomic_ref<uint32_t>(self->self.slot(peer, s).claim).load(std::memory_order_acquire) == kP2pWithdrawn)
+        (void)ctx->heap->free(staged);
       // Otherwise the receiver may still read it: leak rather than corrupt.
     };
   }
@@ -228,6 +254,15 @@ Result<std::shared_ptr<WorkState>> post_send(CommImpl& c, const Op& op) {
 /// and acknowledges it (a mismatch is acknowledged too, so that the sender completes).
 Status take_message(CommImpl& c, const Op& op, int peer, uint32_t r, Deadline d) {
   const CtrlView& sv = c.peers[peer];
+  if (!settle(sv.slot(c.rank, r), kP2pClaimed)) {
+    // The sender's send failed (timed out, or its communicator was aborted) before this
+    // receive came: its buffer is the caller's again, so nothing is copied. The message's
+    // number is used up on both sides, so this pair stays in step.
+    return Status(Code::Aborted,
+                  "recv on rank " + std::to_string(c.rank) + ": rank " + std::to_string(peer) + "'s send #" +
+                      std::to_string(r) + " failed on its side (a timeout or abort()) before this receive took it",
+                  peer);
+  }
   P2pSlot sl = sv.slot(c.rank, r);
   if (sl.tag != op.tag || sl.dtype != static_cast<uint8_t>(op.dtype) || sl.count != op.count) {
     c.self.recv_error(peer).store(r, std::memory_order_release);

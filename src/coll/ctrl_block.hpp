@@ -31,9 +31,14 @@ struct P2pSlot {
   uint8_t pad[7] = {};
   uint64_t count = 0;
   uint32_t seg = 0;
-  uint32_t flags = 0;
+  // Who settled the message first (through std::atomic_ref; 0 when posted): the receiver, which
+  // claims it before copying, or the sender, which withdraws it when its send fails (a timeout,
+  // abort()), so that no receive copies a buffer the caller may be reusing by then.
+  uint32_t claim = 0;
   uint64_t off = 0;
 };
+/// P2pSlot::claim values.
+inline constexpr uint32_t kP2pClaimed = 1, kP2pWithdrawn = 2;
 
 /// Largest all_reduce input (bytes per rank) that travels inline in the control block
 /// (shm/inline.cpp: one cache-line handshake, no heap buffer read). Above it one-shot's

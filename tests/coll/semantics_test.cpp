@@ -1221,6 +1221,54 @@ TEST(PointToPoint, TimedOutSendsRevokeTimedOutReceivesMayBeRetried) {
   EXPECT_EQ(revoked.load(), 1);
 }
 
+// A send that fails (its timeout, or abort() while it is pending) is withdrawn: its caller may
+// reuse the buffer at once, so a receive that comes later fails naming the sender instead of
+// copying what the buffer holds by then (it copied the caller's new data and returned OK).
+TEST(PointToPoint, AFailedSendIsWithdrawnSoALateReceiveCopiesNothing) {
+  for (const bool by_abort : {false, true}) {
+    std::atomic<int> failed{0}, refused{0};
+    std::atomic<bool> reused{false};
+    expect_no_failures(on_fresh_team(2, 5000ms, [&](Communicator& c) {
+      Buffer<float> b = c.alloc<float>(4096);
+      std::fill(b.begin(), b.end(), static_cast<float>(c.rank() + 1));
+      if (c.rank() == 0) {
+        try {
+          if (by_abort) {
+            Work w = c.send_async(b.span(), 1);
+            c.abort();
+            w.wait();
+          } else {
+            CollOptions quick;
+            quick.timeout = 100ms;
+            c.send(b.span(), 1, 0, quick);
+          }
+          throw std::runtime_error("the send did not fail");
+        } catch (const Error& e) {
+          if (e.code() != (by_abort ? Code::Aborted : Code::Timeout)) throw;
+          ++failed;
+        }
+        std::fill(b.begin(), b.end(), -1.0f);  // the caller's buffer again
+        reused = true;
+      } else {
+        while (!reused) std::this_thread::sleep_for(1ms);
+        try {
+          c.recv(b.span(), 0);
+          throw std::runtime_error("the late receive completed; b[0] = " + std::to_string(b[0]));
+        } catch (const Error& e) {
+          if (e.code() != Code::Aborted || e.peer() != 0 ||
+              std::string(e.what()).find("failed on its side") == std::string::npos)
+            throw;
+          for (float v : b)
+            if (v != 2.0f) throw std::runtime_error("the refused receive wrote " + std::to_string(v));
+          ++refused;
+        }
+      }
+    }));
+    EXPECT_EQ(failed.load(), 1) << (by_abort ? "abort" : "timeout");
+    EXPECT_EQ(refused.load(), 1) << (by_abort ? "abort" : "timeout");
+  }
+}
+
 TEST(PointToPoint, TagMismatchNamesBoth) {
   std::atomic<int> ok{0};
   expect_no_failures(on_fresh_team(2, 3000ms, [&](Communicator& c) {
