@@ -335,6 +335,13 @@ class Communicator {
     if (rank() == root) need(out.size() >= in.size(), "reduce: out at root", out.size(), in.size());
     reduce(in.data(), out.data(), in.size(), dtype_of_v<detail::elem_t<I>>, op, root, o);
   }
+  /// Nonblocking twin of reduce(): returns a Work at once; the copy engine runs the operation.
+  template <detail::Contiguous I, detail::Contiguous O>
+  Work reduce_async(I&& in, O&& out, ReduceOp op, int root, const CollOptions& o = {}) {
+    check_same<I, O>();
+    if (rank() == root) need(out.size() >= in.size(), "reduce: out at root", out.size(), in.size());
+    return reduce_async(in.data(), out.data(), in.size(), dtype_of_v<detail::elem_t<I>>, op, root, o);
+  }
   /// Typed all_gather over any contiguous range; element type gives the DataType.
   template <detail::Contiguous I, detail::Contiguous O>
   void all_gather(I&& in, O&& out, const CollOptions& o = {}) {
@@ -348,6 +355,19 @@ class Communicator {
     check_same<I, O>();
     need(out.size() >= in.size() * size(), "all_gather: out", out.size(), in.size() * size());
     return all_gather_async(in.data(), out.data(), in.size(), dtype_of_v<detail::elem_t<I>>, o);
+  }
+  /// Typed all_gather_v: rank r contributes counts[r] elements (in holds this rank's), out
+  /// their concatenation; counts has one entry per rank.
+  template <detail::Contiguous I, detail::Contiguous O>
+  void all_gather_v(I&& in, O&& out, std::span<const size_t> counts, const CollOptions& o = {}) {
+    check_v(in, out, counts, "all_gather_v", false);
+    all_gather_v(in.data(), out.data(), counts.data(), dtype_of_v<detail::elem_t<I>>, o);
+  }
+  /// Nonblocking twin of all_gather_v(): returns a Work at once; the copy engine runs the operation.
+  template <detail::Contiguous I, detail::Contiguous O>
+  Work all_gather_v_async(I&& in, O&& out, std::span<const size_t> counts, const CollOptions& o = {}) {
+    check_v(in, out, counts, "all_gather_v", false);
+    return all_gather_v_async(in.data(), out.data(), counts.data(), dtype_of_v<detail::elem_t<I>>, o);
   }
   /// Typed reduce_scatter over any contiguous range; element type gives the DataType.
   template <detail::Contiguous I, detail::Contiguous O>
@@ -363,6 +383,19 @@ class Communicator {
     need(in.size() >= out.size() * size(), "reduce_scatter: in", in.size(), out.size() * size());
     return reduce_scatter_async(in.data(), out.data(), out.size(), dtype_of_v<detail::elem_t<I>>, op, o);
   }
+  /// Typed reduce_scatter_v: block r of in has counts[r] elements (in holds them all); this
+  /// rank's out gets the reduction of its block; counts has one entry per rank.
+  template <detail::Contiguous I, detail::Contiguous O>
+  void reduce_scatter_v(I&& in, O&& out, std::span<const size_t> counts, ReduceOp op, const CollOptions& o = {}) {
+    check_v(in, out, counts, "reduce_scatter_v", true);
+    reduce_scatter_v(in.data(), out.data(), counts.data(), dtype_of_v<detail::elem_t<I>>, op, o);
+  }
+  /// Nonblocking twin of reduce_scatter_v(): returns a Work at once; the copy engine runs the operation.
+  template <detail::Contiguous I, detail::Contiguous O>
+  Work reduce_scatter_v_async(I&& in, O&& out, std::span<const size_t> counts, ReduceOp op, const CollOptions& o = {}) {
+    check_v(in, out, counts, "reduce_scatter_v", true);
+    return reduce_scatter_v_async(in.data(), out.data(), counts.data(), dtype_of_v<detail::elem_t<I>>, op, o);
+  }
   /// in and out hold size() equal blocks.
   template <detail::Contiguous I, detail::Contiguous O>
   void all_to_all(I&& in, O&& out, const CollOptions& o = {}) {
@@ -374,6 +407,36 @@ class Communicator {
                                           std::to_string(out.size()) + ") is smaller");
     all_to_all(in.data(), out.data(), in.size() / n, dtype_of_v<detail::elem_t<I>>, o);
   }
+  /// Nonblocking twin of all_to_all(): returns a Work at once; the copy engine runs the operation.
+  template <detail::Contiguous I, detail::Contiguous O>
+  Work all_to_all_async(I&& in, O&& out, const CollOptions& o = {}) {
+    check_same<I, O>();
+    size_t n = static_cast<size_t>(size());
+    if (in.size() % n != 0 || out.size() < in.size())
+      detail::throw_invalid_on(impl_, "all_to_all: in has " + std::to_string(in.size()) +
+                                          " elements, not a multiple of " + std::to_string(n) + " ranks, or out (" +
+                                          std::to_string(out.size()) + ") is smaller");
+    return all_to_all_async(in.data(), out.data(), in.size() / n, dtype_of_v<detail::elem_t<I>>, o);
+  }
+  /// Typed all_to_all_v: send_counts[j] elements at send_displs[j] of in go to rank j;
+  /// recv_counts[j] from rank j land at recv_displs[j] of out; each vector has one entry per rank.
+  template <detail::Contiguous I, detail::Contiguous O>
+  void all_to_all_v(I&& in, std::span<const size_t> send_counts, std::span<const size_t> send_displs, O&& out,
+                    std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
+                    const CollOptions& o = {}) {
+    check_a2av(in, send_counts, send_displs, out, recv_counts, recv_displs);
+    all_to_all_v(in.data(), send_counts.data(), send_displs.data(), out.data(), recv_counts.data(), recv_displs.data(),
+                 dtype_of_v<detail::elem_t<I>>, o);
+  }
+  /// Nonblocking twin of all_to_all_v(): returns a Work at once; the copy engine runs the operation.
+  template <detail::Contiguous I, detail::Contiguous O>
+  Work all_to_all_v_async(I&& in, std::span<const size_t> send_counts, std::span<const size_t> send_displs, O&& out,
+                          std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
+                          const CollOptions& o = {}) {
+    check_a2av(in, send_counts, send_displs, out, recv_counts, recv_displs);
+    return all_to_all_v_async(in.data(), send_counts.data(), send_displs.data(), out.data(), recv_counts.data(),
+                              recv_displs.data(), dtype_of_v<detail::elem_t<I>>, o);
+  }
   /// Typed gather over any contiguous range; element type gives the DataType.
   template <detail::Contiguous I, detail::Contiguous O>
   void gather(I&& in, O&& out, int root, const CollOptions& o = {}) {
@@ -381,12 +444,26 @@ class Communicator {
     if (rank() == root) need(out.size() >= in.size() * size(), "gather: out at root", out.size(), in.size() * size());
     gather(in.data(), out.data(), in.size(), dtype_of_v<detail::elem_t<I>>, root, o);
   }
+  /// Nonblocking twin of gather(): returns a Work at once; the copy engine runs the operation.
+  template <detail::Contiguous I, detail::Contiguous O>
+  Work gather_async(I&& in, O&& out, int root, const CollOptions& o = {}) {
+    check_same<I, O>();
+    if (rank() == root) need(out.size() >= in.size() * size(), "gather: out at root", out.size(), in.size() * size());
+    return gather_async(in.data(), out.data(), in.size(), dtype_of_v<detail::elem_t<I>>, root, o);
+  }
   /// Typed scatter over any contiguous range; element type gives the DataType.
   template <detail::Contiguous I, detail::Contiguous O>
   void scatter(I&& in, O&& out, int root, const CollOptions& o = {}) {
     check_same<I, O>();
     if (rank() == root) need(in.size() >= out.size() * size(), "scatter: in at root", in.size(), out.size() * size());
     scatter(in.data(), out.data(), out.size(), dtype_of_v<detail::elem_t<I>>, root, o);
+  }
+  /// Nonblocking twin of scatter(): returns a Work at once; the copy engine runs the operation.
+  template <detail::Contiguous I, detail::Contiguous O>
+  Work scatter_async(I&& in, O&& out, int root, const CollOptions& o = {}) {
+    check_same<I, O>();
+    if (rank() == root) need(in.size() >= out.size() * size(), "scatter: in at root", in.size(), out.size() * size());
+    return scatter_async(in.data(), out.data(), out.size(), dtype_of_v<detail::elem_t<I>>, root, o);
   }
   /// Typed send over any contiguous range; element type gives the DataType.
   template <detail::Contiguous R>
@@ -443,6 +520,41 @@ class Communicator {
     if (!ok)
       detail::throw_invalid_on(
           impl_, std::string(what) + " has " + std::to_string(have) + " elements, needs " + std::to_string(want));
+  }
+  // The typed v-forms' own checks (the library checks the counts against the peers').
+  void need_per_rank(std::span<const size_t> v, const char* call, const char* what) const {
+    if (v.size() != static_cast<size_t>(size()))
+      detail::throw_invalid_on(impl_, std::string(call) + ": " + what + " has " + std::to_string(v.size()) +
+                                          " entries, one per rank needs " + std::to_string(size()));
+  }
+  template <class I, class O>
+  void check_v(const I& in, const O& out, std::span<const size_t> counts, const char* call, bool scatter) const {
+    check_same<I, O>();
+    need_per_rank(counts, call, "counts");
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    const size_t mine = counts[static_cast<size_t>(rank())];
+    const std::string at = std::string(call) + (scatter ? ": in" : ": out");
+    if (scatter) {
+      need(in.size() >= total, at.c_str(), in.size(), total);
+      need(out.size() >= mine, (std::string(call) + ": out (counts[rank])").c_str(), out.size(), mine);
+    } else {
+      need(in.size() >= mine, (std::string(call) + ": in (counts[rank])").c_str(), in.size(), mine);
+      need(out.size() >= total, at.c_str(), out.size(), total);
+    }
+  }
+  template <class I, class O>
+  void check_a2av(const I& in, std::span<const size_t> sc, std::span<const size_t> sd, const O& out,
+                  std::span<const size_t> rc, std::span<const size_t> rd) const {
+    check_same<I, O>();
+    need_per_rank(sc, "all_to_all_v", "send_counts");
+    need_per_rank(sd, "all_to_all_v", "send_displs");
+    need_per_rank(rc, "all_to_all_v", "recv_counts");
+    need_per_rank(rd, "all_to_all_v", "recv_displs");
+    for (size_t j = 0; j < sc.size(); ++j) {
+      need(sd[j] <= in.size() && sc[j] <= in.size() - sd[j], "all_to_all_v: in", in.size(), sd[j] + sc[j]);
+      need(rd[j] <= out.size() && rc[j] <= out.size() - rd[j], "all_to_all_v: out", out.size(), rd[j] + rc[j]);
+    }
   }
   std::shared_ptr<detail::CommImpl> impl_;
 };

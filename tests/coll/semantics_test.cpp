@@ -67,6 +67,68 @@ TEST(TypedCalls, SizeErrorsNameTheRank) {
   }));
 }
 
+// Every collective has a typed form and a typed _async twin (the v-forms take their counts as
+// spans, one entry per rank); their results equal the untyped ones', and a counts vector of the
+// wrong length is refused on its rank, the peers told.
+TEST(TypedCalls, EveryCollectiveHasTypedAndAsyncForms) {
+  expect_no_failures(Team::get(3).run([](Communicator& c) {
+    const int n = c.size(), r = c.rank();
+    auto fail = [&](const std::string& what) { throw std::runtime_error("rank " + std::to_string(r) + ": " + what); };
+    // all_gather_v: rank j contributes j + 1 elements of value j.
+    std::vector<size_t> counts(n);
+    for (int j = 0; j < n; ++j) counts[j] = static_cast<size_t>(j + 1);
+    const size_t total = static_cast<size_t>(n * (n + 1) / 2);
+    std::vector<int32_t> mine(static_cast<size_t>(r + 1), r), gathered(total, -1), again(total, -1);
+    c.all_gather_v(mine, gathered, counts);
+    c.all_gather_v_async(mine, again, counts).wait();
+    for (int j = 0, at = 0; j < n; ++j)
+      for (int k = 0; k <= j; ++k, ++at)
+        if (gathered[at] != j || again[at] != j) fail("all_gather_v at " + std::to_string(at));
+    // reduce_scatter_v: block j (j + 1 elements) reduced to rank j.
+    std::vector<int32_t> blocks(total, r + 1), part(static_cast<size_t>(r + 1)), part2(part.size());
+    c.reduce_scatter_v(blocks, part, counts, ReduceOp::Sum);
+    c.reduce_scatter_v_async(blocks, part2, counts, ReduceOp::Sum).wait();
+    for (size_t i = 0; i < part.size(); ++i)
+      if (part[i] != n * (n + 1) / 2 || part2[i] != part[i]) fail("reduce_scatter_v");
+    // all_to_all_v: one element r * 10 + j to rank j.
+    std::vector<size_t> ones(n, 1), displs(n);
+    for (int j = 0; j < n; ++j) displs[j] = static_cast<size_t>(j);
+    std::vector<int32_t> send(n), recv(n, -1), recv2(n, -1);
+    for (int j = 0; j < n; ++j) send[j] = r * 10 + j;
+    c.all_to_all_v(send, ones, displs, recv, ones, displs);
+    c.all_to_all_v_async(send, ones, displs, recv2, ones, displs).wait();
+    for (int j = 0; j < n; ++j)
+      if (recv[j] != j * 10 + r || recv2[j] != recv[j]) fail("all_to_all_v from " + std::to_string(j));
+    // The rooted and plain forms' async twins.
+    std::vector<int32_t> one(2, r + 1), red(2, 0), all(2 * n, -1), back(2, -1), a2a(n, -1);
+    c.reduce_async(one, red, ReduceOp::Sum, 1).wait();
+    if (r == 1 && red[0] != n * (n + 1) / 2) fail("reduce_async");
+    c.gather_async(one, all, 0).wait();
+    if (r == 0)
+      for (int j = 0; j < n; ++j)
+        if (all[2 * j] != j + 1) fail("gather_async");
+    for (int j = 0; j < 2 * n; ++j) all[j] = j;
+    c.scatter_async(all, back, 0).wait();
+    if (back[0] != 2 * r || back[1] != 2 * r + 1) fail("scatter_async");
+    c.all_to_all_async(send, a2a).wait();
+    for (int j = 0; j < n; ++j)
+      if (a2a[j] != j * 10 + r) fail("all_to_all_async from " + std::to_string(j));
+    // A counts vector of the wrong length on the last rank: refused there, the peers told.
+    std::vector<size_t> short_counts(counts.begin(), counts.end() - 1);
+    try {
+      c.all_gather_v(mine, gathered,
+                     r == n - 1 ? std::span<const size_t>(short_counts) : std::span<const size_t>(counts));
+      fail("a counts vector of " + std::to_string(n - 1) + " entries was accepted");
+    } catch (const Error& e) {
+      const std::string want = r == n - 1 ? "counts has " + std::to_string(n - 1) + " entries"
+                                          : "rank " + std::to_string(n - 1) + " refused its call";
+      if (e.code() != Code::InvalidArgument || std::string(e.what()).find(want) == std::string::npos)
+        fail(std::string("unexpected error: ") + e.what());
+    }
+    c.barrier();
+  }));
+}
+
 // Options and registrations that cannot mean anything are refused before anything moves.
 TEST(TypedCalls, MeaninglessOptionsAndRegistrationsAreRefused) {
   expect_no_failures(Team::get(2).run([](Communicator& c) {
