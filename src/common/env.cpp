@@ -205,8 +205,12 @@ Env parse(Lookup lookup, void* ctx) {
     if (*s == "error" || *s == "warn" || *s == "info" || *s == "debug") e.log_level = *s;
     else s.reject("not one of error, warn, info, debug");
   }
-  // Checked where the kernels are chosen (common/reduce.cpp), which falls back with a warning.
-  if (auto s = get("STRATA_KERNELS")) e.kernels = *s;
+  // A name that is not a kernel set is a typo, refused like any other value; a set this CPU
+  // lacks falls back with a warning where the kernels are chosen (common/reduce.cpp).
+  if (auto s = get("STRATA_KERNELS")) {
+    if (s->empty() || *s == "auto" || *s == "scalar" || *s == "avx2" || *s == "avx512") e.kernels = *s;
+    else s.reject("not one of scalar, avx2, avx512, auto");
+  }
   if (auto v = to_size(get("STRATA_HEAP_SEGMENT_SIZE"))) e.heap_segment_size = *v;
   if (auto v = to_size(get("STRATA_HEAP_MAX_SIZE"))) e.heap_max_size = *v;
   if (auto v = to_size(get("STRATA_HEAP_SYMMETRIC_SIZE"))) e.heap_symmetric_size = *v;

@@ -242,6 +242,21 @@ TEST(EnvParse, UcxStriping) {
   }
 }
 
+// A kernel set that does not exist is a typo, refused with the others (it fell back with a
+// warning that only `strata bench` showed); a set the CPU lacks is chosen later, with a warning.
+TEST(EnvParse, KernelsNameASet) {
+  for (const char* ok : {"scalar", "avx2", "avx512", "auto"}) {
+    const Env e = env_of({{"STRATA_KERNELS", ok}});
+    EXPECT_EQ(e.kernels, ok);
+    EXPECT_TRUE(e.invalid.empty()) << ok;
+  }
+  const Env b = env_of({{"STRATA_KERNELS", "bogus"}});
+  EXPECT_EQ(b.kernels, "");
+  ASSERT_EQ(b.invalid.size(), 1u);
+  EXPECT_EQ(b.invalid[0].rfind("STRATA_KERNELS=bogus", 0), 0u) << b.invalid[0];
+  EXPECT_NE(b.invalid[0].find("scalar, avx2, avx512, auto"), std::string::npos) << b.invalid[0];
+}
+
 TEST(EnvParse, BooleanSpellings) {
   for (const char* off : {"0", "false", "no", "off"}) EXPECT_FALSE(env_of({{"STRATA_CMA", off}}).cma) << off;
   for (const char* on : {"1", "true", "yes", "on"})
