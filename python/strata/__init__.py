@@ -164,6 +164,8 @@ def torch_backend_status():
     """(available, message): whether torch.distributed can use the backend "strata", and why not."""
     if not _torch_installed():
         return False, "PyTorch is not installed (Debian: apt-get install python3-torch)"
+    if os.environ.get("STRATA_TORCH_BACKEND", "1") == "0":
+        return False, "STRATA_TORCH_BACKEND=0: the backend is not registered with torch.distributed"
     from . import _torch
     return _torch.status()
 

@@ -32,6 +32,18 @@ def test_backend_registered_when_status_asked_first():
     assert p.returncode == 0 and "could not register" not in p.stderr, p.stderr
 
 
+def test_backend_switched_off_says_so():
+    # STRATA_TORCH_BACKEND=0 skips the registration: the status must say the backend is not
+    # available (it said "available", and init_process_group("strata") then failed).
+    code = ("import strata; ok, why = strata.torch_backend_status(); print(ok, why)\n"
+            "import torch.distributed as dist\n"
+            "print('REGISTERED', 'STRATA' in getattr(dist.Backend, '_plugins', {}) or hasattr(dist.Backend, 'STRATA'))\n")
+    p = subprocess.run([PYTHON, "-c", code], env=_clean_env({"STRATA_TORCH_BACKEND": "0"}), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "False STRATA_TORCH_BACKEND=0" in p.stdout and "REGISTERED False" in p.stdout, p.stdout
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
