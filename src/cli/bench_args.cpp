@@ -38,19 +38,21 @@ std::string human_bytes(size_t b) {
 
 std::string usage_text(Tool tool) {
   std::string prog = tool == Tool::Strata ? "strata bench" : "mpirun -np N mpi_bench";
-  std::string u = "usage: " + prog + " COLLECTIVE" + (tool == Tool::Strata ? " -n N" : "") +
-                  " [-b MIN] [-e MAX] [-f FACTOR] [options]\n"
-                  "\n"
-                  "COLLECTIVE: all_reduce reduce broadcast all_gather reduce_scatter all_to_all gather\n"
-                  "            scatter barrier sendrecv\n"
-                  "\n"
-                  "Sizes (as nccl-tests): -b/-e are message sizes in bytes; sizes: 8, 4K, 16M, 1G - K/M/G\n"
-                  "  (also KiB/MiB/GiB and KB/MB/GB) are powers of 1024.\n"
-                  "  all_reduce, reduce, broadcast, sendrecv: the buffer each rank passes.\n"
-                  "  all_gather, reduce_scatter, all_to_all, gather, scatter: the total buffer, i.e.\n"
-                  "  N ranks x the per-rank block (the all_gather output, the reduce_scatter input).\n"
-                  "\n"
-                  "options:\n";
+  std::string u =
+      "usage: " + prog + " COLLECTIVE" + (tool == Tool::Strata ? " -n N" : "") +
+      " [-b MIN] [-e MAX] [-f FACTOR] [options]\n"
+      "\n"
+      "COLLECTIVE: all_reduce reduce broadcast all_gather reduce_scatter all_to_all gather\n"
+      "            scatter barrier sendrecv\n" +
+      std::string(tool == Tool::Strata ? "            (MoE dispatch/combine: strata bench moe --help)\n" : "") +
+      "\n"
+      "Sizes (as nccl-tests): -b/-e are message sizes in bytes; sizes: 8, 4K, 16M, 1G - K/M/G\n"
+      "  (also KiB/MiB/GiB and KB/MB/GB) are powers of 1024.\n"
+      "  all_reduce, reduce, broadcast, sendrecv: the buffer each rank passes.\n"
+      "  all_gather, reduce_scatter, all_to_all, gather, scatter: the total buffer, i.e.\n"
+      "  N ranks x the per-rank block (the all_gather output, the reduce_scatter input).\n"
+      "\n"
+      "options:\n";
   if (tool == Tool::Strata) {
     u += "  -n, --np N          ranks to start (through the launcher of 'strata run')\n";
     u += "  --as-rank           be one rank of a job someone else started (strata run --nnodes\n"
