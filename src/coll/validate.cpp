@@ -70,7 +70,7 @@ Status validate(const CommImpl& c, const Op& op) {
         str(": CollOptions::algorithm ", std::to_string(static_cast<int>(op.opts.algorithm)), " is not an Algorithm"));
   if (op.opts.timeout.count() < 0)
     return invalid_argument(str(": CollOptions::timeout is negative (", std::to_string(op.opts.timeout.count()),
-                                " ms); 0 means the communicator's"));
+                                " ms); 0 means the communicator's own timeout (STRATA_TIMEOUT)"));
   if (rooted(op.kind) && (op.root < 0 || op.root >= n))
     return invalid_argument(str(": root ", std::to_string(op.root), " is out of range for a communicator of ",
                                 std::to_string(n), " ranks"));
