@@ -399,24 +399,12 @@ class Communicator {
   /// in and out hold size() equal blocks.
   template <detail::Contiguous I, detail::Contiguous O>
   void all_to_all(I&& in, O&& out, const CollOptions& o = {}) {
-    check_same<I, O>();
-    size_t n = static_cast<size_t>(size());
-    if (in.size() % n != 0 || out.size() < in.size())
-      detail::throw_invalid_on(impl_, "all_to_all: in has " + std::to_string(in.size()) +
-                                          " elements, not a multiple of " + std::to_string(n) + " ranks, or out (" +
-                                          std::to_string(out.size()) + ") is smaller");
-    all_to_all(in.data(), out.data(), in.size() / n, dtype_of_v<detail::elem_t<I>>, o);
+    all_to_all(in.data(), out.data(), a2a_block(in, out), dtype_of_v<detail::elem_t<I>>, o);
   }
   /// Nonblocking twin of all_to_all(): returns a Work at once; the copy engine runs the operation.
   template <detail::Contiguous I, detail::Contiguous O>
   Work all_to_all_async(I&& in, O&& out, const CollOptions& o = {}) {
-    check_same<I, O>();
-    size_t n = static_cast<size_t>(size());
-    if (in.size() % n != 0 || out.size() < in.size())
-      detail::throw_invalid_on(impl_, "all_to_all: in has " + std::to_string(in.size()) +
-                                          " elements, not a multiple of " + std::to_string(n) + " ranks, or out (" +
-                                          std::to_string(out.size()) + ") is smaller");
-    return all_to_all_async(in.data(), out.data(), in.size() / n, dtype_of_v<detail::elem_t<I>>, o);
+    return all_to_all_async(in.data(), out.data(), a2a_block(in, out), dtype_of_v<detail::elem_t<I>>, o);
   }
   /// Typed all_to_all_v: send_counts[j] elements at send_displs[j] of in go to rank j;
   /// recv_counts[j] from rank j land at recv_displs[j] of out; each vector has one entry per rank.
@@ -520,6 +508,17 @@ class Communicator {
     if (!ok)
       detail::throw_invalid_on(
           impl_, std::string(what) + " has " + std::to_string(have) + " elements, needs " + std::to_string(want));
+  }
+  // The typed all_to_all's block: in and out hold size() equal blocks.
+  template <class I, class O>
+  size_t a2a_block(const I& in, const O& out) const {
+    check_same<I, O>();
+    size_t n = static_cast<size_t>(size());
+    if (in.size() % n != 0 || out.size() < in.size())
+      detail::throw_invalid_on(impl_, "all_to_all: in has " + std::to_string(in.size()) +
+                                          " elements, not a multiple of " + std::to_string(n) + " ranks, or out (" +
+                                          std::to_string(out.size()) + ") is smaller");
+    return in.size() / n;
   }
   // The typed v-forms' own checks (the library checks the counts against the peers').
   void need_per_rank(std::span<const size_t> v, const char* call, const char* what) const {
