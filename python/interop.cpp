@@ -22,27 +22,35 @@ void rethrow_on_rank(const Error& e, int rank) {
 }
 
 bool flag_arg(py::handle h, const std::string& what) {
+  // What pybind11's bool argument took: True/False, None, and numbers (numpy's bool and
+  // integers among them, through their truth value); a string or a list is a mistake.
+  if (h.is_none()) return false;
   if (py::isinstance<py::bool_>(h)) return h.cast<bool>();
-  // numpy's bool scalar is not a subclass of bool (numpy.bool_, named numpy.bool from 2.0).
-  const py::handle t = h.get_type();
-  const auto mod = py::str(t.attr("__module__")).cast<std::string>();
-  const auto name = py::str(t.attr("__name__")).cast<std::string>();
-  if (mod == "numpy" && (name == "bool_" || name == "bool")) return PyObject_IsTrue(h.ptr()) == 1;
+  PyNumberMethods* num = Py_TYPE(h.ptr())->tp_as_number;
+  if (num && num->nb_bool) {
+    const int t = PyObject_IsTrue(h.ptr());
+    if (t >= 0) return t == 1;
+    PyErr_Clear();
+  }
   invalid(what + " must be True or False, not " + py::repr(h).cast<std::string>());
 }
 
 long long int_arg(py::handle h, const std::string& what) {
   // int and anything with __index__ (numpy integers); bool is an int in Python but never meant
   // as a rank or count here, and a float would be truncated silently.
+  py::object index;
   if (!py::isinstance<py::bool_>(h) && (py::isinstance<py::int_>(h) || py::hasattr(h, "__index__"))) {
     try {
-      return py::int_(h.attr("__index__")()).cast<long long>();
+      index = h.attr("__index__")();
     } catch (const py::error_already_set&) {
-    } catch (const py::cast_error&) {
     }
-    invalid(what + " is out of range: " + py::repr(h).cast<std::string>());
   }
-  invalid(what + " must be an integer, not " + py::repr(h).cast<std::string>());
+  if (!index) invalid(what + " must be an integer, not " + py::repr(h).cast<std::string>());
+  try {
+    return index.cast<long long>();
+  } catch (const py::cast_error&) {
+    invalid(what + " = " + py::repr(h).cast<std::string>() + " is out of range");
+  }
 }
 
 int int32_arg(py::handle h, const std::string& what) {

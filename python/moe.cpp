@@ -140,7 +140,10 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
                          .renormalize = flag_arg(renormalize, "moe.Buffer: renormalize")};
              } catch (const Error& e) {
                mine = e;
-               b->cfg = moe::Config{};  // num_experts = 0: refused on every rank
+               b->cfg = moe::Config{};            // num_experts = 0: refused on every rank
+             } catch (const std::exception& e) {  // a Python error while reading an argument
+               mine = Error(Code::InvalidArgument, std::string("moe.Buffer: ") + e.what());
+               b->cfg = moe::Config{};
              }
              try {
                py::gil_scoped_release nogil;
@@ -193,6 +196,12 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
                 rethrow_on_rank(e, b.rank);
               }
               throw;
+            } catch (const py::error_already_set&) {  // a Python error while reading an argument
+              {
+                py::gil_scoped_release nogil;
+                b.get().refuse_dispatch(s);
+              }
+              throw;
             }
             PyDispatch out;
             {
@@ -242,6 +251,12 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
                   b.get().refuse_combine();
                 }
                 rethrow_on_rank(e, b.rank);
+              }
+              throw;
+            } catch (const py::error_already_set&) {
+              {
+                py::gil_scoped_release nogil;
+                b.get().refuse_combine();
               }
               throw;
             }

@@ -113,13 +113,14 @@ std::string unwritable(const char* opt, const std::string& path) {
   struct stat st {};
   const bool exists = ::stat(path.c_str(), &st) == 0;
   if (exists && S_ISDIR(st.st_mode)) return std::string(opt) + " " + path + ": is a directory, not a file to write";
-  bool created = !exists;
-  int fd = ::open(path.c_str(), exists ? O_WRONLY | O_CLOEXEC : O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0 && created && errno == EEXIST) {
-    // Another rank of an --as-rank job is probing the same name at this moment.
-    created = false;
-    fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  }
+  const bool created = !exists;
+  // O_NONBLOCK: a FIFO nobody reads must not block the probe.
+  const int fd = ::open(path.c_str(), (exists ? O_WRONLY : O_WRONLY | O_CREAT | O_EXCL) | O_CLOEXEC | O_NONBLOCK, 0644);
+  // EEXIST for a name that did not exist: another rank is probing it at this moment (every
+  // rank parses the options), or a dangling symlink that the write will follow; either way
+  // the directory takes new files.
+  if (fd < 0 && created && errno == EEXIST) return "";
+  if (fd < 0 && exists && errno == ENXIO) return "";  // a FIFO without a reader yet
   if (fd < 0) {
     const std::string why = std::strerror(errno);
     if (!created) return std::string(opt) + " " + path + ": cannot write it (" + why + ")";

@@ -146,6 +146,10 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   // The recovery epoch this communicator was last rebuilt in, in every tag (4 bits): a message
   // a survivor sent in an interrupted epoch can never match a receive of the next one.
   uint32_t tag_epoch = 0;
+  // How often reset_sync_state() restarted the message numbers: a send posted before a
+  // rebuild must not settle (coll/communicator.cpp, send_done) the slot of a newer message that
+  // carries its number.
+  std::atomic<uint64_t> sync_resets{0};
   // First messages from other hosts that this rank did not wait for: the operation needed no
   // data from them (the root's host of an eager broadcast or scatter, the other ranks of an
   // eager gather or reduce), so it returned once its own messages were sent. Each such
@@ -193,6 +197,8 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   transport::WaitPolicy policy(Deadline d);
   /// PeerFailed when a member's process on this host has exited (its pidfd).
   Status check_peers();
+  /// PeerFailed when member r's process on this host has exited.
+  Status check_peer(int r);
 
   // ---- operations ----------------------------------------------------------------------------
   /// One barrier step across all members. The first step of operation `seq` is its

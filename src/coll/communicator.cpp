@@ -138,19 +138,25 @@ bool settle(P2pSlot& slot, uint32_t to) {
   return std::atomic_ref<uint32_t>(slot.claim).compare_exchange_strong(posted, to, std::memory_order_acq_rel);
 }
 
-/// Completion of a posted send: the receiver acknowledged sequence `s`.
-Status send_done(CommImpl& c, int peer, uint32_t s, Deadline d, bool block) {
+/// Completion of a posted send: the receiver acknowledged sequence `s`, posted while the
+/// message numbers had been restarted `resets` times (CommImpl::sync_resets).
+Status send_done(CommImpl& c, int peer, uint32_t s, uint64_t resets, Deadline d, bool block) {
   const CtrlView& rv = c.peers[peer];
   transport::Signal& done = rv.recv_done(c.rank);
   if (block) {
     Status st = c.broken();
     const bool was_broken = !st.is_ok();
     if (!was_broken) st = transport::wait_reached(done, s, c.policy(d), "send");
-    if (!st.is_ok()) {
+    const bool delivered = transport::reached(done.value.load(std::memory_order_acquire), s);
+    if (!st.is_ok() && c.sync_resets.load(std::memory_order_acquire) != resets) return st;  // an epoch that is over
+    if (!st.is_ok() && !delivered) {
       // This call fails, and its caller may reuse the buffer at once: the message is withdrawn,
       // so that a receive that comes later fails instead of copying whatever is there by then.
       // Unless the receiver claimed it first: then it is copying now, and the send completes.
-      if (settle(c.self.slot(peer, s), kP2pWithdrawn)) {
+      P2pSlot& slot = c.self.slot(peer, s);
+      if (slot.seq != s) return st;  // taken and its slot reused: it was delivered
+      if (settle(slot, kP2pWithdrawn) ||
+          std::atomic_ref<uint32_t>(slot.claim).load(std::memory_order_acquire) == kP2pWithdrawn) {
         if (was_broken) return st;
         std::string msg = st.message() + " on rank " + std::to_string(c.rank) + " waiting for rank " +
                           std::to_string(peer) + " to receive (send #" + std::to_string(s) +
@@ -161,15 +167,19 @@ Status send_done(CommImpl& c, int peer, uint32_t s, Deadline d, bool block) {
         c.set_broken(full);
         return full;
       }
-      // The receiver's copy is under way: its acknowledgment follows (not cut short by abort(),
-      // which would leave the copy reading a buffer handed back; only by its death).
+      // The receiver's copy is under way: its acknowledgment follows. Only the receiver's own
+      // death cuts that wait short (not abort(), nor another rank's failure: either would hand
+      // the buffer back while the copy still reads it).
       transport::WaitPolicy p = c.policy(Deadline::after(c.timeout));
       p.abort = nullptr;
+      p.check = [&c, peer] { return c.check_peer(peer); };
       if (Status w = transport::wait_reached(done, s, p, "send"); !w.is_ok())
         return Status(w.code(),
                       w.message() + " on rank " + std::to_string(c.rank) + ": rank " + std::to_string(peer) +
                           " began receiving send #" + std::to_string(s) + " and did not finish",
                       peer);
+    } else if (!st.is_ok() && was_broken) {
+      return st;  // delivered before the failure, but the communicator is broken now
     }
   } else if (!transport::reached(done.value.load(std::memory_order_acquire), s)) {
     return Status(Code::Unavailable, "pending");
@@ -235,7 +245,8 @@ Result<std::shared_ptr<WorkState>> post_send(CommImpl& c, const Op& op) {
   auto w = std::make_shared<WorkState>();
   w->rank = c.rank;
   auto self = c.shared_from_this();
-  w->poll = [self, peer, s, d](bool block) { return send_done(*self, peer, s, d, block); };
+  const uint64_t resets = c.sync_resets.load(std::memory_order_acquire);
+  w->poll = [self, peer, s, resets, d](bool block) { return send_done(*self, peer, s, resets, d, block); };
   if (staged) {
     auto ctx = c.ctx;
     // Freed when the Work goes away; by then the receiver has copied (or the job failed).
@@ -260,7 +271,9 @@ Status take_message(CommImpl& c, const Op& op, int peer, uint32_t r, Deadline d)
     // number is used up on both sides, so this pair stays in step.
     return Status(Code::Aborted,
                   "recv on rank " + std::to_string(c.rank) + ": rank " + std::to_string(peer) + "'s send #" +
-                      std::to_string(r) + " failed on its side (a timeout or abort()) before this receive took it",
+                      std::to_string(r) +
+                      " failed on its side (a timeout, abort(), or an earlier failure there) before this receive "
+                      "took it",
                   peer);
   }
   P2pSlot sl = sv.slot(c.rank, r);
@@ -277,7 +290,12 @@ Status take_message(CommImpl& c, const Op& op, int peer, uint32_t r, Deadline d)
   const size_t bytes = op.count * dtype_size(op.dtype);
   if (bytes) {
     auto src = c.ctx->heap->peer_ptr(c.members[peer], {sl.seg, sl.off}, bytes, d);
-    if (!src.is_ok()) return src.status();
+    if (!src.is_ok()) {
+      // Claimed but not taken: the sender completes (with an error) rather than wait for it.
+      c.self.recv_error(peer).store(r, std::memory_order_release);
+      transport::publish(c.self.recv_done(peer), r);
+      return src.status();
+    }
     kernels::copy(op.out, src.value(), bytes);
     c.direct_bytes.fetch_add(bytes, std::memory_order_relaxed);
   }

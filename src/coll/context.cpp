@@ -188,6 +188,13 @@ Status CommImpl::check_peers() {
   return peer_failed(who + " exited", first);
 }
 
+Status CommImpl::check_peer(int r) {
+  if (pidfds[r] < 0) return Status::ok();
+  pollfd p{pidfds[r], POLLIN, 0};
+  if (::poll(&p, 1, 0) <= 0) return Status::ok();
+  return peer_failed("rank " + std::to_string(r) + " (pid " + std::to_string(pids[r]) + ") exited", r);
+}
+
 Status CommImpl::sync(Deadline d, const char* what) {
   ++phase;
   transport::publish(self.hdr()->slot(seq).ready, phase);
@@ -257,6 +264,7 @@ void CommImpl::reset_sync_state(uint64_t epoch) {
   phase = 0;
   std::fill(send_seq.begin(), send_seq.end(), 0);
   std::fill(recv_seq.begin(), recv_seq.end(), 0);
+  sync_resets.fetch_add(1, std::memory_order_acq_rel);
   tag_epoch = static_cast<uint32_t>(epoch & 0xf);
   if (net) {
     drop_late();
@@ -535,27 +543,42 @@ namespace {
 /// A job whose id came from its store alone (JobInfo::id_from_store) shares that id with every
 /// earlier job on the store (two mpiexec runs against one `strata store`): without more, the
 /// second would read the first one's records. So each run gets a generation of the id: rank 0
-/// opens a new one; every other rank waits until a generation newer than the last it joined is
-/// open and joins the newest. Runs one after the other thus meet in their own generation,
-/// whichever of their ranks comes first. A run whose rank 0 opened a generation and died before
-/// the others came leaves it open, and a later run's rank that comes before its own rank 0 may
-/// join it and fail (naming the gone rank): STRATA_JOB_ID per job avoids that.
+/// opens a new one, recording the run's size; every other rank waits until a generation newer
+/// than the last it joined is open and joins the newest, unless that one is of another size or
+/// already has all its ranks (then the next). Runs one after the other thus meet in their own
+/// generation, whichever of their ranks comes first, also when their sizes differ. A run whose
+/// rank 0 opened a generation and died before the others came leaves it open, and a later run
+/// of the same size whose rank comes before its own rank 0 may join it and fail (naming the
+/// gone rank): STRATA_JOB_ID per job avoids that.
 Status join_run_generation(ContextImpl& ctx) {
   bootstrap::JobInfo& job = ctx.job;
   const std::string base = "strata/" + job.job_id + "/run/";
+  const std::string size = std::to_string(job.world_size);
+  auto waiting = [&](const Status& w) {
+    return w.with_context("init on rank " + std::to_string(job.rank) + ": waiting for rank 0 of this job (its id " +
+                          job.job_id + " comes from the store address and token; set STRATA_JOB_ID to name it): ");
+  };
   int64_t g = 0;
   if (job.rank == 0) {
     STRATA_ASSIGN_OR_RETURN(g, ctx.store->add(base + "newest", 1));
-    STRATA_RETURN_IF_ERROR(ctx.store->set(base + "open/" + std::to_string(g), "1"));
+    STRATA_RETURN_IF_ERROR(ctx.store->set(base + "open/" + std::to_string(g), size));
   } else {
     const std::string joined = base + "joined/" + std::to_string(job.rank);
     STRATA_ASSIGN_OR_RETURN(auto last, ctx.store->try_get(joined));
-    int64_t l = 0;
-    if (last && !last->empty()) l = std::strtoll(last->c_str(), nullptr, 10);
-    if (Status w = ctx.store->wait({base + "open/" + std::to_string(l + 1)}, ctx.timeout); !w.is_ok())
-      return w.with_context("init on rank " + std::to_string(job.rank) + ": waiting for rank 0 of this job (its id " +
-                            job.job_id + " comes from the store address and token; set STRATA_JOB_ID to name it): ");
-    STRATA_ASSIGN_OR_RETURN(g, ctx.store->add(base + "newest", 0));
+    int64_t next = 1;
+    if (last && !last->empty()) next = std::strtoll(last->c_str(), nullptr, 10) + 1;
+    const Deadline d = Deadline::after(ctx.timeout);
+    for (;;) {
+      if (Status w = ctx.store->wait({base + "open/" + std::to_string(next)}, d.remaining()); !w.is_ok())
+        return waiting(w);
+      STRATA_ASSIGN_OR_RETURN(g, ctx.store->add(base + "newest", 0));
+      STRATA_ASSIGN_OR_RETURN(auto opened, ctx.store->get(base + "open/" + std::to_string(g), d.remaining()));
+      if (opened == size) {
+        STRATA_ASSIGN_OR_RETURN(int64_t in, ctx.store->add(base + "members/" + std::to_string(g), 1));
+        if (in < job.world_size) break;
+      }
+      next = g + 1;  // another run's generation: wait for this run's rank 0
+    }
     STRATA_RETURN_IF_ERROR(ctx.store->set(joined, std::to_string(g)));
   }
   job.job_id += "-" + std::to_string(g);

@@ -18,7 +18,7 @@ namespace strata::detail {
 /// grew in version 2, inline input moved over the descriptor's buffer fields in 3, the slots
 /// grew to hold a small external input in 4) refuse each other's blocks instead of misreading
 /// them.
-inline constexpr uint64_t kCtrlMagic = 0x3443544152545353ull;  // "SSTRATC4"
+inline constexpr uint64_t kCtrlMagic = 0x3543544152545353ull;  // "SSTRATC5"
 /// Point-to-point messages in flight per (sender, receiver) pair: the ring of P2pSlot.
 inline constexpr uint32_t kP2pDepth = 8;
 

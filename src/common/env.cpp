@@ -1,5 +1,6 @@
 #include "common/env.hpp"
 
+#include <cctype>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -141,7 +142,8 @@ Env parse(Lookup lookup, void* ctx) {
   }
   if (auto s = get("STRATA_JOB_TOKEN")) e.job_token = *s;
   if (auto s = get("STRATA_JOB_ID")) e.job_id = *s;
-  else if (auto t = get("TORCHELASTIC_RUN_ID")) e.job_id = *t;
+  // torchrun's default run id is "none", the same for every run: no id at all.
+  else if (auto t = get("TORCHELASTIC_RUN_ID"); t && *t != "none") e.job_id = *t;
   else if (auto t = get("SLURM_JOB_ID"); t && e.launcher == "slurm") {
     // Steps of one allocation run at the same time; each is a job of its own here. (mpirun or
     // mpiexec inside an allocation inherit SLURM_JOB_ID too, but are not its steps: their id
@@ -208,7 +210,9 @@ Env parse(Lookup lookup, void* ctx) {
   // A name that is not a kernel set is a typo, refused like any other value; a set this CPU
   // lacks falls back with a warning where the kernels are chosen (common/reduce.cpp).
   if (auto s = get("STRATA_KERNELS")) {
-    if (s->empty() || *s == "auto" || *s == "scalar" || *s == "avx2" || *s == "avx512") e.kernels = *s;
+    std::string k = *s;
+    for (char& ch : k) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (k.empty() || k == "auto" || k == "scalar" || k == "avx2" || k == "avx512") e.kernels = k;
     else s.reject("not one of scalar, avx2, avx512, auto");
   }
   if (auto v = to_size(get("STRATA_HEAP_SEGMENT_SIZE"))) e.heap_segment_size = *v;

@@ -169,10 +169,12 @@ std::string config_error(const Config& cfg, int R, bool spans_hosts) {
   // The largest window (Decode's [L][R][M][H], as many rows as Prefill's worst case) must be a
   // size at all: a product that wraps would allocate a small window and write past it.
   size_t bytes = 0;
-  const size_t rows_per_expert_rank = cfg.max_tokens, experts = static_cast<size_t>(cfg.num_experts);
+  size_t factor = 0;
+  const size_t experts = static_cast<size_t>(cfg.num_experts);
   if (__builtin_mul_overflow(cfg.hidden, dtype_size(cfg.dtype), &bytes) ||
-      __builtin_mul_overflow(bytes, rows_per_expert_rank, &bytes) || __builtin_mul_overflow(bytes, experts, &bytes) ||
-      __builtin_mul_overflow(bytes, static_cast<size_t>(cfg.topk) + cfg.expert_alignment, &bytes))
+      __builtin_mul_overflow(bytes, cfg.max_tokens, &bytes) || __builtin_mul_overflow(bytes, experts, &bytes) ||
+      __builtin_add_overflow(static_cast<size_t>(cfg.topk), cfg.expert_alignment, &factor) ||
+      __builtin_mul_overflow(bytes, factor, &bytes))
     return "hidden = " + std::to_string(cfg.hidden) + ", max_tokens = " + std::to_string(cfg.max_tokens) +
            " and num_experts = " + std::to_string(cfg.num_experts) + " make windows larger than memory can address";
   if (spans_hosts && cfg.mask_failed_ranks)

@@ -1331,6 +1331,57 @@ TEST(PointToPoint, AFailedSendIsWithdrawnSoALateReceiveCopiesNothing) {
   }
 }
 
+// Waiting a send that was delivered, after abort(), withdraws nothing: its slot in the ring
+// of 8 may already hold a later message of the pair (#9 reuses #1's), which stays for its own
+// Work to settle; that Work then fails at once, and the receiver gets #2..#8 and not #9.
+TEST(PointToPoint, AWithdrawalTouchesOnlyItsOwnMessage) {
+  std::atomic<int> ok{0};
+  std::atomic<bool> first_taken{false}, aborted{false};
+  expect_no_failures(on_fresh_team(2, 5000ms, [&](Communicator& c) {
+    constexpr int kSends = 9;
+    std::vector<Buffer<int32_t>> bufs;
+    for (int i = 0; i < kSends; ++i) {
+      bufs.push_back(c.alloc<int32_t>(64));
+      std::fill(bufs.back().begin(), bufs.back().end(), i + 1);
+    }
+    if (c.rank() == 0) {
+      std::vector<Work> ws;
+      for (int i = 0; i < kSends; ++i) ws.push_back(c.send_async(bufs[i].span(), 1));  // #9 waits for #1's slot
+      while (!first_taken) std::this_thread::sleep_for(1ms);
+      c.abort();
+      for (int i : {0, kSends - 1}) {
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          ws[i].wait();
+          throw std::runtime_error("send #" + std::to_string(i + 1) + ": no error after abort()");
+        } catch (const Error& e) {
+          if (e.code() != Code::Aborted) throw;
+        }
+        if (std::chrono::steady_clock::now() - t0 > 2s)
+          throw std::runtime_error("send #" + std::to_string(i + 1) + " waited past abort()");
+      }
+      aborted = true;
+      ++ok;
+    } else {
+      Buffer<int32_t> in = c.alloc<int32_t>(64);
+      c.recv(in.span(), 0);
+      first_taken = true;
+      while (!aborted) std::this_thread::sleep_for(1ms);
+      for (int i = 1; i < kSends; ++i) {
+        try {
+          c.recv(in.span(), 0);
+          if (i == kSends - 1) throw std::runtime_error("#9 was received after its send failed");
+          if (in[0] != i + 1) throw std::runtime_error("#" + std::to_string(i + 1) + " held " + std::to_string(in[0]));
+        } catch (const Error& e) {
+          if (i != kSends - 1 || e.code() != Code::Aborted) throw;
+        }
+      }
+      ++ok;
+    }
+  }));
+  EXPECT_EQ(ok.load(), 2);
+}
+
 TEST(PointToPoint, TagMismatchNamesBoth) {
   std::atomic<int> ok{0};
   expect_no_failures(on_fresh_team(2, 3000ms, [&](Communicator& c) {
