@@ -504,12 +504,10 @@ struct Refusing<F> {
         rethrow_on_rank(e, self.handle().rank());
       }
       throw;
-    } catch (const py::error_already_set&) {
+    } catch (const std::exception&) {
       // A Python error while reading the arguments (an object whose __len__ or __index__
-      // raised): refused all the same, or the peers would meet this rank's next call.
-      if (!self.dispatched && self.handle().valid()) detail::refuse_call(self.handle().impl());
-      throw;
-    } catch (const py::cast_error&) {
+      // raised, a cast that failed): refused all the same, or the peers would meet this rank's
+      // next call.
       if (!self.dispatched && self.handle().valid()) detail::refuse_call(self.handle().impl());
       throw;
     }

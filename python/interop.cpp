@@ -1,7 +1,5 @@
 // numpy / torch interop and the exception family of the `_strata` extension.
 
-#include <limits>
-
 #include "interop.hpp"
 
 #include <algorithm>

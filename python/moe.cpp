@@ -32,6 +32,30 @@ struct PyMoeBuffer {
   }
 };
 
+/// Called in the handler of an exception the binding's own checks of a MoE call threw: refuses
+/// the call (`refuse`, without the GIL) so that the peers' matching call fails naming this rank,
+/// then rethrows, naming it. Not for an Error other than InvalidArgument (the call's failure,
+/// not its arguments'): that is rethrown as it is.
+template <class F>
+[[noreturn]] void refuse_and_rethrow(PyMoeBuffer& b, F&& refuse) {
+  try {
+    throw;
+  } catch (const Error& e) {
+    if (e.code() != Code::InvalidArgument) throw;
+    {
+      py::gil_scoped_release nogil;
+      refuse(b.get());
+    }
+    rethrow_on_rank(e, b.rank);
+  } catch (const std::exception&) {  // a Python error while reading an argument
+    {
+      py::gil_scoped_release nogil;
+      refuse(b.get());
+    }
+    throw;
+  }
+}
+
 struct PyDispatch {
   moe::Dispatch d;
   py::object owner;  // the PyMoeBuffer: views of the window keep it alive
@@ -185,23 +209,10 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
               T = xv.count / cfg.hidden;
               iv = checked(topk_idx, "moe.dispatch: topk_idx", DataType::Int64, T * cfg.topk, false);
               wv = checked(topk_w, "moe.dispatch: topk_w", DataType::Float32, T * cfg.topk, false);
-            } catch (const Error& e) {
+            } catch (const std::exception&) {
               // A call these checks refuse still takes its place, so that the peers fail naming
               // this rank instead of waiting for it (moe::Buffer::refuse_dispatch).
-              if (e.code() == Code::InvalidArgument) {
-                {
-                  py::gil_scoped_release nogil;
-                  b.get().refuse_dispatch(s);
-                }
-                rethrow_on_rank(e, b.rank);
-              }
-              throw;
-            } catch (const py::error_already_set&) {  // a Python error while reading an argument
-              {
-                py::gil_scoped_release nogil;
-                b.get().refuse_dispatch(s);
-              }
-              throw;
+              refuse_and_rethrow(b, [s](moe::Buffer& m) { m.refuse_dispatch(s); });
             }
             PyDispatch out;
             {
@@ -243,22 +254,9 @@ void bind_moe(py::module_& m, std::function<Communicator(py::handle)> comm_of) {
                 }
               }
               ov = checked(out, "moe.combine: out", cfg.dtype, dp->d.num_tokens * cfg.hidden, true);
-            } catch (const Error& e) {
+            } catch (const std::exception&) {
               // As in dispatch: the peers' matching combine fails naming this rank.
-              if (e.code() == Code::InvalidArgument) {
-                {
-                  py::gil_scoped_release nogil;
-                  b.get().refuse_combine();
-                }
-                rethrow_on_rank(e, b.rank);
-              }
-              throw;
-            } catch (const py::error_already_set&) {
-              {
-                py::gil_scoped_release nogil;
-                b.get().refuse_combine();
-              }
-              throw;
+              refuse_and_rethrow(b, [](moe::Buffer& m) { m.refuse_combine(); });
             }
             {
               py::gil_scoped_release nogil;

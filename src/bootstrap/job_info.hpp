@@ -18,7 +18,7 @@ struct JobInfo {
   std::string job_id;  // unique per job; names abstract sockets, store keys
   // job_id was derived from the store address and token alone (no launcher gave one), so it is
   // the same for every job on that store: init() appends a generation the store hands out per
-  // run (coll/context.cpp, run_generation).
+  // run (coll/context.cpp, join_run_generation).
   bool id_from_store = false;
   std::string host_id;  // ranks with equal host_id share memory
 };

@@ -199,6 +199,8 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   Status check_peers();
   /// PeerFailed when member r's process on this host has exited.
   Status check_peer(int r);
+  /// Whether member r's process on this host has exited (its pidfd is readable).
+  bool exited(int r) const;
 
   // ---- operations ----------------------------------------------------------------------------
   /// One barrier step across all members. The first step of operation `seq` is its

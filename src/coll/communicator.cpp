@@ -131,11 +131,11 @@ std::string p2p_desc(const char* name, uint64_t count, uint8_t dtype, int tag) {
          ", tag=" + std::to_string(tag) + ")";
 }
 
-/// Settles message `s` of this rank to `peer` for the receiver or the sender (P2pSlot::claim):
-/// true when `to` won, false when the other side had settled it first.
-bool settle(P2pSlot& slot, uint32_t to) {
-  uint32_t posted = 0;
-  return std::atomic_ref<uint32_t>(slot.claim).compare_exchange_strong(posted, to, std::memory_order_acq_rel);
+/// Settles a posted message for the receiver (kP2pClaimed) or the sender (kP2pWithdrawn),
+/// unless it was settled before (P2pSlot::claim). Returns how it is settled now.
+uint32_t settle(P2pSlot& slot, uint32_t to) {
+  uint32_t now = 0;
+  return std::atomic_ref<uint32_t>(slot.claim).compare_exchange_strong(now, to, std::memory_order_acq_rel) ? to : now;
 }
 
 /// Completion of a posted send: the receiver acknowledged sequence `s`, posted while the
@@ -148,15 +148,17 @@ Status send_done(CommImpl& c, int peer, uint32_t s, uint64_t resets, Deadline d,
     const bool was_broken = !st.is_ok();
     if (!was_broken) st = transport::wait_reached(done, s, c.policy(d), "send");
     const bool delivered = transport::reached(done.value.load(std::memory_order_acquire), s);
-    if (!st.is_ok() && c.sync_resets.load(std::memory_order_acquire) != resets) return st;  // an epoch that is over
+    // Nothing to withdraw for a send of an epoch that is over, or one delivered before the
+    // communicator broke.
+    if (!st.is_ok() && (c.sync_resets.load(std::memory_order_acquire) != resets || (delivered && was_broken)))
+      return st;
     if (!st.is_ok() && !delivered) {
       // This call fails, and its caller may reuse the buffer at once: the message is withdrawn,
       // so that a receive that comes later fails instead of copying whatever is there by then.
       // Unless the receiver claimed it first: then it is copying now, and the send completes.
       P2pSlot& slot = c.self.slot(peer, s);
       if (slot.seq != s) return st;  // taken and its slot reused: it was delivered
-      if (settle(slot, kP2pWithdrawn) ||
-          std::atomic_ref<uint32_t>(slot.claim).load(std::memory_order_acquire) == kP2pWithdrawn) {
+      if (settle(slot, kP2pWithdrawn) == kP2pWithdrawn) {
         if (was_broken) return st;
         std::string msg = st.message() + " on rank " + std::to_string(c.rank) + " waiting for rank " +
                           std::to_string(peer) + " to receive (send #" + std::to_string(s) +
@@ -178,8 +180,6 @@ Status send_done(CommImpl& c, int peer, uint32_t s, uint64_t resets, Deadline d,
                       w.message() + " on rank " + std::to_string(c.rank) + ": rank " + std::to_string(peer) +
                           " began receiving send #" + std::to_string(s) + " and did not finish",
                       peer);
-    } else if (!st.is_ok() && was_broken) {
-      return st;  // delivered before the failure, but the communicator is broken now
     }
   } else if (!transport::reached(done.value.load(std::memory_order_acquire), s)) {
     return Status(Code::Unavailable, "pending");
@@ -265,7 +265,7 @@ Result<std::shared_ptr<WorkState>> post_send(CommImpl& c, const Op& op) {
 /// and acknowledges it (a mismatch is acknowledged too, so that the sender completes).
 Status take_message(CommImpl& c, const Op& op, int peer, uint32_t r, Deadline d) {
   const CtrlView& sv = c.peers[peer];
-  if (!settle(sv.slot(c.rank, r), kP2pClaimed)) {
+  if (settle(sv.slot(c.rank, r), kP2pClaimed) != kP2pClaimed) {
     // The sender's send failed (timed out, or its communicator was aborted) before this
     // receive came: its buffer is the caller's again, so nothing is copied. The message's
     // number is used up on both sides, so this pair stays in step.
@@ -276,10 +276,15 @@ Status take_message(CommImpl& c, const Op& op, int peer, uint32_t r, Deadline d)
                       "took it",
                   peer);
   }
-  P2pSlot sl = sv.slot(c.rank, r);
-  if (sl.tag != op.tag || sl.dtype != static_cast<uint8_t>(op.dtype) || sl.count != op.count) {
+  // A claimed message that is not taken is still acknowledged, as an error, so that the sender
+  // completes rather than wait for it.
+  auto refuse = [&] {
     c.self.recv_error(peer).store(r, std::memory_order_release);
     transport::publish(c.self.recv_done(peer), r);
+  };
+  P2pSlot sl = sv.slot(c.rank, r);
+  if (sl.tag != op.tag || sl.dtype != static_cast<uint8_t>(op.dtype) || sl.count != op.count) {
+    refuse();
     return Status(Code::InvalidArgument,
                   "send/recv mismatch: rank " + std::to_string(c.rank) + " called " +
                       p2p_desc("recv", op.count, static_cast<uint8_t>(op.dtype), op.tag) + " from rank " +
@@ -291,9 +296,7 @@ Status take_message(CommImpl& c, const Op& op, int peer, uint32_t r, Deadline d)
   if (bytes) {
     auto src = c.ctx->heap->peer_ptr(c.members[peer], {sl.seg, sl.off}, bytes, d);
     if (!src.is_ok()) {
-      // Claimed but not taken: the sender completes (with an error) rather than wait for it.
-      c.self.recv_error(peer).store(r, std::memory_order_release);
-      transport::publish(c.self.recv_done(peer), r);
+      refuse();
       return src.status();
     }
     kernels::copy(op.out, src.value(), bytes);

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -178,9 +177,7 @@ Status CommImpl::check_peers() {
   std::string who;
   int first = -1, dead = 0;
   for (int r = 0; r < size; ++r) {
-    if (pidfds[r] < 0) continue;
-    pollfd p{pidfds[r], POLLIN, 0};
-    if (::poll(&p, 1, 0) <= 0) continue;
+    if (!exited(r)) continue;
     who += std::string(dead++ ? " and " : "") + "rank " + std::to_string(r) + " (pid " + std::to_string(pids[r]) + ")";
     if (first < 0) first = r;
   }
@@ -189,10 +186,14 @@ Status CommImpl::check_peers() {
 }
 
 Status CommImpl::check_peer(int r) {
-  if (pidfds[r] < 0) return Status::ok();
-  pollfd p{pidfds[r], POLLIN, 0};
-  if (::poll(&p, 1, 0) <= 0) return Status::ok();
+  if (!exited(r)) return Status::ok();
   return peer_failed("rank " + std::to_string(r) + " (pid " + std::to_string(pids[r]) + ") exited", r);
+}
+
+bool CommImpl::exited(int r) const {
+  if (pidfds[r] < 0) return false;
+  pollfd p{pidfds[r], POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
 }
 
 Status CommImpl::sync(Deadline d, const char* what) {
@@ -566,7 +567,10 @@ Status join_run_generation(ContextImpl& ctx) {
     const std::string joined = base + "joined/" + std::to_string(job.rank);
     STRATA_ASSIGN_OR_RETURN(auto last, ctx.store->try_get(joined));
     int64_t next = 1;
-    if (last && !last->empty()) next = std::strtoll(last->c_str(), nullptr, 10) + 1;
+    if (last && !last->empty()) {
+      STRATA_ASSIGN_OR_RETURN(int64_t l, parse_int(*last));
+      next = l + 1;
+    }
     const Deadline d = Deadline::after(ctx.timeout);
     for (;;) {
       if (Status w = ctx.store->wait({base + "open/" + std::to_string(next)}, d.remaining()); !w.is_ok())

@@ -209,6 +209,8 @@ Env parse(Lookup lookup, void* ctx) {
   }
   // A name that is not a kernel set is a typo, refused like any other value; a set this CPU
   // lacks falls back with a warning where the kernels are chosen (common/reduce.cpp).
+  // The names are kernels::parse_isa's, spelt here too: the settings stay a leaf that small
+  // tools (the fuzzers) link without the kernels.
   if (auto s = get("STRATA_KERNELS")) {
     std::string k = *s;
     for (char& ch : k) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));

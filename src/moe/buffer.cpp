@@ -515,7 +515,7 @@ Status BufferImpl::combine(const void* y, const HandleState& h, void* out) {
 Buffer::Buffer(Communicator comm, const Config& cfg) {
   if (!comm.valid()) throw Error(Code::InvalidArgument, "moe::Buffer: the communicator is invalid");
   const int R = comm.size(), me = comm.rank();
-  if (Status st = detail::agree_config(comm, cfg); !st.is_ok()) throw_if_error(st, me);
+  throw_if_error(detail::agree_config(comm, cfg), me);
   impl_ = std::make_unique<detail::BufferImpl>();
   auto& b = *impl_;
   b.comm = comm;
