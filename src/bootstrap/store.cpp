@@ -36,6 +36,7 @@ using wire::ReplyCode;
 
 constexpr milliseconds kDefaultReconnectTimeout{60000};
 constexpr milliseconds kMaxBackoff{100};
+constexpr milliseconds kFirstGreetingPatience{500};
 // How much longer than its own timeout a waiting request gives the server to answer
 // before deciding the server itself is stuck.
 constexpr milliseconds kReplySlack{2000};
@@ -106,26 +107,30 @@ struct StoreClient::Impl {
   uint64_t last_bytes = 0;              // frames of the last answered request
 
   std::string where() const { return "store at " + addr.to_string(); }
-  Status connect_once(const Deadline& d);
+  Status connect_once(const Deadline& d, milliseconds patience);
   Status connect_until(const Deadline& d);
   /// Sends a request built by `build` (called again for every re-send, so a wait can
   /// shorten its timeout) and returns the reply payload. `wait_until` is set for requests
   /// that may park on the server. (An out-parameter rather than Result<std::string>:
   /// GCC 12 reports a false maybe-uninitialized on the moved-out optional string.)
+  // `bound` caps a request that is not itself a wait (its reconnects and its reply) at the
+  // deadline of the wait it serves, so the store's absence cannot stretch that wait.
   Status call(const std::function<std::string(uint64_t seq)>& build, std::optional<Deadline> wait_until,
-              std::string& reply);
+              std::string& reply, const Deadline& bound = Deadline::never());
   Status unexpected(const std::string& payload, const char* what) const;
 };
 
-Status StoreClient::Impl::connect_once(const Deadline& d) {
+Status StoreClient::Impl::connect_once(const Deadline& d, milliseconds patience) {
   auto addrs = resolve(addr.host, addr.port, false, d);
   if (!addrs.is_ok()) return unavailable(addrs.status().message());
 
   Status last = unavailable("no address");
   for (const ResolvedAddress& ai : *addrs) {
-    // One attempt waits at most the hello timeout, so a connection stuck in a backlog the
-    // server does not drain is given up and retried rather than waited on until `d`.
-    Deadline attempt(std::min(d.at(), Deadline::after(hello_timeout).at()));
+    // One attempt waits at most `patience`, so a connection stuck where no server will ever
+    // greet it is given up and retried rather than waited on until `d`: one that landed in
+    // the backlog of a listener being closed (the kernel can complete it and send no reset:
+    // seen when a store restarts on its port), or in a backlog the server does not drain.
+    Deadline attempt(std::min(d.at(), Deadline::after(patience).at()));
     Fd s(::socket(ai.family, ai.socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai.protocol));
     if (!s.valid()) {
       last = errno_status("socket", errno);
@@ -214,8 +219,12 @@ Status StoreClient::Impl::connect_once(const Deadline& d) {
 Status StoreClient::Impl::connect_until(const Deadline& d) {
   auto start = Clock::now();
   milliseconds backoff{1};
+  // A store greets within a round trip of the connect; the patience grows from a short first
+  // try to the hello timeout, so a stuck attempt costs little and a slow store is still met.
+  milliseconds patience = std::min(kFirstGreetingPatience, hello_timeout);
   for (;;) {
-    Status s = connect_once(d);
+    Status s = connect_once(d, patience);
+    patience = std::min(patience * 2, hello_timeout);
     if (s.is_ok()) return s;
     // A refused token or a malformed server will not get better by retrying.
     if (s.code() != Code::Unavailable) return s;
@@ -229,8 +238,9 @@ Status StoreClient::Impl::connect_until(const Deadline& d) {
 }
 
 Status StoreClient::Impl::call(const std::function<std::string(uint64_t)>& build, std::optional<Deadline> wait_until,
-                               std::string& reply) {
+                               std::string& reply, const Deadline& bound) {
   if (!lost.is_ok()) return lost;
+  if (!wait_until && bound.at() != Deadline::never().at()) wait_until = bound;
   uint64_t my_seq = ++seq;
   // Set on the first break; all reconnects and re-sends of this request share it, so a
   // server that accepts and then drops every request cannot keep us looping.
@@ -360,11 +370,11 @@ StoreClient::Counters StoreClient::counters() const {
   return impl_->counted;
 }
 
-Result<std::optional<std::string>> StoreClient::try_get(const std::string& key) {
+Result<std::optional<std::string>> StoreClient::try_get(const std::string& key, const Deadline& bound) {
   auto build = [&](uint64_t seq) { return wire::request(Op::TryGet, seq).str(key).frame(); };
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::string reply;
-  STRATA_RETURN_IF_ERROR(impl_->call(build, std::nullopt, reply));
+  STRATA_RETURN_IF_ERROR(impl_->call(build, std::nullopt, reply, bound));
   wire::Reader r(reply);
   auto code = static_cast<ReplyCode>(r.u8());
   if (code == ReplyCode::NotFound) return std::optional<std::string>();
@@ -426,11 +436,11 @@ Status StoreClient::wait(const std::vector<std::string>& keys, std::chrono::mill
                        join_keys(missing) + " in the " + impl_->where());
 }
 
-Result<int64_t> StoreClient::add(const std::string& key, int64_t delta) {
+Result<int64_t> StoreClient::add(const std::string& key, int64_t delta, const Deadline& bound) {
   auto build = [&](uint64_t seq) { return wire::request(Op::Add, seq).str(key).i64(delta).frame(); };
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::string reply;
-  STRATA_RETURN_IF_ERROR(impl_->call(build, std::nullopt, reply));
+  STRATA_RETURN_IF_ERROR(impl_->call(build, std::nullopt, reply, bound));
   wire::Reader r(reply);
   auto code = static_cast<ReplyCode>(r.u8());
   int64_t value = r.i64();
@@ -465,11 +475,11 @@ Result<bool> StoreClient::del(const std::string& key) {
   return existed;
 }
 
-Result<std::vector<std::string>> StoreClient::list(const std::string& prefix) {
+Result<std::vector<std::string>> StoreClient::list(const std::string& prefix, const Deadline& bound) {
   auto build = [&](uint64_t seq) { return wire::request(Op::List, seq).str(prefix).frame(); };
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::string reply;
-  STRATA_RETURN_IF_ERROR(impl_->call(build, std::nullopt, reply));
+  STRATA_RETURN_IF_ERROR(impl_->call(build, std::nullopt, reply, bound));
   wire::Reader r(reply);
   auto code = static_cast<ReplyCode>(r.u8());
   if (code != ReplyCode::Ok) return impl_->unexpected(reply, "store list");

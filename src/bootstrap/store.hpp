@@ -120,22 +120,24 @@ class StoreClient {
   Status set(const std::string& key, const std::string& value);
   /// Waits until `key` exists (Timeout after `timeout`) and returns its value.
   Result<std::string> get(const std::string& key, std::chrono::milliseconds timeout);
-  /// Returns the value, or nullopt when the key does not exist (no wait).
-  Result<std::optional<std::string>> try_get(const std::string& key);
+  /// Returns the value, or nullopt when the key does not exist (no wait). A request made
+  /// inside a wait passes that wait's deadline as `bound`: while the store is away it is
+  /// retried until then (Timeout), not for the whole reconnect timeout; so for add and list.
+  Result<std::optional<std::string>> try_get(const std::string& key, const Deadline& bound = Deadline::never());
   /// Waits until every key exists (Timeout after `timeout`, naming the missing ones) and
   /// returns their values in the order of `keys`: one request however many keys.
   Result<std::vector<std::string>> get_many(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
   /// Waits until every key exists.
   Status wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
   /// Atomically adds `delta` to the integer stored at key (missing = 0); returns the new value.
-  Result<int64_t> add(const std::string& key, int64_t delta);
+  Result<int64_t> add(const std::string& key, int64_t delta, const Deadline& bound = Deadline::never());
   /// Sets key to `desired` if its current value equals `expected` (a missing key matches an
   /// empty `expected`). Returns the value after the operation.
   Result<std::string> compare_set(const std::string& key, const std::string& expected, const std::string& desired);
   /// Deletes a key; returns whether it existed.
   Result<bool> del(const std::string& key);
   /// Keys that start with `prefix`, sorted.
-  Result<std::vector<std::string>> list(const std::string& prefix);
+  Result<std::vector<std::string>> list(const std::string& prefix, const Deadline& bound = Deadline::never());
   /// Deletes every key that starts with `prefix`; returns how many.
   Result<int64_t> delete_prefix(const std::string& prefix);
 

@@ -6,7 +6,7 @@
 // Before authentication a peer may be anything, so what it can hold is bounded by
 // construction: the server greets each connection with a nonce, closes it when no valid
 // hello arrives within the hello timeout, and keeps at most `max_pending` unauthenticated
-// connections (a new one drops the oldest). Without these, idle connections used to pile up
+// connections (a new one drops a random one of them). Without these, idle connections used to pile up
 // until accept() failed with EMFILE; the server then paused accepting and a real client sat
 // in the listen backlog, its hello unread, until its own deadline.
 
@@ -22,6 +22,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -76,6 +77,8 @@ struct LastReply {
 
 // How long binding waits for its address to resolve.
 constexpr std::chrono::seconds kBindResolveTimeout{30};
+// New connections accepted per turn of the loop before the open ones are served again.
+constexpr int kAcceptBatch = 16;
 
 // The fields of a Wait or GetMany request: its keys and timeout (check r.ok() after).
 std::pair<std::vector<std::string>, int64_t> read_keys(wire::Reader& r) {
@@ -166,7 +169,8 @@ struct StoreServer::Impl {
   void process_ready();
   void expire_parked();
   void close_conn(Conn& c);
-  bool drop_oldest_unauthed(const char* why);
+  bool drop_unauthed(const char* why);
+  std::minstd_rand drop_rng{std::random_device{}()};
   void expire_hellos();
   void remember_reply(uint64_t client_id, uint64_t seq, const std::string& frame);
   size_t out_pending(const Conn& c) const { return c.out.size() - c.out_off; }
@@ -255,9 +259,7 @@ void StoreServer::stop() {
   uint64_t one = 1;
   (void)!::write(impl_->wake_fd.get(), &one, sizeof one);
   if (impl_->thread.joinable()) impl_->thread.join();
-  // The loop has closed every connection; closing the listener last means no client can
-  // slip into the backlog of a server that will never accept it.
-  impl_->listen_fd.reset();
+  impl_->listen_fd.reset();  // the loop closed it already, unless it never ran
 }
 
 void StoreServer::Impl::loop() {
@@ -293,7 +295,8 @@ void StoreServer::Impl::loop() {
       break;
     }
     if (n > 0 && (fds[0].revents & POLLIN)) break;  // stop()
-    if (n > 0 && (fds[1].revents & POLLIN)) accept_all();
+    // Connections first, new ones after: a hello that has arrived is read (and its client
+    // authenticated) before a flood of new connections can push that client out.
     for (size_t i = 0; n > 0 && i < polled.size(); ++i) {
       Conn& c = *polled[i];
       short re = fds[i + 2].revents;
@@ -307,8 +310,13 @@ void StoreServer::Impl::loop() {
       // Hang-up of a parked connection (or one we do not read): the client is gone.
       if (!c.dead && (re & (POLLHUP | POLLERR | POLLRDHUP)) && !(re & POLLIN)) close_conn(c);
     }
+    if (n > 0 && (fds[1].revents & POLLIN)) accept_all();
     housekeeping();
   }
+  // The listener first: a client that sees its connection close reconnects at once, and one
+  // that reached a listener still open after the loop stopped would wait for a greeting that
+  // never comes (closing the listener does not always reset what sits in its backlog).
+  listen_fd.reset();
   for (auto& [id, c] : conns) c->fd.reset();
   conns.clear();
 }
@@ -324,13 +332,14 @@ void StoreServer::Impl::housekeeping() {
 }
 
 void StoreServer::Impl::accept_all() {
-  for (;;) {
+  // A bounded batch per turn, so that the connections already open are served in between.
+  for (int batch = 0; batch < kAcceptBatch; ++batch) {
     int fd = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       // Out of descriptors: an unauthenticated connection is the one to give up, so that a
       // real client never waits in the backlog behind peers that never said hello.
-      if ((errno == EMFILE || errno == ENFILE) && drop_oldest_unauthed("out of file descriptors")) continue;
+      if ((errno == EMFILE || errno == ENFILE) && drop_unauthed("out of file descriptors")) continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         // The pending connection would make poll() report the listener ready again at
         // once; stop looking at it for a moment instead of spinning.
@@ -356,7 +365,7 @@ Conn& StoreServer::Impl::add_conn(int fd, std::string nonce, std::string* sink) 
   // has to open max_pending of them within one handshake round trip of a real client to
   // push it out, while refusing new ones would lock real clients out for as long as the
   // flood is kept up.
-  if (unauthed.size() >= opts.max_pending) drop_oldest_unauthed("too many unauthenticated connections");
+  if (unauthed.size() >= opts.max_pending) drop_unauthed("too many unauthenticated connections");
   auto c = std::make_unique<Conn>();
   c->fd = Fd(fd);
   c->sink = sink;
@@ -370,11 +379,16 @@ Conn& StoreServer::Impl::add_conn(int fd, std::string nonce, std::string* sink) 
   return ref;
 }
 
-bool StoreServer::Impl::drop_oldest_unauthed(const char* why) {
+bool StoreServer::Impl::drop_unauthed(const char* why) {
   if (unauthed.empty()) return false;
-  auto it = conns.find(*unauthed.begin());
+  // A random one, not the oldest: a flood that opens max_pending connections while a real
+  // client's hello is on its way would always push out the oldest, that client, while a
+  // random pick leaves it a fair chance per connection the flood opens (and it retries).
+  auto victim = unauthed.begin();
+  std::advance(victim, static_cast<long>(drop_rng() % unauthed.size()));
+  auto it = conns.find(*victim);
   if (it == conns.end()) {
-    unauthed.erase(unauthed.begin());
+    unauthed.erase(victim);
     return true;
   }
   STRATA_LOG(Info, "store: dropping unauthenticated connection " << it->first << " (" << why << ")");

@@ -114,7 +114,8 @@ Result<std::vector<std::string>> read_records(ContextImpl& ctx, const std::vecto
       return Status(Code::Timeout, waiting + "timed out after " + std::to_string(ctx.timeout.count()) + " ms" +
                                        (at == std::string::npos ? ": " + m : m.substr(at)));
     }
-    auto gone = ctx.store->list(bootstrap::exited_prefix(ctx.job.job_id));
+    // Bounded by the wait's deadline: a store gone away must not hold the wait past it.
+    auto gone = ctx.store->list(bootstrap::exited_prefix(ctx.job.job_id), until);
     if (!gone.is_ok()) continue;  // a hint only: the wait goes on
     for (const std::string& k : *gone) {
       const auto r = parse_int(std::string_view(k).substr(k.rfind('/') + 1), 0, ctx.job.world_size - 1);
@@ -122,9 +123,9 @@ Result<std::vector<std::string>> read_records(ContextImpl& ctx, const std::vecto
       const auto at = std::find(ranks.begin(), ranks.end(), static_cast<int>(r.value()));
       if (at == ranks.end()) continue;
       // One that published before it exited is not what this wait misses.
-      auto published = ctx.store->try_get(keys[static_cast<size_t>(at - ranks.begin())]);
+      auto published = ctx.store->try_get(keys[static_cast<size_t>(at - ranks.begin())], until);
       if (!published.is_ok() || *published) continue;
-      auto how = ctx.store->try_get(k);
+      auto how = ctx.store->try_get(k, until);
       return Status(Code::Unavailable,
                     waiting + "rank " + std::to_string(r.value()) + " " + (how.is_ok() && *how ? **how : "exited") +
                         " before it published it: it never joined the job (does every rank call strata::init()?)",
@@ -575,10 +576,10 @@ Status join_run_generation(ContextImpl& ctx) {
     for (;;) {
       if (Status w = ctx.store->wait({base + "open/" + std::to_string(next)}, d.remaining()); !w.is_ok())
         return waiting(w);
-      STRATA_ASSIGN_OR_RETURN(g, ctx.store->add(base + "newest", 0));
+      STRATA_ASSIGN_OR_RETURN(g, ctx.store->add(base + "newest", 0, d));
       STRATA_ASSIGN_OR_RETURN(auto opened, ctx.store->get(base + "open/" + std::to_string(g), d.remaining()));
       if (opened == size) {
-        STRATA_ASSIGN_OR_RETURN(int64_t in, ctx.store->add(base + "members/" + std::to_string(g), 1));
+        STRATA_ASSIGN_OR_RETURN(int64_t in, ctx.store->add(base + "members/" + std::to_string(g), 1, d));
         if (in < job.world_size) break;
       }
       next = g + 1;  // another run's generation: wait for this run's rank 0

@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "bootstrap/store.hpp"
 #include "coll/comm_impl.hpp"
 #include "coll/context_impl.hpp"
 #include "coll/counts.hpp"
@@ -373,6 +374,36 @@ void peer_dies_or_hangs(int sig, const std::vector<Code>& allowed) {
 TEST(Faults, PeerSigkilledMidCollective) { peer_dies_or_hangs(SIGKILL, {Code::PeerFailed, Code::Timeout}); }
 
 TEST(Faults, PeerSigstoppedMidCollective) { peer_dies_or_hangs(SIGSTOP, {Code::Timeout, Code::PeerFailed}); }
+
+/// A rank waiting in init() for a peer that never comes, whose store then goes away: init
+/// fails at its own deadline, not after the store client's much longer reconnect timeout
+/// (the wait's hint requests between its slices were not bounded by it).
+TEST(Faults, InitEndsAtItsDeadlineWhenTheStoreGoesAway) {
+  auto server = bootstrap::StoreServer::start("127.0.0.1", 0, "gone-token");
+  ASSERT_TRUE(server.is_ok()) << server.status().to_string();
+  InitOptions o;
+  o.rank = 1;
+  o.size = 2;
+  o.store = "127.0.0.1:" + std::to_string((*server)->port());
+  o.token = "gone-token";
+  o.job_id = "store-gone-" + std::to_string(::getpid());
+  o.timeout = 3s;
+  std::string error;
+  const auto start = Clock::now();
+  std::thread t([&] {
+    try {
+      Communicator c = strata::init(o);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(1s);
+  (*server)->stop();
+  t.join();
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  EXPECT_NE(error.find("rank 1 waiting for"), std::string::npos) << error;
+  EXPECT_LT(took, 8000) << "init's 3 s deadline was stretched: " << error;
+}
 
 }  // namespace
 }  // namespace strata::test
