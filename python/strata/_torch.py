@@ -24,6 +24,8 @@ so the ranks that can use it are on this host and can read that file.
 import atexit
 import contextlib
 import datetime
+import hashlib
+import hmac
 import os
 import secrets
 import shutil
@@ -97,18 +99,37 @@ def _read_token(source):
     if source.startswith("file:"):
         path = source[len("file:"):]
         try:
-            with open(path) as f:
-                return f.read()
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError as e:
             raise InvalidArgument(f"cannot read the job token rank 0 wrote to {path} ({e}); the ranks of a "
                                   "torch-launched group must run on rank 0's host as the same user, or share "
                                   "STRATA_JOB_TOKEN") from None
+        with os.fdopen(fd) as f:
+            _check_private(path, os.fstat(f.fileno()), "file")
+            _check_private(os.path.dirname(path), os.stat(os.path.dirname(path)), "directory")
+            return f.read()
     raise InvalidArgument(f"unexpected token source {source!r} in torch's store")
+
+
+def _check_private(path, st, what):
+    """A token file (and its directory) must be this user's alone: torch's store is open to
+    every local user, who could otherwise point a rank at a token, and a store, of its own."""
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022 or (what == "file" and st.st_mode & 0o077):
+        raise InvalidArgument(f"the job token {what} {path} named in torch's store is not private to this user "
+                              f"(owner uid {st.st_uid}, mode {oct(st.st_mode & 0o777)}): refusing it, as another "
+                              "user of the host may have written that rendezvous record")
+
+
+def _mac(token, record):
+    """Binds a rendezvous record to the job token: torch's store has no authentication, so
+    without it anyone on the host could point the ranks at a store, or a relay, of their own."""
+    return hmac.new(token.encode(), record.encode(), hashlib.sha256).hexdigest()
 
 
 def rendezvous(torch_store, rank):
     """Agrees on a Strata store through `torch_store`: (address, token, job_id). The token is
-    not written to `torch_store`, only where to find it."""
+    not written to `torch_store`, only where to find it, and the record carries a MAC under
+    the token that the other ranks check before they connect anywhere."""
     global _server
     if rank == 0:
         if _server is None:
@@ -118,13 +139,22 @@ def rendezvous(torch_store, rank):
             _server = (_strata.StoreServer("127.0.0.1", 0, token), token, source)
         server, token, source = _server
         job_id = "torch-" + secrets.token_hex(6)
-        value = f"127.0.0.1:{server.port}\n{source}\n{job_id}"
-        torch_store.set(_RENDEZVOUS_KEY, value)
+        record = f"127.0.0.1:{server.port}\n{source}\n{job_id}"
+        torch_store.set(_RENDEZVOUS_KEY, record + "\n" + _mac(token, record))
         return f"127.0.0.1:{server.port}", token, job_id
     value = torch_store.get(_RENDEZVOUS_KEY)  # waits up to the store's timeout
-    value = value.decode() if isinstance(value, bytes) else value
-    address, source, job_id = value.split("\n")
-    return address, _read_token(source), job_id
+    value = value.decode(errors="replace") if isinstance(value, bytes) else value
+    fields = value.split("\n")
+    if len(fields) != 4:
+        raise InvalidArgument(f"rank {rank}: the rendezvous record in torch's store under {_RENDEZVOUS_KEY!r} is "
+                              "malformed (not written by this version of strata's rank 0?)")
+    address, source, job_id, mac = fields
+    token = _read_token(source)
+    if not hmac.compare_digest(mac, _mac(token, "\n".join(fields[:3]))):
+        raise InvalidArgument(f"rank {rank}: the rendezvous record in torch's store under {_RENDEZVOUS_KEY!r} does "
+                              "not carry this job token's MAC: it was not written by this job's rank 0 (another "
+                              "process on the host overwrote it?), or rank 0 uses another STRATA_JOB_TOKEN")
+    return address, token, job_id
 
 
 _torchrun_store = None  # kept: torch's env:// rendezvous later shares its server (multi-tenant)

@@ -116,6 +116,40 @@ def test_rendezvous_keeps_the_token_out_of_torchs_store(monkeypatch):
     assert _torch.rendezvous(store2, 1)[1] == "shared-secret-123"
 
 
+def test_rendezvous_refuses_a_record_another_user_could_have_written(monkeypatch, tmp_path):
+    """Anyone on the host can write torch's store: a rank connects only where a record that
+    carries the job token's MAC points, and takes a token only from a file private to it."""
+    import torch.distributed as dist
+    import strata
+    from strata import _torch
+    monkeypatch.setattr(_torch, "_server", None)
+    monkeypatch.setenv("STRATA_JOB_TOKEN", "shared-secret-123")
+    store = dist.HashStore()
+    _torch.rendezvous(store, 0)
+    address, source, job_id, mac = store.get(_torch._RENDEZVOUS_KEY).decode().split("\n")
+    # Redirected to another store (or a relay), the MAC kept: refused before connecting.
+    store.set(_torch._RENDEZVOUS_KEY, "\n".join(["127.0.0.1:1", source, job_id, mac]))
+    with pytest.raises(strata.InvalidArgument, match="MAC"):
+        _torch.rendezvous(store, 1)
+    # An older record without a MAC.
+    store.set(_torch._RENDEZVOUS_KEY, "\n".join([address, source, job_id]))
+    with pytest.raises(strata.InvalidArgument, match="malformed"):
+        _torch.rendezvous(store, 1)
+    # A token file of someone else's choosing: readable by others, so not this user's secret.
+    monkeypatch.delenv("STRATA_JOB_TOKEN")
+    token_file = tmp_path / "token"
+    token_file.write_text("attackers-token")
+    token_file.chmod(0o644)
+    record = "\n".join(["127.0.0.1:1", "file:" + str(token_file), "evil"])
+    store.set(_torch._RENDEZVOUS_KEY, record + "\n" + _torch._mac("attackers-token", record))
+    with pytest.raises(strata.InvalidArgument, match="not private"):
+        _torch.rendezvous(store, 1)
+    # The same file made private passes that check (and the MAC then holds).
+    token_file.chmod(0o600)
+    tmp_path.chmod(0o700)
+    assert _torch.rendezvous(store, 1) == ("127.0.0.1:1", "attackers-token", "evil")
+
+
 def test_timeout_names_the_missing_rank_and_its_last_operation():
     # Rank 1 skips an all_reduce: the torch backend runs on the same communicators, so the
     # others' Timeout carries rank 1's last operation from its flight recorder.
