@@ -11,8 +11,10 @@
 // (scripts/bench_recovery.py, tests/recovery).
 //
 // Fault injection (each fires once, in the original process of RANK):
-//   --fail RANK:STEP[:kill|stop|exit|killmid|killdonor|host]  at STEP, after the local gradients:
-//                                   SIGKILL, SIGSTOP (a hang), exit(3), SIGKILL while its own
+//   --fail RANK:STEP[:kill|stop|exit|exit0|hang|killmid|killdonor|host]  at STEP, after the local gradients:
+//                                   SIGKILL, SIGSTOP (a hang), exit(3), exit(0) (leaves early,
+//                                   as if done), a hang in the program (the library's thread
+//                                   keeps beating), SIGKILL while its own
 //                                   all_reduce is in flight (killmid), or SIGKILL and then the
 //                                   donor of its state dies after sending its first buffer
 //                                   (killdonor: the restore is cut short; another donor must
@@ -83,7 +85,7 @@ struct Options {
 constexpr const char* kHelp =
     "usage: strata run [--ft] -n N -- train_dp [options]\n"
     "  --steps K  --hidden H  --in I  --batch B   the job (defaults 30, 128, 32, 16)\n"
-    "  --fail RANK:STEP[:kill|stop|exit|killmid|killdonor|host]   inject a failure (repeatable)\n"
+    "  --fail RANK:STEP[:kill|stop|exit|exit0|hang|killmid|killdonor|host]   inject a failure (repeatable)\n"
     "  --fail-in-recovery RANK  --fail-replacement RANK  --no-replica  --pace MS\n"
     "  --checkpoint PATH --checkpoint-every K   the restart-everything baseline (strata run --ft --restart-all)\n"
     "  --quiet  --times\n"
@@ -125,9 +127,9 @@ Options parse(int argc, char** argv) {
       f.step = number<uint64_t>("--fail " + v + ": STEP",
                                 v.substr(c1 + 1, c2 == std::string::npos ? std::string::npos : c2 - c1 - 1), 0);
       if (c2 != std::string::npos) f.mode = v.substr(c2 + 1);
-      if (f.mode != "kill" && f.mode != "stop" && f.mode != "exit" && f.mode != "killmid" && f.mode != "killdonor" &&
-          f.mode != "host")
-        usage("--fail mode must be kill, stop, exit, killmid, killdonor or host, got '" + f.mode + "'");
+      if (f.mode != "kill" && f.mode != "stop" && f.mode != "exit" && f.mode != "exit0" && f.mode != "hang" &&
+          f.mode != "killmid" && f.mode != "killdonor" && f.mode != "host")
+        usage("--fail mode must be kill, stop, exit, exit0, hang, killmid, killdonor or host, got '" + f.mode + "'");
       o.faults.push_back(f);
     } else if (a == "--fail-in-recovery") o.fail_in_recovery = number(a, next(), 0);
     else if (a == "--fail-replacement") o.fail_replacement = number(a, next(), 0);
@@ -247,7 +249,11 @@ void inject(strata::Communicator& comm, const std::string& mode) {
   strata::recovery::mark_failure(comm);
   if (mode == "stop") ::raise(SIGSTOP);
   else if (mode == "exit") std::_Exit(3);
-  else if (mode == "host") {
+  else if (mode == "exit0") std::_Exit(0);  // leaves early, as if done: only its peers can tell
+  else if (mode == "hang") {
+    // Stuck in the program: the library's own thread keeps this rank's heartbeat going.
+    for (;;) ::pause();
+  } else if (mode == "host") {
     // The whole host: its agent (our parent, `strata run`), whose guard then SIGKILLs every
     // rank it started there, and this rank at once.
     ::kill(::getppid(), SIGKILL);

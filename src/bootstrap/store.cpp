@@ -332,11 +332,11 @@ Deadline wait_deadline(milliseconds timeout) {
 
 }  // namespace
 
-Status StoreClient::set(const std::string& key, const std::string& value) {
+Status StoreClient::set(const std::string& key, const std::string& value, const Deadline& bound) {
   auto build = [&](uint64_t seq) { return wire::request(Op::Set, seq).str(key).str(value).frame(); };
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::string reply;
-  STRATA_RETURN_IF_ERROR(impl_->call(build, std::nullopt, reply));
+  STRATA_RETURN_IF_ERROR(impl_->call(build, std::nullopt, reply, bound));
   wire::Reader r(reply);
   if (static_cast<ReplyCode>(r.u8()) != ReplyCode::Ok) return impl_->unexpected(reply, "store set");
   return Status::ok();

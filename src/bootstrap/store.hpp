@@ -117,7 +117,7 @@ class StoreClient {
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;
 
-  Status set(const std::string& key, const std::string& value);
+  Status set(const std::string& key, const std::string& value, const Deadline& bound = Deadline::never());
   /// Waits until `key` exists (Timeout after `timeout`) and returns its value.
   Result<std::string> get(const std::string& key, std::chrono::milliseconds timeout);
   /// Returns the value, or nullopt when the key does not exist (no wait). A request made

@@ -4,16 +4,20 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <sstream>
 
 #include <strata/recovery.hpp>
 
+#include "common/parse.hpp"
 #include "recovery/keys.hpp"
 
 namespace strata::cli {
 
 namespace keys = recovery::keys;
 using Clock = std::chrono::steady_clock;
+// The least a named rank is given to report that it is recovering itself.
+constexpr std::chrono::milliseconds kSuspectGrace{1000};
 
 Status FtController::start(const bootstrap::StoreAddress& addr, const std::string& token) {
   auto deadline = Deadline::after(std::chrono::seconds(10));
@@ -64,11 +68,73 @@ void FtController::watch_loop() {
         found = true;
       }
     }
+    if (check_suspects(job)) found = true;
     if (found) {
       uint64_t one = 1;
       (void)!::write(event_fd_, &one, sizeof one);
     }
   }
+}
+
+bool FtController::check_suspects(const std::string& job) {
+  // One request per tick, whatever the job's size: the list is empty unless a rank saw a
+  // failure that no controller announced.
+  auto named = watch_store_->list(keys::suspect_prefix(job));
+  if (!named.is_ok() || named.value().empty()) return false;
+  bool found = false;
+  for (const std::string& k : named.value()) {
+    auto r = parse_int(std::string_view(k).substr(k.rfind('/') + 1), 0, INT_MAX);
+    if (!r.is_ok()) continue;
+    auto at = std::find(ranks_.begin(), ranks_.end(), static_cast<int>(r.value()));
+    if (at == ranks_.end()) continue;  // another host's agent watches it
+    const size_t i = static_cast<size_t>(at - ranks_.begin());
+    uint64_t gen = 0;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      gen = beats_[i].gen;
+    }
+    auto v = watch_store_->try_get(k);
+    auto own = watch_store_->try_get(keys::recovering(job, static_cast<int>(r.value())));
+    auto st = watch_store_->try_get(state_key_);
+    if (!v.is_ok() || !v.value() || !own.is_ok() || !st.is_ok()) continue;
+    uint64_t named_in = 0, own_in = 0;
+    int by = -1;
+    if (!(std::istringstream(*v.value()) >> named_in >> by)) continue;
+    if (own.value()) (void)(std::istringstream(*own.value()) >> own_in);
+    const uint64_t latest = st.value() ? parse_state(*st.value()).epoch : 0;
+    const auto now = Clock::now();
+    std::lock_guard<std::mutex> g(mu_);
+    if (job != job_) return false;
+    Beat& b = beats_[i];
+    // Replaced meanwhile (the report was about its predecessor), or a report from an epoch a
+    // failure has since ended (any controller's): nothing to act on.
+    if (b.gen != gen || named_in != latest) continue;
+    // Recovering itself in that epoch: it waited for someone else, it is not the one stuck.
+    if (own.value() && own_in >= named_in) continue;
+    if (b.suspect_epoch != named_in) {
+      b.suspect_epoch = named_in;
+      b.suspect_since = now;
+      b.suspected_by = by;
+      continue;
+    }
+    // The grace lets a rank that waited for someone else in the same way report itself first.
+    if (b.suspect_reported || now - b.suspect_since < std::max(opts_.heartbeat_timeout, kSuspectGrace)) continue;
+    b.suspect_reported = true;
+    suspected_.emplace_back(static_cast<int>(i), b.gen);
+    found = true;
+  }
+  return found;
+}
+
+std::vector<std::pair<int, int>> FtController::take_suspected() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<std::pair<int, int>> out;
+  for (auto [i, gen] : suspected_) {
+    const Beat& b = beats_[static_cast<size_t>(i)];
+    if (b.gen == gen) out.emplace_back(ranks_[static_cast<size_t>(i)], b.suspected_by);
+  }
+  suspected_.clear();
+  return out;
 }
 
 std::vector<int> FtController::take_hung() {
@@ -231,6 +297,7 @@ void FtController::reset_heartbeat(int rank) {
   // The predecessor's counter must not count as the replacement's first beat: a slow start
   // would look like a hang.
   (void)store_->del(keys::heartbeat(job_, rank));
+  (void)store_->del(keys::suspect(job_, rank));
 }
 
 void FtController::set_job(std::string job_id) {

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -49,6 +50,12 @@ class FtController {
   /// Ranks whose heartbeat stopped for longer than the timeout, each reported once per
   /// process (a report about a rank replaced meanwhile is dropped).
   std::vector<int> take_hung();
+  /// Ranks of this host that a peer named as the one it waited for when it saw a failure no
+  /// controller announced, and that did not begin recovering themselves within a grace: stuck
+  /// in the program (a heartbeat comes from the library's thread), a spare or replacement
+  /// stopped before it beat, or a rank that exited with code 0 while the others needed it.
+  /// Each (rank, the peer that named it) once per process.
+  std::vector<std::pair<int, int>> take_suspected();
 
   /// Ranks (global) failed. Returns false when the job-wide failure budget is spent (the
   /// job must stop) or the store cannot be reached (`why` then says so); otherwise moves the
@@ -90,6 +97,11 @@ class FtController {
     bool reported = false;  // reported hung; not again until it is replaced
     uint64_t gen = 0;       // bumped per replacement
     std::chrono::steady_clock::time_point changed{};
+    // Named by a peer as the one it waited for (keys::suspect), in epoch suspect_epoch.
+    uint64_t suspect_epoch = UINT64_MAX;
+    int suspected_by = -1;
+    bool suspect_reported = false;
+    std::chrono::steady_clock::time_point suspect_since{};
   };
   /// The job's failure state (one store key): newest epoch, failures so far, and the ranks
   /// being replaced since the last completed rebuild.
@@ -109,6 +121,7 @@ class FtController {
   static std::string format_pending(const JobState& st);
   void reset_heartbeat(int rank);  // global rank; caller holds mu_
   void watch_loop();
+  bool check_suspects(const std::string& job);
   std::chrono::milliseconds tick_interval() const {
     // A quarter of the timeout catches a hang within 1.25x the timeout.
     return std::max(opts_.heartbeat_interval, opts_.heartbeat_timeout / 4);
@@ -124,9 +137,10 @@ class FtController {
   int failures_ = 0;
   bootstrap::StoreClient::Counters at_failure_;  // store_'s counters when the last failure came in
 
-  std::mutex mu_;                               // guards job_ (for the watcher), beats_, hung_
-  std::vector<Beat> beats_;                     // per watched rank (ranks_ order)
-  std::vector<std::pair<int, uint64_t>> hung_;  // (rank, gen) found by the watcher
+  std::mutex mu_;                                    // guards job_ (for the watcher), beats_, hung_
+  std::vector<Beat> beats_;                          // per watched rank (ranks_ order)
+  std::vector<std::pair<int, uint64_t>> hung_;       // (rank, gen) found by the watcher
+  std::vector<std::pair<int, uint64_t>> suspected_;  // (index, gen) named by a peer, not recovering
   std::thread watcher_;
   std::atomic<bool> stop_{false};
   int event_fd_ = -1;

@@ -240,6 +240,18 @@ void Launcher::check_heartbeats() {
     }
     if (stopping_) return;
   }
+  for (auto [i, by] : ft_->take_suspected()) {
+    for (auto& r : ranks_) {
+      if (r.global != i || !r.current) continue;
+      const std::string named = "rank " + std::to_string(by) + " saw a failure waiting for " + rank_name(r) + " (pid " +
+                                std::to_string(r.pid) + "), which ";
+      if (r.running)
+        replace({&r}, named + "did not begin recovering itself (stuck in the program, or stopped)", 128 + SIGKILL);
+      else replace({&r}, named + "had exited with code 0 while the other ranks still needed it", 0);
+      break;
+    }
+    if (stopping_) return;
+  }
 }
 
 }  // namespace strata::cli::launch

@@ -125,6 +125,8 @@ void Membership::clear_broken() {
   if (c_->local) c_->local->clear_broken();
 }
 
+int Membership::failed_peer() { return c_->broken().peer(); }
+
 void Membership::revoke(const Status& why) {
   for (CommImpl* c : {c_, c_->local.get()}) {
     if (!c) continue;

@@ -193,6 +193,9 @@ class Membership {
   void clear_broken();
   /// Fails every pending and later operation of this communicator with `why` (sticky).
   void revoke(const Status& why);
+  /// The peer named by the failure that broke this communicator (-1 when none or unbroken):
+  /// recovery reports it to the controller when the controller saw nothing fail.
+  int failed_peer();
   /// One barrier step across all members.
   Status sync(Deadline d, const char* what);
   /// Peer signals this rank has waited for in barrier steps so far (every collective's

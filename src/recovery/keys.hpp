@@ -27,6 +27,14 @@ inline std::string injected(const std::string& job, uint64_t e) { return base(jo
 /// A rank's heartbeat counter; kExiting once it shuts down (no longer watched).
 inline constexpr const char* kExiting = "exiting";
 inline std::string heartbeat(const std::string& job, int rank) { return base(job) + "hb/" + std::to_string(rank); }
+// A rank whose failure no controller announced names the peer it waited for ("<epoch> <by>"),
+// and says it is recovering itself ("<epoch>"): a peer named but not recovering is stuck (in
+// the program, a stopped spare) or left early (exit 0), which no heartbeat or exit reveals.
+inline std::string suspect(const std::string& job, int rank) { return base(job) + "suspect/" + std::to_string(rank); }
+inline std::string suspect_prefix(const std::string& job) { return base(job) + "suspect/"; }
+inline std::string recovering(const std::string& job, int rank) {
+  return base(job) + "recovering/" + std::to_string(rank);
+}
 /// A replaced rank's world record in epoch e (host, pid, control block).
 inline std::string join(const std::string& job, uint64_t e, int rank) {
   return base(job) + "join/" + std::to_string(e) + "/" + std::to_string(rank);

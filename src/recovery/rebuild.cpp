@@ -32,6 +32,9 @@ namespace detail {
 namespace {
 
 constexpr auto kSlice = std::chrono::milliseconds(20);
+// How long a rank that saw a failure itself waits for the controller's notice before it
+// reports the peer it waited for (the controller acts on a report after a longer grace).
+constexpr auto kReportAfter = std::chrono::milliseconds(250);
 
 // Waits for every key of `keys` while the job stays in epoch `e`, in one store request per
 // slice: their values, nullopt when a newer epoch was announced meanwhile, or Timeout at the
@@ -63,7 +66,7 @@ bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.
 
 }  // namespace
 
-Status rebuild_world(Membership& m, bool fresh) {
+Status rebuild_world(Membership& m, bool fresh, int suspect) {
   const ContextRef ctx = m.context();
   if (!ctx.has_monitor())
     return unavailable("recover() on rank " + std::to_string(m.rank()) +
@@ -83,12 +86,22 @@ Status rebuild_world(Membership& m, bool fresh) {
   std::vector<bool> attached(n, !fresh);
   uint32_t premapped = 0;
   attached[me] = true;
+  bool reported = false;
 
   for (;;) {
     uint64_t e = epochs.latest.load(std::memory_order_acquire);
     if (!fresh && e == epochs.joined) {
       // The failure was seen locally (a pidfd, a deadline) before the controller's notice
-      // arrived: wait for the notice.
+      // arrived: wait for the notice. When none comes soon, the controller has seen nothing
+      // (the peer is stuck in the program, or exited with code 0): tell it which peer this
+      // rank waited for, and that this rank itself is recovering.
+      if (!reported && !epochs.wait_newer(e, Deadline::after(kReportAfter))) {
+        reported = true;
+        (void)store.set(recovery::keys::recovering(job, me), std::to_string(e), d);
+        if (suspect >= 0 && suspect < n && suspect != me)
+          (void)store.set(recovery::keys::suspect(job, suspect), std::to_string(e) + " " + std::to_string(me), d);
+        continue;
+      }
       if (!epochs.wait_newer(e, d))
         return timeout_error("recover() on rank " + std::to_string(me) + ": no new epoch was announced within " +
                              std::to_string(m.timeout().count()) + " ms (is the controller alive?)");
@@ -264,9 +277,12 @@ void Communicator::recover() {
   detail::Membership m = membership_or_throw(impl_);
   // Nothing runs on this communicator while it is rebuilt; what was queued before the
   // failure belongs to the old epoch and fails.
+  // The peer whose failure (or silence) broke this communicator, for the controller if it
+  // has not seen that peer fail.
+  const int suspect = m.failed_peer();
   auto quiet =
       m.quiesce(peer_failed("operation issued before recovery on rank " + std::to_string(m.rank()) + " was discarded"));
-  Status s = detail::rebuild_world(m, /*fresh=*/false);
+  Status s = detail::rebuild_world(m, /*fresh=*/false, suspect);
   if (!s.is_ok()) throw Error(s.code(), s.message(), m.rank(), s.peer());
 }
 

@@ -10,6 +10,6 @@ namespace strata::detail {
 /// not touch a failed rank. `fresh`: attach every peer (a replacement joining for the first
 /// time, or a rank of the first epoch whose setup a failure interrupted). The caller
 /// holds the lock Membership::quiesce returned.
-Status rebuild_world(Membership& m, bool fresh);
+Status rebuild_world(Membership& m, bool fresh, int suspect = -1);
 
 }  // namespace strata::detail
