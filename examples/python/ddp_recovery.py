@@ -43,13 +43,26 @@ def main():
     ap.add_argument("--report", action="store_true", help="print the recovery report's timings")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.steps < 1 or args.hidden < 1 or args.accumulate < 1:
+        ap.error("--steps, --hidden and --accumulate must be at least 1")
     fail_rank, fail_step, mode = -1, -1, "step"
     if args.fail:
         parts = args.fail.split(":")
-        fail_rank, fail_step = int(parts[0]), int(parts[1])
+        try:
+            if len(parts) not in (2, 3):
+                raise ValueError
+            fail_rank, fail_step = int(parts[0]), int(parts[1])
+        except ValueError:
+            ap.error(f"--fail takes RANK:STEP[:MODE], not {args.fail!r}")
         mode = parts[2] if len(parts) > 2 else "step"
         if mode not in ("forward", "backward", "step", "recovery"):
             ap.error(f"--fail MODE must be forward, backward, step or recovery, not {mode!r}")
+        # A fault that can never fire would leave the run looking recovered with nothing tested.
+        world_size = int(os.environ.get("WORLD_SIZE", os.environ.get("STRATA_WORLD_SIZE", "0")) or 0)
+        if not 0 <= fail_step < args.steps:
+            ap.error(f"--fail names step {fail_step}, but the job runs steps 0..{args.steps - 1}")
+        if fail_rank < 0 or (world_size and fail_rank >= world_size):
+            ap.error(f"--fail names rank {fail_rank}, which the job of {world_size or '?'} ranks does not have")
 
     if "STRATA_SPARE" in os.environ:  # strata run --ft --spares K: imports paid before any failure
         print(f"spare ready, torch imported ns={strata.now_ns()}", flush=True)
