@@ -17,6 +17,18 @@
 namespace strata::cli::launch {
 
 void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why, int exit_code) {
+  if (job_finished_without(failed)) {
+    // A replacement would wait for peers that are gone, until its deadline.
+    const std::string msg = why +
+                            "; every other rank had already finished, so there is nothing for a replacement "
+                            "to rejoin: not replacing it";
+    for (Rank* r : failed) r->current = false;
+    exit_code_ = exit_code;
+    say(msg);
+    report_failure(exit_code, msg);
+    retire_spares();
+    return;
+  }
   std::vector<int> idx;  // global ranks
   for (Rank* r : failed) {
     idx.push_back(r->global);
@@ -193,6 +205,18 @@ void Launcher::on_spare_exit(Rank& r, int status) {
   }
   say(who + " " + what + " while waiting; starting spare " + std::to_string(next_spare_) + " in its place");
   if (!refill_check_ && ranks_running()) start_spare();  // else the pending refill starts it after the recovery
+}
+
+bool Launcher::job_finished_without(const std::vector<Rank*>& failed) const {
+  // Only this host's ranks are known here: on several hosts the others may still run.
+  if ((link_ && link_->spec().nnodes > 1) || ft_->options().restart_all) return false;
+  bool others = false;
+  for (const Rank& r : ranks_) {
+    if (!r.current || r.spare >= 0 || std::find(failed.begin(), failed.end(), &r) != failed.end()) continue;
+    if (r.running) return false;
+    others = true;  // current and not running: it exited with code 0
+  }
+  return others;
 }
 
 bool Launcher::ranks_running() const {

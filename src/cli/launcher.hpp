@@ -181,6 +181,9 @@ class Launcher {
   void retire_spares();
   /// Whether a rank (not a spare) is still running.
   bool ranks_running() const;
+  /// Whether every rank but `failed` (this host's, on a one-host job) has exited with code 0:
+  /// the job is over, and a replacement would have nobody to rejoin.
+  bool job_finished_without(const std::vector<Rank*>& failed) const;
   // Output (launcher.cpp).
   /// Reads what a rank wrote on one stream and passes whole lines on.
   void relay(Rank& r, Stream& s);

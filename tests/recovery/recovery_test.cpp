@@ -3,6 +3,7 @@
 // in the middle of a collective, before the first step). Each must finish with parameters
 // bit-identical to a run without failure, and survivors must keep their processes.
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -166,6 +167,18 @@ TEST(Recovery, ARankStuckInTheProgramIsNamedByItsPeersAndReplaced) {
   Job j = run_job({"run", "--ft"}, {"--fail", "2:5:hang"}, {"STRATA_TIMEOUT=3s"});
   expect_recovered(j, {2}, 1);
   EXPECT_TRUE(contains(j.o.err, "did not begin recovering itself")) << j.o.err;
+}
+
+// Killed after every other rank had finished: there is nobody for a replacement to rejoin (it
+// used to be replaced, up to --max-failures times, each replacement waiting its deadline).
+TEST(Recovery, ARankKilledAfterTheOthersFinishedIsNotReplaced) {
+  STRATA_REQUIRE_BIN();
+  Outcome o = run_cli(
+      {"run", "--ft", "-n", "3", "--", "/bin/sh", "-c", "if [ \"$STRATA_RANK\" = 1 ]; then sleep 0.5; kill -9 $$; fi"},
+      kEnv, std::chrono::seconds(60));
+  EXPECT_EQ(o.exit_code, 128 + SIGKILL) << o.err;
+  EXPECT_TRUE(contains(o.err, "every other rank had already finished")) << o.err;
+  EXPECT_FALSE(contains(o.err, "epoch 1")) << o.err;
 }
 
 TEST(Recovery, TwoRanksAtOnce) {
