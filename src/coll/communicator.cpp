@@ -140,7 +140,7 @@ uint32_t settle(P2pSlot& slot, uint32_t to) {
 
 /// Completion of a posted send: the receiver acknowledged sequence `s`, posted while the
 /// message numbers had been restarted `resets` times (CommImpl::sync_resets).
-Status send_done(CommImpl& c, int peer, uint32_t s, uint64_t resets, Deadline d, bool block) {
+Status send_done(CommImpl& c, int peer, uint32_t s, uint64_t resets, uint32_t peer_resets, Deadline d, bool block) {
   const CtrlView& rv = c.peers[peer];
   transport::Signal& done = rv.recv_done(c.rank);
   if (block) {
@@ -174,8 +174,19 @@ Status send_done(CommImpl& c, int peer, uint32_t s, uint64_t resets, Deadline d,
       // the buffer back while the copy still reads it).
       transport::WaitPolicy p = c.policy(Deadline::after(c.timeout));
       p.abort = nullptr;
-      p.check = [&c, peer] { return c.check_peer(peer); };
-      if (Status w = transport::wait_reached(done, s, p, "send"); !w.is_ok())
+      // Nor does an acknowledgement the receiver wiped when it restarted its signals for a
+      // new epoch ever come: that restart means its receive (and the copy) is over.
+      bool moved_on = false;
+      p.check = [&c, &rv, &moved_on, peer, peer_resets] {
+        if (std::atomic_ref<uint32_t>(rv.hdr()->resets).load(std::memory_order_acquire) != peer_resets) {
+          moved_on = true;
+          return Status(Code::Aborted, "moved on");
+        }
+        return c.check_peer(peer);
+      };
+      Status w = transport::wait_reached(done, s, p, "send");
+      if (moved_on) return st;
+      if (!w.is_ok())
         return Status(w.code(),
                       w.message() + " on rank " + std::to_string(c.rank) + ": rank " + std::to_string(peer) +
                           " began receiving send #" + std::to_string(s) + " and did not finish",
@@ -246,7 +257,10 @@ Result<std::shared_ptr<WorkState>> post_send(CommImpl& c, const Op& op) {
   w->rank = c.rank;
   auto self = c.shared_from_this();
   const uint64_t resets = c.sync_resets.load(std::memory_order_acquire);
-  w->poll = [self, peer, s, resets, d](bool block) { return send_done(*self, peer, s, resets, d, block); };
+  const uint32_t peer_resets = std::atomic_ref<uint32_t>(c.peers[peer].hdr()->resets).load(std::memory_order_acquire);
+  w->poll = [self, peer, s, resets, peer_resets, d](bool block) {
+    return send_done(*self, peer, s, resets, peer_resets, d, block);
+  };
   if (staged) {
     auto ctx = c.ctx;
     // Freed when the Work goes away; by then the receiver has copied (or the job failed).

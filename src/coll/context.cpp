@@ -288,6 +288,7 @@ void CommImpl::reset_sync_state(uint64_t epoch) {
     transport::publish(self.recv_done(r), 0);
     self.recv_error(r).store(0, std::memory_order_relaxed);
   }
+  std::atomic_ref<uint32_t>(h->resets).fetch_add(1, std::memory_order_release);
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 

@@ -18,7 +18,7 @@ namespace strata::detail {
 /// grew in version 2, inline input moved over the descriptor's buffer fields in 3, the slots
 /// grew to hold a small external input in 4) refuse each other's blocks instead of misreading
 /// them.
-inline constexpr uint64_t kCtrlMagic = 0x3543544152545353ull;  // "SSTRATC5"
+inline constexpr uint64_t kCtrlMagic = 0x3643544152545353ull;  // "SSTRATC6"
 /// Point-to-point messages in flight per (sender, receiver) pair: the ring of P2pSlot.
 inline constexpr uint32_t kP2pDepth = 8;
 
@@ -106,6 +106,10 @@ struct alignas(64) CtrlHeader {
   /// Entries of the owner's flight-recorder ring, which follows the block (CtrlView::flight):
   /// a peer that times out waiting for this rank reads what it is doing there.
   uint32_t flight_len = 0;
+  /// Bumped by the owner each time it restarts its signals for a recovery epoch: a sender
+  /// waiting for the acknowledgement of a message this rank claimed learns from it that the
+  /// receive is over (its acknowledgement was wiped with the rest).
+  uint32_t resets = 0;
   OpSlot slots[2];
   /// The slot of operation `seq`.
   OpSlot& slot(uint32_t seq) { return slots[seq & 1]; }
