@@ -148,7 +148,20 @@ Status rebuild_world(Membership& m, bool fresh, int suspect) {
     if (!keys.empty()) {
       const std::string what = to_read.size() == 1 ? "rank " + std::to_string(to_read[0]) + " to join"
                                                    : std::to_string(to_read.size()) + " ranks to join";
-      STRATA_ASSIGN_OR_RETURN(values, wait_all_in_epoch(ctx, keys, e, d, what));
+      auto got = wait_all_in_epoch(ctx, keys, e, d, what);
+      if (!got.is_ok()) {
+        // A replacement that never joined (stopped before it beat, stuck before init()):
+        // named to the controller, which replaces it once it has not begun recovering.
+        if (got.status().code() == Code::Timeout) {
+          const Deadline soon = Deadline::after(std::chrono::seconds(1));
+          (void)store.set(recovery::keys::recovering(job, me), std::to_string(e), soon);
+          for (int r : to_read)
+            if (contains(failed, r))
+              (void)store.set(recovery::keys::suspect(job, r), std::to_string(e) + " " + std::to_string(me), soon);
+        }
+        return got.status();
+      }
+      values = std::move(got.value());
     }
     if (!values) continue;
     std::vector<int> to_attach;

@@ -447,6 +447,40 @@ TEST(Recovery, SpareKilledWhileWaitingIsReplaced) {
   expect_nothing_left(socket_env, dir.path() + "/sockets");
 }
 
+// A spare stopped (SIGSTOP) while it waits never beats, so no heartbeat timeout catches it
+// once it holds a rank: the survivors, whose rebuild times out waiting for it to join, name
+// it, and the controller replaces it again (before, they waited 16 x STRATA_TIMEOUT and were
+// then replaced themselves).
+TEST(Recovery, AStoppedSpareGivenARankIsNamedByTheSurvivorsAndReplaced) {
+  STRATA_REQUIRE_BIN();
+  cli_test::TempDir dir;
+  const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
+  std::vector<std::string> env = {"STRATA_HEARTBEAT_TIMEOUT=2s", "STRATA_TIMEOUT=3s", socket_env};
+  std::vector<std::string> args = {"run", "--ft",          "--spares", "1",  "-n",      std::to_string(kRanks),
+                                   "--",  STRATA_TRAIN_DP, "--steps",  "16", "--times", "--pace",
+                                   "25",  "--fail",        "2:12:kill"};
+  cli_test::CliProcess p(args, env);
+  const auto until = cli_test::Clock::now() + std::chrono::seconds(60);
+  while (!contains(p.out(), "STEP_DONE step=2 ") && cli_test::Clock::now() < until)
+    p.pump(std::chrono::milliseconds(5));
+  ASSERT_TRUE(contains(p.out(), "STEP_DONE step=2 ")) << p.out() << p.err();
+  std::vector<pid_t> spares = processes_with_env("STRATA_SPARE=0");
+  std::vector<pid_t> mine = processes_with_env(socket_env);
+  pid_t victim = -1;
+  for (pid_t s : spares)
+    if (std::find(mine.begin(), mine.end(), s) != mine.end()) victim = s;
+  ASSERT_GT(victim, 0) << "spare 0 is not running\n" << p.err();
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  Job j;
+  j.o = p.finish(std::chrono::seconds(60));
+  parse_job(j);
+  expect_recovered(j, {2}, 1);
+  EXPECT_TRUE(contains(
+      j.o.err, "waiting for rank 2 (pid " + std::to_string(victim) + "), which did not begin recovering itself"))
+      << j.o.err;
+  expect_nothing_left(socket_env, dir.path() + "/sockets");
+}
+
 // A launcher SIGKILLed mid-job takes its waiting spare with it (PR_SET_PDEATHSIG and the
 // rank-group guard), as it does its ranks.
 TEST(Recovery, SparesDieWithTheLauncher) {
