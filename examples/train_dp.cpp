@@ -11,10 +11,11 @@
 // (scripts/bench_recovery.py, tests/recovery).
 //
 // Fault injection (each fires once, in the original process of RANK):
-//   --fail RANK:STEP[:kill|stop|exit|exit0|hang|killmid|killdonor|host]  at STEP, after the local gradients:
+//   --fail RANK:STEP[:kill|stop|exit|exit0|hang|abort|killmid|killdonor|host]  at STEP, after the local gradients:
 //                                   SIGKILL, SIGSTOP (a hang), exit(3), exit(0) (leaves early,
 //                                   as if done), a hang in the program (the library's thread
-//                                   keeps beating), SIGKILL while its own
+//                                   keeps beating), comm.abort() (abort: the process goes on),
+//                                   SIGKILL while its own
 //                                   all_reduce is in flight (killmid), or SIGKILL and then the
 //                                   donor of its state dies after sending its first buffer
 //                                   (killdonor: the restore is cut short; another donor must
@@ -85,7 +86,7 @@ struct Options {
 constexpr const char* kHelp =
     "usage: strata run [--ft] -n N -- train_dp [options]\n"
     "  --steps K  --hidden H  --in I  --batch B   the job (defaults 30, 128, 32, 16)\n"
-    "  --fail RANK:STEP[:kill|stop|exit|exit0|hang|killmid|killdonor|host]   inject a failure (repeatable)\n"
+    "  --fail RANK:STEP[:kill|stop|exit|exit0|hang|abort|killmid|killdonor|host]   inject a failure (repeatable)\n"
     "  --fail-in-recovery RANK  --fail-replacement RANK  --no-replica  --pace MS\n"
     "  --checkpoint PATH --checkpoint-every K   the restart-everything baseline (strata run --ft --restart-all)\n"
     "  --quiet  --times\n"
@@ -128,8 +129,9 @@ Options parse(int argc, char** argv) {
                                 v.substr(c1 + 1, c2 == std::string::npos ? std::string::npos : c2 - c1 - 1), 0);
       if (c2 != std::string::npos) f.mode = v.substr(c2 + 1);
       if (f.mode != "kill" && f.mode != "stop" && f.mode != "exit" && f.mode != "exit0" && f.mode != "hang" &&
-          f.mode != "killmid" && f.mode != "killdonor" && f.mode != "host")
-        usage("--fail mode must be kill, stop, exit, exit0, hang, killmid, killdonor or host, got '" + f.mode + "'");
+          f.mode != "abort" && f.mode != "killmid" && f.mode != "killdonor" && f.mode != "host")
+        usage("--fail mode must be kill, stop, exit, exit0, hang, abort, killmid, killdonor or host, got '" + f.mode +
+              "'");
       o.faults.push_back(f);
     } else if (a == "--fail-in-recovery") o.fail_in_recovery = number(a, next(), 0);
     else if (a == "--fail-replacement") o.fail_replacement = number(a, next(), 0);
@@ -250,6 +252,7 @@ void inject(strata::Communicator& comm, const std::string& mode) {
   if (mode == "stop") ::raise(SIGSTOP);
   else if (mode == "exit") std::_Exit(3);
   else if (mode == "exit0") std::_Exit(0);  // leaves early, as if done: only its peers can tell
+  else if (mode == "abort") comm.abort();   // the process goes on: every rank recovers, none failed
   else if (mode == "hang") {
     // Stuck in the program: the library's own thread keeps this rank's heartbeat going.
     for (;;) ::pause();
@@ -394,11 +397,14 @@ int train(int argc, char** argv) {
   bool report_pending = false;
   strata::recovery::Report last;
   strata::recovery::StepFunctions fns;
+  bool abort_fired = false;
   fns.compute = [&](uint64_t step) {
     if (o.pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.pace_ms));
     m.gradients(rank, cursor, rng);
     for (const Fault& f : o.faults) {
       if (replacement || f.rank != rank || f.step != step) continue;
+      // The only fault its process outlives: once, not again in the redone step.
+      if (f.mode == "abort" && std::exchange(abort_fired, true)) continue;
       if (f.mode == "killdonor") inject(comm, "kill");
       if (f.mode == "killmid") {
         strata::Work w = comm.all_reduce_async(m.grads.span(), strata::ReduceOp::Sum);

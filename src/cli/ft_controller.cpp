@@ -69,6 +69,7 @@ void FtController::watch_loop() {
       }
     }
     if (check_suspects(job)) found = true;
+    if (check_all_recovering(job)) found = true;
     if (found) {
       uint64_t one = 1;
       (void)!::write(event_fd_, &one, sizeof one);
@@ -124,6 +125,41 @@ bool FtController::check_suspects(const std::string& job) {
     found = true;
   }
   return found;
+}
+
+bool FtController::check_all_recovering(const std::string& job) {
+  if (opts_.world_size <= 0) return false;
+  // Cheap while nothing is wrong: one list, empty until a rank reports itself recovering.
+  auto keys = watch_store_->list(keys::recovering_prefix(job));
+  if (!keys.is_ok() || static_cast<int>(keys.value().size()) < opts_.world_size) return false;
+  std::vector<std::string> all;
+  for (int r = 0; r < opts_.world_size; ++r) all.push_back(keys::recovering(job, r));
+  auto st = watch_store_->try_get(state_key_);
+  auto values = watch_store_->get_many(all, std::chrono::milliseconds(0));
+  if (!st.is_ok() || !values.is_ok()) return false;
+  const uint64_t latest = st.value() ? parse_state(*st.value()).epoch : 0;
+  for (const std::string& v : values.value())
+    if (v != std::to_string(latest)) return false;
+  std::lock_guard<std::mutex> g(mu_);
+  if (job != job_ || rebuild_seen_ == latest) return false;
+  rebuild_seen_ = latest;
+  rebuild_ = latest;
+  return true;
+}
+
+std::optional<uint64_t> FtController::take_rebuild() {
+  std::lock_guard<std::mutex> g(mu_);
+  return std::exchange(rebuild_, std::nullopt);
+}
+
+bool FtController::announce_rebuild(uint64_t e) {
+  std::string why;
+  auto next = advance([e](JobState& st) { return st.epoch == e && st.pending.empty(); }, &why);
+  if (!next) return false;
+  epoch_ = next->epoch;
+  (void)store_->set(keys::detected(job_, epoch_), std::to_string(recovery::now_ns()));
+  (void)store_->set(keys::epoch(job_, epoch_), "");
+  return true;
 }
 
 std::vector<std::pair<int, int>> FtController::take_suspected() {

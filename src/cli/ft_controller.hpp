@@ -31,6 +31,7 @@ struct FtOptions {
   bool restart_all = false;  // baseline: restart every rank (torchrun-like)
   std::chrono::milliseconds heartbeat_interval{100};
   std::chrono::milliseconds heartbeat_timeout{1000};
+  int world_size = 0;  // every rank of the job, on every host
 };
 
 class FtController {
@@ -56,6 +57,13 @@ class FtController {
   /// stopped before it beat, or a rank that exited with code 0 while the others needed it.
   /// Each (rank, the peer that named it) once per process.
   std::vector<std::pair<int, int>> take_suspected();
+  /// The epoch in which every rank of the job is recovering although no controller announced
+  /// a failure (a rank called abort(), or every rank recover()): a rebuild that replaces no
+  /// rank lets them all go on. Once per epoch; nullopt when there is none.
+  std::optional<uint64_t> take_rebuild();
+  /// Announces the epoch after `e` with no rank to replace; false when the job moved on
+  /// meanwhile (another host's agent did it, or a failure came).
+  bool announce_rebuild(uint64_t e);
 
   /// Ranks (global) failed. Returns false when the job-wide failure budget is spent (the
   /// job must stop) or the store cannot be reached (`why` then says so); otherwise moves the
@@ -122,6 +130,7 @@ class FtController {
   void reset_heartbeat(int rank);  // global rank; caller holds mu_
   void watch_loop();
   bool check_suspects(const std::string& job);
+  bool check_all_recovering(const std::string& job);
   std::chrono::milliseconds tick_interval() const {
     // A quarter of the timeout catches a hang within 1.25x the timeout.
     return std::max(opts_.heartbeat_interval, opts_.heartbeat_timeout / 4);
@@ -141,6 +150,8 @@ class FtController {
   std::vector<Beat> beats_;                          // per watched rank (ranks_ order)
   std::vector<std::pair<int, uint64_t>> hung_;       // (rank, gen) found by the watcher
   std::vector<std::pair<int, uint64_t>> suspected_;  // (index, gen) named by a peer, not recovering
+  std::optional<uint64_t> rebuild_;                  // every rank recovering in this epoch
+  uint64_t rebuild_seen_ = UINT64_MAX;               // the last such epoch, reported once
   std::thread watcher_;
   std::atomic<bool> stop_{false};
   int event_fd_ = -1;

@@ -264,6 +264,10 @@ void Launcher::check_heartbeats() {
     }
     if (stopping_) return;
   }
+  if (auto e = ft_->take_rebuild(); e && ft_->announce_rebuild(*e))
+    say("every rank is recovering in epoch " + std::to_string(*e) +
+        " and none failed (a rank called abort()?): rebuilding in epoch " + std::to_string(ft_->epoch()) +
+        " with no rank replaced");
   for (auto [i, by] : ft_->take_suspected()) {
     for (auto& r : ranks_) {
       if (r.global != i || !r.current) continue;

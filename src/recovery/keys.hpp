@@ -32,8 +32,9 @@ inline std::string heartbeat(const std::string& job, int rank) { return base(job
 // the program, a stopped spare) or left early (exit 0), which no heartbeat or exit reveals.
 inline std::string suspect(const std::string& job, int rank) { return base(job) + "suspect/" + std::to_string(rank); }
 inline std::string suspect_prefix(const std::string& job) { return base(job) + "suspect/"; }
+inline std::string recovering_prefix(const std::string& job) { return base(job) + "recovering/"; }
 inline std::string recovering(const std::string& job, int rank) {
-  return base(job) + "recovering/" + std::to_string(rank);
+  return recovering_prefix(job) + std::to_string(rank);
 }
 /// A replaced rank's world record in epoch e (host, pid, control block).
 inline std::string join(const std::string& job, uint64_t e, int rank) {

@@ -181,6 +181,21 @@ TEST(Recovery, ARankKilledAfterTheOthersFinishedIsNotReplaced) {
   EXPECT_FALSE(contains(o.err, "epoch 1")) << o.err;
 }
 
+// abort() on one rank fails every rank's step, and no process is lost: every rank calls
+// recover(), the controller sees them all recovering with no failure announced, and
+// rebuilds with no rank replaced (before, recover() waited 16 x STRATA_TIMEOUT).
+TEST(Recovery, AbortOnOneRankIsRecoveredWithNoRankReplaced) {
+  STRATA_REQUIRE_BIN();
+  const auto start = std::chrono::steady_clock::now();
+  Job j = run_job({"run", "--ft"}, {"--fail", "1:5:abort"}, {"STRATA_TIMEOUT=3s"});
+  EXPECT_EQ(j.o.exit_code, 0) << j.o.err;
+  EXPECT_EQ(j.hash, reference_hash()) << j.o.out << j.o.err;
+  EXPECT_EQ(j.replacements, 0) << j.o.err;
+  for (const auto& [r, pid] : j.first_pid) EXPECT_EQ(j.done_pid[r], pid) << "rank " << r << " lost its process";
+  EXPECT_TRUE(contains(j.o.err, "with no rank replaced")) << j.o.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << j.o.err;
+}
+
 TEST(Recovery, TwoRanksAtOnce) {
   STRATA_REQUIRE_BIN();
   Job j = run_job({"run", "--ft"}, {"--fail", "1:5:kill", "--fail", "2:5:kill"});
