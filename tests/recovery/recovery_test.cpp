@@ -425,6 +425,29 @@ TEST(Recovery, TwoFailuresWithOneSpareUseTheRefilledSpare) {
   expect_nothing_left(socket_env, dir.path() + "/sockets");
 }
 
+// A paced job of kRanks ranks with one hot spare; rank 2 is killed at step 12.
+std::vector<std::string> spare_job_args() {
+  return {"run", "--ft",          "--spares", "1",  "-n",      std::to_string(kRanks),
+          "--",  STRATA_TRAIN_DP, "--steps",  "16", "--times", "--pace",
+          "25",  "--fail",        "2:12:kill"};
+}
+
+// Spare 0 of the job `p` runs (its STRATA_SOCKET_DIR setting `socket_env` tells it from other
+// jobs' spares), still waiting: once the ranks are done with two paced steps it has long
+// reached strata::init() (train_dp does nothing before it). Its pid, or -1 with a failure.
+pid_t waiting_spare(cli_test::CliProcess& p, const std::string& socket_env) {
+  const auto until = cli_test::Clock::now() + std::chrono::seconds(60);
+  while (!contains(p.out(), "STEP_DONE step=2 ") && cli_test::Clock::now() < until)
+    p.pump(std::chrono::milliseconds(5));
+  if (!contains(p.out(), "STEP_DONE step=2 ")) ADD_FAILURE() << "the job did not get to step 2";
+  if (contains(p.err(), "goes to spare")) ADD_FAILURE() << "too late: the spare already holds a rank";
+  const std::vector<pid_t> mine = processes_with_env(socket_env);
+  for (pid_t s : processes_with_env("STRATA_SPARE=0"))
+    if (std::find(mine.begin(), mine.end(), s) != mine.end()) return s;
+  ADD_FAILURE() << "spare 0 is not running";
+  return -1;
+}
+
 // A spare SIGKILLed while it waits is replaced by another; the job does not notice, and the
 // new spare takes the rank that fails later.
 TEST(Recovery, SpareKilledWhileWaitingIsReplaced) {
@@ -433,23 +456,9 @@ TEST(Recovery, SpareKilledWhileWaitingIsReplaced) {
   const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
   std::vector<std::string> env = kEnv;
   env.push_back(socket_env);
-  std::vector<std::string> args = {"run", "--ft",          "--spares", "1",  "-n",      std::to_string(kRanks),
-                                   "--",  STRATA_TRAIN_DP, "--steps",  "16", "--times", "--pace",
-                                   "25",  "--fail",        "2:12:kill"};
-  cli_test::CliProcess p(args, env);
-  // Ranks done with two paced steps: the spare, started with them, has long reached
-  // strata::init() (train_dp does nothing before it).
-  const auto until = cli_test::Clock::now() + std::chrono::seconds(60);
-  while (!contains(p.out(), "STEP_DONE step=2 ") && cli_test::Clock::now() < until)
-    p.pump(std::chrono::milliseconds(5));
-  ASSERT_TRUE(contains(p.out(), "STEP_DONE step=2 ")) << p.out() << p.err();
-  ASSERT_FALSE(contains(p.err(), "goes to spare")) << "too late: the spare already holds a rank\n" << p.err();
-  std::vector<pid_t> spares = processes_with_env("STRATA_SPARE=0");
-  std::vector<pid_t> mine = processes_with_env(socket_env);
-  pid_t victim = -1;
-  for (pid_t s : spares)
-    if (std::find(mine.begin(), mine.end(), s) != mine.end()) victim = s;
-  ASSERT_GT(victim, 0) << "spare 0 is not running\n" << p.err();
+  cli_test::CliProcess p(spare_job_args(), env);
+  const pid_t victim = waiting_spare(p, socket_env);
+  ASSERT_GT(victim, 0) << p.out() << p.err();
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
   Job j;
   j.o = p.finish(std::chrono::seconds(120));
@@ -471,20 +480,9 @@ TEST(Recovery, AStoppedSpareGivenARankIsNamedByTheSurvivorsAndReplaced) {
   cli_test::TempDir dir;
   const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
   std::vector<std::string> env = {"STRATA_HEARTBEAT_TIMEOUT=2s", "STRATA_TIMEOUT=3s", socket_env};
-  std::vector<std::string> args = {"run", "--ft",          "--spares", "1",  "-n",      std::to_string(kRanks),
-                                   "--",  STRATA_TRAIN_DP, "--steps",  "16", "--times", "--pace",
-                                   "25",  "--fail",        "2:12:kill"};
-  cli_test::CliProcess p(args, env);
-  const auto until = cli_test::Clock::now() + std::chrono::seconds(60);
-  while (!contains(p.out(), "STEP_DONE step=2 ") && cli_test::Clock::now() < until)
-    p.pump(std::chrono::milliseconds(5));
-  ASSERT_TRUE(contains(p.out(), "STEP_DONE step=2 ")) << p.out() << p.err();
-  std::vector<pid_t> spares = processes_with_env("STRATA_SPARE=0");
-  std::vector<pid_t> mine = processes_with_env(socket_env);
-  pid_t victim = -1;
-  for (pid_t s : spares)
-    if (std::find(mine.begin(), mine.end(), s) != mine.end()) victim = s;
-  ASSERT_GT(victim, 0) << "spare 0 is not running\n" << p.err();
+  cli_test::CliProcess p(spare_job_args(), env);
+  const pid_t victim = waiting_spare(p, socket_env);
+  ASSERT_GT(victim, 0) << p.out() << p.err();
   ASSERT_EQ(::kill(victim, SIGSTOP), 0);
   Job j;
   j.o = p.finish(std::chrono::seconds(60));
