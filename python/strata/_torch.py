@@ -29,6 +29,7 @@ import hmac
 import os
 import secrets
 import shutil
+import stat
 import sys
 import tempfile
 
@@ -99,13 +100,17 @@ def _read_token(source):
     if source.startswith("file:"):
         path = source[len("file:"):]
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            # Non-blocking: a FIFO named there must not hang the rank before it is refused.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as e:
             raise InvalidArgument(f"cannot read the job token rank 0 wrote to {path} ({e}); the ranks of a "
                                   "torch-launched group must run on rank 0's host as the same user, or share "
                                   "STRATA_JOB_TOKEN") from None
         with os.fdopen(fd) as f:
-            _check_private(path, os.fstat(f.fileno()), "file")
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise InvalidArgument(f"the job token file {path} named in torch's store is not a regular file")
+            _check_private(path, st, "file")
             _check_private(os.path.dirname(path), os.stat(os.path.dirname(path)), "directory")
             return f.read()
     raise InvalidArgument(f"unexpected token source {source!r} in torch's store")
@@ -150,7 +155,7 @@ def rendezvous(torch_store, rank):
                               "malformed (not written by this version of strata's rank 0?)")
     address, source, job_id, mac = fields
     token = _read_token(source)
-    if not hmac.compare_digest(mac, _mac(token, "\n".join(fields[:3]))):
+    if not hmac.compare_digest(mac.encode(), _mac(token, "\n".join(fields[:3])).encode()):
         raise InvalidArgument(f"rank {rank}: the rendezvous record in torch's store under {_RENDEZVOUS_KEY!r} does "
                               "not carry this job token's MAC: it was not written by this job's rank 0 (another "
                               "process on the host overwrote it?), or rank 0 uses another STRATA_JOB_TOKEN")

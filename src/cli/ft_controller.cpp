@@ -68,8 +68,7 @@ void FtController::watch_loop() {
         found = true;
       }
     }
-    if (check_suspects(job)) found = true;
-    if (check_all_recovering(job)) found = true;
+    if (check_reports(job)) found = true;
     if (found) {
       uint64_t one = 1;
       (void)!::write(event_fd_, &one, sizeof one);
@@ -77,16 +76,42 @@ void FtController::watch_loop() {
   }
 }
 
-bool FtController::check_suspects(const std::string& job) {
-  // One request per tick, whatever the job's size: the list is empty unless a rank saw a
-  // failure that no controller announced.
+bool FtController::check_reports(const std::string& job) {
+  // Two lists per tick, whatever the job's size: both are empty unless a rank saw a failure
+  // that no controller announced. Reports are phases (keys::report_phase); those of an epoch
+  // a failure has since ended are deleted here, so the lists stay short.
   auto named = watch_store_->list(keys::suspect_prefix(job));
-  if (!named.is_ok() || named.value().empty()) return false;
+  auto recovering = watch_store_->list(keys::recovering_prefix(job));
+  if (!named.is_ok() || !recovering.is_ok() || (named.value().empty() && recovering.value().empty())) return false;
+  auto st = watch_store_->try_get(state_key_);
+  if (!st.is_ok()) return false;
+  const uint64_t latest = st.value() ? parse_state(*st.value()).epoch : 0;
+  auto rank_of = [](const std::string& k) {
+    auto r = parse_int(std::string_view(k).substr(k.rfind('/') + 1), 0, INT_MAX);
+    return r.is_ok() ? static_cast<int>(r.value()) : -1;
+  };
+  // Every rank's own report, by rank: its phase.
+  std::vector<std::optional<uint64_t>> own(static_cast<size_t>(std::max(opts_.world_size, 0)));
+  int running_phase = 0;  // ranks recovering from a failure in the newest epoch
+  if (!recovering.value().empty()) {
+    auto values = watch_store_->get_many(recovering.value(), std::chrono::milliseconds(0));
+    if (!values.is_ok()) return false;
+    for (size_t k = 0; k < values.value().size(); ++k) {
+      const std::string& key = recovering.value()[k];
+      uint64_t phase = 0;
+      if (!(std::istringstream(values.value()[k]) >> phase) || phase / 2 < latest) {
+        (void)watch_store_->del(key);
+        continue;
+      }
+      const int r = rank_of(key);
+      if (r >= 0 && r < static_cast<int>(own.size())) own[static_cast<size_t>(r)] = phase;
+      if (phase == 2 * latest + 1) ++running_phase;
+    }
+  }
   bool found = false;
   for (const std::string& k : named.value()) {
-    auto r = parse_int(std::string_view(k).substr(k.rfind('/') + 1), 0, INT_MAX);
-    if (!r.is_ok()) continue;
-    auto at = std::find(ranks_.begin(), ranks_.end(), static_cast<int>(r.value()));
+    const int r = rank_of(k);
+    auto at = std::find(ranks_.begin(), ranks_.end(), r);
     if (at == ranks_.end()) continue;  // another host's agent watches it
     const size_t i = static_cast<size_t>(at - ranks_.begin());
     uint64_t gen = 0;
@@ -95,27 +120,31 @@ bool FtController::check_suspects(const std::string& job) {
       gen = beats_[i].gen;
     }
     auto v = watch_store_->try_get(k);
-    auto own = watch_store_->try_get(keys::recovering(job, static_cast<int>(r.value())));
-    auto st = watch_store_->try_get(state_key_);
-    if (!v.is_ok() || !v.value() || !own.is_ok() || !st.is_ok()) continue;
-    uint64_t named_in = 0, own_in = 0;
+    if (!v.is_ok() || !v.value()) continue;
+    uint64_t phase = 0;
     int by = -1;
-    if (!(std::istringstream(*v.value()) >> named_in >> by)) continue;
-    if (own.value()) (void)(std::istringstream(*own.value()) >> own_in);
-    const uint64_t latest = st.value() ? parse_state(*st.value()).epoch : 0;
+    if (!(std::istringstream(*v.value()) >> phase >> by) || phase / 2 < latest) {
+      (void)watch_store_->del(k);  // of an epoch a failure has since ended
+      continue;
+    }
+    // Recovering itself in that phase or later: it waited for someone else.
+    if (r < static_cast<int>(own.size()) && own[static_cast<size_t>(r)] && *own[static_cast<size_t>(r)] >= phase)
+      continue;
+    // Named for not joining a rebuild (an even phase) but it has joined since.
+    if (phase % 2 == 0) {
+      auto joined = watch_store_->try_get(keys::join(job, phase / 2, r));
+      if (!joined.is_ok() || joined.value()) continue;
+    }
     const auto now = Clock::now();
     std::lock_guard<std::mutex> g(mu_);
     if (job != job_) return false;
     Beat& b = beats_[i];
-    // Replaced meanwhile (the report was about its predecessor), or a report from an epoch a
-    // failure has since ended (any controller's): nothing to act on.
-    if (b.gen != gen || named_in != latest) continue;
-    // Recovering itself in that epoch: it waited for someone else, it is not the one stuck.
-    if (own.value() && own_in >= named_in) continue;
-    if (b.suspect_epoch != named_in) {
-      b.suspect_epoch = named_in;
+    if (b.gen != gen) continue;  // replaced meanwhile: the report was about its predecessor
+    if (b.suspect_phase != phase) {
+      b.suspect_phase = phase;
       b.suspect_since = now;
       b.suspected_by = by;
+      b.suspect_reported = false;
       continue;
     }
     // The grace lets a rank that waited for someone else in the same way report itself first.
@@ -124,27 +153,17 @@ bool FtController::check_suspects(const std::string& job) {
     suspected_.emplace_back(static_cast<int>(i), b.gen);
     found = true;
   }
+  // Every rank recovering from a failure in the newest epoch, none of them failed: a rank
+  // called abort(), or every rank recover().
+  if (opts_.world_size > 0 && running_phase == opts_.world_size) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (job == job_ && rebuild_seen_ != latest) {
+      rebuild_seen_ = latest;
+      rebuild_ = latest;
+      found = true;
+    }
+  }
   return found;
-}
-
-bool FtController::check_all_recovering(const std::string& job) {
-  if (opts_.world_size <= 0) return false;
-  // Cheap while nothing is wrong: one list, empty until a rank reports itself recovering.
-  auto keys = watch_store_->list(keys::recovering_prefix(job));
-  if (!keys.is_ok() || static_cast<int>(keys.value().size()) < opts_.world_size) return false;
-  std::vector<std::string> all;
-  for (int r = 0; r < opts_.world_size; ++r) all.push_back(keys::recovering(job, r));
-  auto st = watch_store_->try_get(state_key_);
-  auto values = watch_store_->get_many(all, std::chrono::milliseconds(0));
-  if (!st.is_ok() || !values.is_ok()) return false;
-  const uint64_t latest = st.value() ? parse_state(*st.value()).epoch : 0;
-  for (const std::string& v : values.value())
-    if (v != std::to_string(latest)) return false;
-  std::lock_guard<std::mutex> g(mu_);
-  if (job != job_ || rebuild_seen_ == latest) return false;
-  rebuild_seen_ = latest;
-  rebuild_ = latest;
-  return true;
 }
 
 std::optional<uint64_t> FtController::take_rebuild() {

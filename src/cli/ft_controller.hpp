@@ -105,8 +105,8 @@ class FtController {
     bool reported = false;  // reported hung; not again until it is replaced
     uint64_t gen = 0;       // bumped per replacement
     std::chrono::steady_clock::time_point changed{};
-    // Named by a peer as the one it waited for (keys::suspect), in epoch suspect_epoch.
-    uint64_t suspect_epoch = UINT64_MAX;
+    // Named by a peer as the one it waited for (keys::suspect), in phase suspect_phase.
+    uint64_t suspect_phase = UINT64_MAX;
     int suspected_by = -1;
     bool suspect_reported = false;
     std::chrono::steady_clock::time_point suspect_since{};
@@ -129,8 +129,7 @@ class FtController {
   static std::string format_pending(const JobState& st);
   void reset_heartbeat(int rank);  // global rank; caller holds mu_
   void watch_loop();
-  bool check_suspects(const std::string& job);
-  bool check_all_recovering(const std::string& job);
+  bool check_reports(const std::string& job);
   std::chrono::milliseconds tick_interval() const {
     // A quarter of the timeout catches a hang within 1.25x the timeout.
     return std::max(opts_.heartbeat_interval, opts_.heartbeat_timeout / 4);

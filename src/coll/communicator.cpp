@@ -264,9 +264,11 @@ Result<std::shared_ptr<WorkState>> post_send(CommImpl& c, const Op& op) {
   if (staged) {
     auto ctx = c.ctx;
     // Freed when the Work goes away; by then the receiver has copied (or the job failed).
-    w->on_destroy = [ctx, staged, self, peer, s] {
+    w->on_destroy = [ctx, staged, self, peer, s, peer_resets] {
+      // Delivered, withdrawn, or its receiver restarted for a new epoch (after its receive).
       if (transport::reached(self->peers[peer].recv_done(self->rank).value.load(), s) ||
-          std::atomic_ref<uint32_t>(self->self.slot(peer, s).claim).load(std::memory_order_acquire) == kP2pWithdrawn)
+          std::atomic_ref<uint32_t>(self->self.slot(peer, s).claim).load(std::memory_order_acquire) == kP2pWithdrawn ||
+          std::atomic_ref<uint32_t>(self->peers[peer].hdr()->resets).load(std::memory_order_acquire) != peer_resets)
         (void)ctx->heap->free(staged);
       // Otherwise the receiver may still read it: leak rather than corrupt.
     };

@@ -27,9 +27,13 @@ inline std::string injected(const std::string& job, uint64_t e) { return base(jo
 /// A rank's heartbeat counter; kExiting once it shuts down (no longer watched).
 inline constexpr const char* kExiting = "exiting";
 inline std::string heartbeat(const std::string& job, int rank) { return base(job) + "hb/" + std::to_string(rank); }
-// A rank whose failure no controller announced names the peer it waited for ("<epoch> <by>"),
-// and says it is recovering itself ("<epoch>"): a peer named but not recovering is stuck (in
+// A rank whose failure no controller announced names the peer it waited for ("<phase> <by>"),
+// and says it is recovering itself ("<phase>"): a peer named but not recovering is stuck (in
 // the program, a stopped spare) or left early (exit 0), which no heartbeat or exit reveals.
+// The phase tells a failure while the job ran in epoch e (2e + 1) from a replacement that did
+// not join the rebuild into epoch e (2e).
+inline uint64_t running_phase(uint64_t epoch) { return 2 * epoch + 1; }
+inline uint64_t rebuild_phase(uint64_t epoch) { return 2 * epoch; }
 inline std::string suspect(const std::string& job, int rank) { return base(job) + "suspect/" + std::to_string(rank); }
 inline std::string suspect_prefix(const std::string& job) { return base(job) + "suspect/"; }
 inline std::string recovering_prefix(const std::string& job) { return base(job) + "recovering/"; }

@@ -97,9 +97,10 @@ Status rebuild_world(Membership& m, bool fresh, int suspect) {
       // rank waited for, and that this rank itself is recovering.
       if (!reported && !epochs.wait_newer(e, Deadline::after(kReportAfter))) {
         reported = true;
-        (void)store.set(recovery::keys::recovering(job, me), std::to_string(e), d);
+        const std::string phase = std::to_string(recovery::keys::running_phase(e));
+        (void)store.set(recovery::keys::recovering(job, me), phase, d);
         if (suspect >= 0 && suspect < n && suspect != me)
-          (void)store.set(recovery::keys::suspect(job, suspect), std::to_string(e) + " " + std::to_string(me), d);
+          (void)store.set(recovery::keys::suspect(job, suspect), phase + " " + std::to_string(me), d);
         continue;
       }
       if (!epochs.wait_newer(e, d))
@@ -154,10 +155,15 @@ Status rebuild_world(Membership& m, bool fresh, int suspect) {
         // named to the controller, which replaces it once it has not begun recovering.
         if (got.status().code() == Code::Timeout) {
           const Deadline soon = Deadline::after(std::chrono::seconds(1));
-          (void)store.set(recovery::keys::recovering(job, me), std::to_string(e), soon);
-          for (int r : to_read)
-            if (contains(failed, r))
-              (void)store.set(recovery::keys::suspect(job, r), std::to_string(e) + " " + std::to_string(me), soon);
+          const std::string phase = std::to_string(recovery::keys::rebuild_phase(e));
+          (void)store.set(recovery::keys::recovering(job, me), phase, soon);
+          // Only those still missing: naming one that joined could have it taken for stuck.
+          for (size_t i = 0; i < to_read.size(); ++i) {
+            if (!contains(failed, to_read[i])) continue;
+            auto there = store.try_get(keys[i], soon);
+            if (there.is_ok() && !*there)
+              (void)store.set(recovery::keys::suspect(job, to_read[i]), phase + " " + std::to_string(me), soon);
+          }
         }
         return got.status();
       }
