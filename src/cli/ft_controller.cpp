@@ -78,8 +78,8 @@ void FtController::watch_loop() {
 
 bool FtController::check_reports(const std::string& job) {
   // Two lists per tick, whatever the job's size: both are empty unless a rank saw a failure
-  // that no controller announced. Reports are phases (keys::report_phase); those of an epoch
-  // a failure has since ended are deleted here, so the lists stay short.
+  // that no controller announced. Reports are phases (keys::running_phase, rebuild_phase);
+  // those of an epoch a failure has since ended are deleted here, so the lists stay short.
   auto named = watch_store_->list(keys::suspect_prefix(job));
   auto recovering = watch_store_->list(keys::recovering_prefix(job));
   if (!named.is_ok() || !recovering.is_ok() || (named.value().empty() && recovering.value().empty())) return false;
@@ -92,7 +92,7 @@ bool FtController::check_reports(const std::string& job) {
   };
   // Every rank's own report, by rank: its phase.
   std::vector<std::optional<uint64_t>> own(static_cast<size_t>(std::max(opts_.world_size, 0)));
-  int running_phase = 0;  // ranks recovering from a failure in the newest epoch
+  int running = 0;  // ranks recovering from a failure in the newest epoch
   if (!recovering.value().empty()) {
     auto values = watch_store_->get_many(recovering.value(), std::chrono::milliseconds(0));
     if (!values.is_ok()) return false;
@@ -105,7 +105,7 @@ bool FtController::check_reports(const std::string& job) {
       }
       const int r = rank_of(key);
       if (r >= 0 && r < static_cast<int>(own.size())) own[static_cast<size_t>(r)] = phase;
-      if (phase == 2 * latest + 1) ++running_phase;
+      if (phase == keys::running_phase(latest)) ++running;
     }
   }
   bool found = false;
@@ -155,7 +155,7 @@ bool FtController::check_reports(const std::string& job) {
   }
   // Every rank recovering from a failure in the newest epoch, none of them failed: a rank
   // called abort(), or every rank recover().
-  if (opts_.world_size > 0 && running_phase == opts_.world_size) {
+  if (opts_.world_size > 0 && running == opts_.world_size) {
     std::lock_guard<std::mutex> g(mu_);
     if (job == job_ && rebuild_seen_ != latest) {
       rebuild_seen_ = latest;

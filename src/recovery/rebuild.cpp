@@ -64,6 +64,15 @@ Result<std::optional<std::string>> wait_in_epoch(const ContextRef& ctx, const st
 
 bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
+// Tells the controller that this rank is recovering in `phase` (keys::running_phase or
+// rebuild_phase) and which peers it waited for in vain: what no exit or heartbeat shows it.
+void report_to_controller(bootstrap::StoreClient& store, const std::string& job, int me, uint64_t phase,
+                          const std::vector<int>& named, const Deadline& d) {
+  const std::string p = std::to_string(phase);
+  (void)store.set(recovery::keys::recovering(job, me), p, d);
+  for (int r : named) (void)store.set(recovery::keys::suspect(job, r), p + " " + std::to_string(me), d);
+}
+
 }  // namespace
 
 Status rebuild_world(Membership& m, bool fresh, int suspect) {
@@ -97,10 +106,9 @@ Status rebuild_world(Membership& m, bool fresh, int suspect) {
       // rank waited for, and that this rank itself is recovering.
       if (!reported && !epochs.wait_newer(e, Deadline::after(kReportAfter))) {
         reported = true;
-        const std::string phase = std::to_string(recovery::keys::running_phase(e));
-        (void)store.set(recovery::keys::recovering(job, me), phase, d);
-        if (suspect >= 0 && suspect < n && suspect != me)
-          (void)store.set(recovery::keys::suspect(job, suspect), phase + " " + std::to_string(me), d);
+        std::vector<int> named;
+        if (suspect >= 0 && suspect < n && suspect != me) named.push_back(suspect);
+        report_to_controller(store, job, me, recovery::keys::running_phase(e), named, d);
         continue;
       }
       if (!epochs.wait_newer(e, d))
@@ -155,15 +163,14 @@ Status rebuild_world(Membership& m, bool fresh, int suspect) {
         // named to the controller, which replaces it once it has not begun recovering.
         if (got.status().code() == Code::Timeout) {
           const Deadline soon = Deadline::after(std::chrono::seconds(1));
-          const std::string phase = std::to_string(recovery::keys::rebuild_phase(e));
-          (void)store.set(recovery::keys::recovering(job, me), phase, soon);
           // Only those still missing: naming one that joined could have it taken for stuck.
+          std::vector<int> missing;
           for (size_t i = 0; i < to_read.size(); ++i) {
             if (!contains(failed, to_read[i])) continue;
             auto there = store.try_get(keys[i], soon);
-            if (there.is_ok() && !*there)
-              (void)store.set(recovery::keys::suspect(job, to_read[i]), phase + " " + std::to_string(me), soon);
+            if (there.is_ok() && !*there) missing.push_back(to_read[i]);
           }
+          report_to_controller(store, job, me, recovery::keys::rebuild_phase(e), missing, soon);
         }
         return got.status();
       }
