@@ -5,6 +5,7 @@
 // an asynchronous operation have headers of their own, included here so that code which
 // includes this header sees all of them.
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -66,6 +67,10 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   uint32_t phase = 0;              // sync steps published
   std::vector<uint32_t> send_seq;  // per peer
   std::vector<uint32_t> recv_seq;  // per peer
+  // Per peer, whether each of the last kP2pDepth sends was refused by its receive. A send's
+  // Work reads the refusal in the send's slot, or here once a later send has reused the slot
+  // (post_send moves it here first): a Work may be waited for long after.
+  std::vector<std::array<std::shared_ptr<std::atomic<bool>>, kP2pDepth>> send_refused;
   // Receives from this rank itself queued on the copy engine and not finished: a blocking
   // send to itself completes only through one of them (communicator.cpp).
   std::atomic<int> self_recvs_queued{0};

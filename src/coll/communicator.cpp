@@ -139,8 +139,10 @@ uint32_t settle(P2pSlot& slot, uint32_t to) {
 }
 
 /// Completion of a posted send: the receiver acknowledged sequence `s`, posted while the
-/// message numbers had been restarted `resets` times (CommImpl::sync_resets).
-Status send_done(CommImpl& c, int peer, uint32_t s, uint64_t resets, uint32_t peer_resets, Deadline d, bool block) {
+/// message numbers had been restarted `resets` times (CommImpl::sync_resets). `moved` is
+/// where post_send leaves the receiver's verdict once a later send reuses the slot.
+Status send_done(CommImpl& c, int peer, uint32_t s, uint64_t resets, uint32_t peer_resets, Deadline d, bool block,
+                 const std::atomic<bool>& moved) {
   const CtrlView& rv = c.peers[peer];
   transport::Signal& done = rv.recv_done(c.rank);
   if (block) {
@@ -195,7 +197,15 @@ Status send_done(CommImpl& c, int peer, uint32_t s, uint64_t resets, uint32_t pe
   } else if (!transport::reached(done.value.load(std::memory_order_acquire), s)) {
     return Status(Code::Unavailable, "pending");
   }
-  if (rv.recv_error(c.rank).load(std::memory_order_acquire) == s)
+  const P2pSlot& sl = c.self.slot(peer, s);
+  bool refused = false;
+  if (sl.seq == s) {
+    refused = std::atomic_ref<uint32_t>(const_cast<uint32_t&>(sl.claim)).load(std::memory_order_acquire) == kP2pRefused;
+    if (sl.seq != s) refused = moved.load(std::memory_order_acquire);  // reused meanwhile
+  } else {
+    refused = moved.load(std::memory_order_acquire);
+  }
+  if (refused)
     return Status(Code::InvalidArgument,
                   "send/recv mismatch: rank " + std::to_string(peer) + " posted a receive that does not match rank " +
                       std::to_string(c.rank) + "'s send #" + std::to_string(s) + " (see the error on rank " +
@@ -244,6 +254,13 @@ Result<std::shared_ptr<WorkState>> post_send(CommImpl& c, const Op& op) {
     }
   }
   P2pSlot& sl = c.self.slot(peer, s);
+  // The send that had this slot (s - kP2pDepth) was taken, as waited for above: its verdict
+  // moves to where its Work reads it before the slot is rewritten.
+  std::shared_ptr<std::atomic<bool>>& moved = c.send_refused[peer][s % kP2pDepth];
+  if (moved && sl.seq == s - kP2pDepth)
+    moved->store(std::atomic_ref<uint32_t>(sl.claim).load(std::memory_order_acquire) == kP2pRefused,
+                 std::memory_order_release);
+  moved = std::make_shared<std::atomic<bool>>(false);
   sl.seq = s;
   sl.tag = op.tag;
   sl.dtype = static_cast<uint8_t>(op.dtype);
@@ -258,8 +275,8 @@ Result<std::shared_ptr<WorkState>> post_send(CommImpl& c, const Op& op) {
   auto self = c.shared_from_this();
   const uint64_t resets = c.sync_resets.load(std::memory_order_acquire);
   const uint32_t peer_resets = std::atomic_ref<uint32_t>(c.peers[peer].hdr()->resets).load(std::memory_order_acquire);
-  w->poll = [self, peer, s, resets, peer_resets, d](bool block) {
-    return send_done(*self, peer, s, resets, peer_resets, d, block);
+  w->poll = [self, peer, s, resets, peer_resets, d, moved](bool block) {
+    return send_done(*self, peer, s, resets, peer_resets, d, block, *moved);
   };
   if (staged) {
     auto ctx = c.ctx;
@@ -295,7 +312,7 @@ Status take_message(CommImpl& c, const Op& op, int peer, uint32_t r, Deadline d)
   // A claimed message that is not taken is still acknowledged, as an error, so that the sender
   // completes rather than wait for it.
   auto refuse = [&] {
-    c.self.recv_error(peer).store(r, std::memory_order_release);
+    std::atomic_ref<uint32_t>(sv.slot(c.rank, r).claim).store(kP2pRefused, std::memory_order_relaxed);
     transport::publish(c.self.recv_done(peer), r);
   };
   P2pSlot sl = sv.slot(c.rank, r);

@@ -18,6 +18,15 @@ namespace strata::detail {
 
 ContextImpl::~ContextImpl() = default;
 
+void ContextImpl::reclaim_ctrl_blocks() {
+  std::erase_if(retired_ctrl, [this](const RetiredBlock& b) {
+    auto* h = static_cast<CtrlHeader*>(b.mem);
+    if (std::atomic_ref<uint32_t>(h->done_with).load(std::memory_order_acquire) < b.peers) return false;
+    (void)heap->free(b.mem);
+    return true;
+  });
+}
+
 uint64_t ContextImpl::open_async() {
   std::lock_guard<std::mutex> g(async_mu_);
   async_open_.insert(async_next_);
@@ -256,9 +265,14 @@ CommImpl::~CommImpl() {
     if (fd >= 0) ::close(fd);
   for (auto& s : scratch)
     if (s.p) (void)ctx->heap->free(s.p);
-  // The control block stays allocated: a slow peer may still read our last phase word.
+  // Done with the peers' blocks; ours stays allocated until every peer is done with it: a
+  // slow peer may still read our last phase word.
+  for (int r = 0; r < size; ++r)
+    if (r != rank && r < static_cast<int>(peers.size()) && peers[r].base())
+      std::atomic_ref<uint32_t>(peers[r].hdr()->done_with).fetch_add(1, std::memory_order_release);
   std::lock_guard<std::mutex> g(ctx->mu);
-  ctx->retired_ctrl.emplace_back(ctrl_mem, false);
+  if (ctrl_mem) ctx->retired_ctrl.push_back({ctrl_mem, static_cast<uint32_t>(size - 1)});
+  ctx->reclaim_ctrl_blocks();
 }
 
 void CommImpl::reset_sync_state(uint64_t epoch) {
@@ -266,6 +280,7 @@ void CommImpl::reset_sync_state(uint64_t epoch) {
   phase = 0;
   std::fill(send_seq.begin(), send_seq.end(), 0);
   std::fill(recv_seq.begin(), recv_seq.end(), 0);
+  for (auto& ring : send_refused) ring.fill(nullptr);
   sync_resets.fetch_add(1, std::memory_order_acq_rel);
   tag_epoch = static_cast<uint32_t>(epoch & 0xf);
   if (net) {
@@ -286,7 +301,6 @@ void CommImpl::reset_sync_state(uint64_t epoch) {
   for (int r = 0; r < size; ++r) {
     transport::publish(self.send_posted(r), 0);
     transport::publish(self.recv_done(r), 0);
-    self.recv_error(r).store(0, std::memory_order_relaxed);
   }
   std::atomic_ref<uint32_t>(h->resets).fetch_add(1, std::memory_order_release);
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -365,6 +379,7 @@ static std::shared_ptr<CommImpl> base_comm(const std::shared_ptr<ContextImpl>& c
   c->pidfds.assign(c->size, -1);
   c->send_seq.assign(c->size, 0);
   c->recv_seq.assign(c->size, 0);
+  c->send_refused.assign(c->size, {});
   c->peer_flight_len.assign(c->size, 0);
   std::lock_guard<std::mutex> g(ctx->mu);
   // Drop entries of communicators that are gone, so a job that splits often stays small.
@@ -427,6 +442,10 @@ Result<std::shared_ptr<CommImpl>> make_comm(const std::shared_ptr<ContextImpl>& 
 }
 
 Result<void*> new_ctrl_block(ContextImpl& ctx, int rank, int n) {
+  {
+    std::lock_guard<std::mutex> g(ctx.mu);
+    ctx.reclaim_ctrl_blocks();
+  }
   const uint32_t flight = flight_entries(ctx.env.flight_recorder);
   size_t bytes = CtrlView::bytes_with_flight(n, flight);
   STRATA_ASSIGN_OR_RETURN(void* mem, ctx.heap->alloc(bytes));

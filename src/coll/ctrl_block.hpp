@@ -18,7 +18,7 @@ namespace strata::detail {
 /// grew in version 2, inline input moved over the descriptor's buffer fields in 3, the slots
 /// grew to hold a small external input in 4) refuse each other's blocks instead of misreading
 /// them.
-inline constexpr uint64_t kCtrlMagic = 0x3643544152545353ull;  // "SSTRATC6"
+inline constexpr uint64_t kCtrlMagic = 0x3743544152545353ull;  // "SSTRATC7"
 /// Point-to-point messages in flight per (sender, receiver) pair: the ring of P2pSlot.
 inline constexpr uint32_t kP2pDepth = 8;
 
@@ -37,8 +37,10 @@ struct P2pSlot {
   uint32_t claim = 0;
   uint64_t off = 0;
 };
-/// P2pSlot::claim values.
-inline constexpr uint32_t kP2pClaimed = 1, kP2pWithdrawn = 2;
+/// P2pSlot::claim values. kP2pRefused: the receiver claimed the message and found it did not
+/// match its receive; it stays in the slot, where the sender reads it (a word per pair was
+/// overwritten by the next refusal before the sender looked, and that send passed as received).
+inline constexpr uint32_t kP2pClaimed = 1, kP2pWithdrawn = 2, kP2pRefused = 3;
 
 /// Largest all_reduce input (bytes per rank) that travels inline in the control block
 /// (shm/inline.cpp: one cache-line handshake, no heap buffer read). Above it one-shot's
@@ -110,13 +112,17 @@ struct alignas(64) CtrlHeader {
   /// waiting for the acknowledgement of a message this rank claimed learns from it that the
   /// receive is over (its acknowledgement was wiped with the rest).
   uint32_t resets = 0;
+  /// Raised by each peer when it destroys its communicator of this block, its last touch of
+  /// it: once every peer has, the owner frees the block (a comm destroyed after each split
+  /// left its block behind for good, 42 KiB a time).
+  uint32_t done_with = 0;
   OpSlot slots[2];
   /// The slot of operation `seq`.
   OpSlot& slot(uint32_t seq) { return slots[seq & 1]; }
 };
 
 /// Typed view of a control block: header, then 4n size_t (v-collective arrays), then the
-/// point-to-point area (per peer: posted signal, done signal, error word, ring of slots).
+/// point-to-point area (per peer: posted signal, done signal, ring of slots).
 class CtrlView {
  public:
   CtrlView() = default;
@@ -130,13 +136,9 @@ class CtrlView {
   transport::Signal& send_posted(int peer) const { return *reinterpret_cast<transport::Signal*>(peer_area(peer)); }
   /// Raised by this block's owner when it has received a message from `peer`.
   transport::Signal& recv_done(int peer) const { return *reinterpret_cast<transport::Signal*>(peer_area(peer) + 64); }
-  /// Sequence number of the message from `peer` that did not match the receive posted for it.
-  std::atomic<uint32_t>& recv_error(int peer) const {
-    return *reinterpret_cast<std::atomic<uint32_t>*>(peer_area(peer) + 128);
-  }
   /// The slot of this owner's send `seq` to `peer`.
   P2pSlot& slot(int peer, uint32_t seq) const {
-    return reinterpret_cast<P2pSlot*>(peer_area(peer) + 192)[seq % kP2pDepth];
+    return reinterpret_cast<P2pSlot*>(peer_area(peer) + 128)[seq % kP2pDepth];
   }
   void* base() const { return base_; }
   /// The owner's flight-recorder ring (hdr()->flight_len entries), right after the block.
@@ -151,7 +153,7 @@ class CtrlView {
   static size_t p2p_offset(int n) {
     return align64(sizeof(CtrlHeader) + 4 * sizeof(uint64_t) * static_cast<size_t>(n));
   }
-  static size_t per_peer() { return align64(192 + kP2pDepth * sizeof(P2pSlot)); }
+  static size_t per_peer() { return align64(128 + kP2pDepth * sizeof(P2pSlot)); }
   char* peer_area(int peer) const { return base_ + p2p_offset(n_) + static_cast<size_t>(peer) * per_peer(); }
   char* base_ = nullptr;
   int n_ = 0;

@@ -11,11 +11,6 @@
 namespace strata::coll {
 namespace {
 
-/// In-place all_reduce uses one-shot only up to this many bytes per rank: above it one-shot's
-/// temporary and copy back cost more than two-shot's second sync (measured: 2 ranks cross at
-/// 2-4 KiB, 4 ranks on 2 cores at 4-16 KiB).
-constexpr size_t kInPlaceOneShotMaxBytes = 4096;
-
 /// One call's facts that the rules test.
 struct Call {
   const Shape& s;
@@ -23,7 +18,6 @@ struct Call {
   size_t bytes;  // count * dtype size: per rank, or per peer for the per-peer kinds
   bool is(OpKind k) const { return op.kind == k; }
   bool asked(Algorithm a) const { return op.opts.algorithm == a; }
-  bool in_place() const { return op.in == op.out && op.in != nullptr; }
   bool automatic() const { return asked(Algorithm::Auto); }
   /// Every host has the same number of ranks, and there are several on each: rails of
   /// equal length exist (the ranks of equal local index on every host).
@@ -87,16 +81,16 @@ constexpr Rule kRules[] = {
      Algo::Inline,
      "<= kInlineBytes (512 B; kInlineManyBytes, 4 KiB, with more than 2 ranks): the input fits the control-block "
      "slot, one cache-line handshake and no buffer read or closing sync"},
-    {false, [](const Call& c) { return c.s.size > 1 && c.in_place() && c.bytes > kInPlaceOneShotMaxBytes; },
-     Algo::TwoShot,
-     "in place, > 4 KiB: one-shot must land in a temporary and copy it back after a second sync, two-shot "
-     "writes each slice where no peer reads (2 ranks: two-shot 1.2-1.6x faster from 8 KiB to 2 MiB)"},
+    // No rule may test what only this rank knows (whether its call is in place, its buffer
+    // kinds): each rank resolves Auto alone, and they must all arrive at the same algorithm.
     {false, [](const Call& c) { return c.bytes * static_cast<size_t>(c.s.size) <= 2 * c.s.oneshot_max_bytes; },
      Algo::OneShot,
      "bytes x ranks <= 2 x STRATA_ONESHOT_MAX_BYTES (8 KiB): every rank reads every input, against two-shot's "
      "slices (2 ranks, two-shot pushing into heap outputs, inputs written just before each call: 1.33 / 1.7 / 1.7x "
      "at 8 / 16 / 32 KiB; inputs unchanged between calls: 0.75 / 1.05 / 1.0x; external buffers 0.89 / 1.05 / 1.39x: "
-     "bench/fresh_inputs_bench, strata bench --buffers external); the limit shrinks as more inputs are read"},
+     "bench/fresh_inputs_bench, strata bench --buffers external); the limit shrinks as more inputs are read. In "
+     "place too, where one-shot lands in a temporary and copies it back after a second sync (two-shot was 1.2x "
+     "faster in place at 8 KiB): a rule that switched on it made ranks that differed in it disagree"},
     {false, [](const Call&) { return true; }, Algo::TwoShot,
      "large: each rank reads only its slice of every input, the bandwidth-optimal direct pattern"},
 
