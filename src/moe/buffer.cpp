@@ -66,12 +66,21 @@ void Local::release(Communicator& comm) {
 }
 
 Status BufferImpl::wait_sig(const Signal& s, uint32_t target, Deadline d, int peer, const char* what) {
-  Status st = transport::wait_reached(s, target, c->policy(d), what);
+  transport::WaitPolicy p = c->policy(d);
+  p.check = [this, peers = std::move(p.check)] {
+    Status m = schedule_mismatch();
+    return m.is_ok() ? peers() : m;
+  };
+  Status st = transport::wait_reached(s, target, p, what);
   if (st.is_ok()) return st;
   return wait_failed(st, peer);
 }
 
 Status BufferImpl::wait_failed(const Status& st, int peer) {
+  if (Status m = schedule_mismatch(); !m.is_ok()) {
+    c->set_broken(m);
+    return m;
+  }
   Status full(st.code(),
               std::string("moe ") + st.message() + where() + " waiting for rank " + std::to_string(peer) +
                   " (timeout " + std::to_string(c->timeout.count()) + " ms)",
@@ -106,7 +115,10 @@ Result<bool> BufferImpl::wait_live(const Signal& s, uint32_t target, Deadline d,
   if (!dead[peer]) {
     transport::WaitPolicy p = c->policy(d);
     p.abort = nullptr;  // masked_check tells a user abort from a revocation
-    p.check = [this, peer] { return masked_check(peer); };
+    p.check = [this, peer] {
+      Status m = schedule_mismatch();
+      return m.is_ok() ? masked_check(peer) : m;
+    };
     Status st = transport::wait_reached(s, target, p, what);
     if (st.is_ok()) return true;
     if (!dead[peer]) return wait_failed(st, peer);
@@ -367,7 +379,27 @@ void BufferImpl::plan(size_t T, const int64_t* idx) {
   }
 }
 
-Status BufferImpl::begin(Deadline d, bool wait_readers) {
+Status BufferImpl::schedule_mismatch() const {
+  for (int r : shm_ranks) {
+    if (r == me) continue;
+    const uint64_t v = head(r)->call.load(std::memory_order_acquire);
+    const auto theirs = static_cast<Schedule>(v & 0xff);
+    if (static_cast<uint32_t>(v >> 8) != seq || theirs == calling) continue;
+    return Status(Code::InvalidArgument,
+                  std::string("moe::dispatch: schedule mismatch: rank ") + std::to_string(me) + " called it with " +
+                      to_string(calling) + " but rank " + std::to_string(r) + " with " + to_string(theirs) +
+                      " (every rank must use the same schedule in a call)" + where(),
+                  r);
+  }
+  return Status::ok();
+}
+
+Status BufferImpl::from_error(const Error& e) const {
+  if (Status m = schedule_mismatch(); !m.is_ok()) return m;
+  return detail::from_error(e);
+}
+
+Status BufferImpl::begin(Deadline d, bool wait_readers, Schedule s) {
   if (epoch != comm.epoch()) {
     STRATA_RETURN_IF_ERROR(c->broken());
     STRATA_RETURN_IF_ERROR(rejoin());
@@ -380,6 +412,8 @@ Status BufferImpl::begin(Deadline d, bool wait_readers) {
         if (!st.is_ok() && !dead[r]) return st;
       }
   ++seq;
+  calling = s;
+  head(me)->call.store(static_cast<uint64_t>(seq) << 8 | static_cast<uint64_t>(s), std::memory_order_release);
   publish_released(seq - 1);
   if (wait_readers)
     for (int r : shm_ranks) {  // only ranks of this host write into its windows

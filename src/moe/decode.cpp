@@ -8,7 +8,7 @@ namespace strata::moe::detail {
 
 Result<Dispatch> BufferImpl::decode(const void* x, size_t T, const int64_t* idx, const float* w) {
   Deadline d = deadline();
-  STRATA_RETURN_IF_ERROR(begin(d, true));
+  STRATA_RETURN_IF_ERROR(begin(d, true, Schedule::Decode));
   const size_t rows = static_cast<size_t>(L) * R * M;
   if (!dwin) {  // first Decode call, on every rank at once
     if (cfg.mask_failed_ranks && (any_dead() || !c->check_peers().is_ok()))

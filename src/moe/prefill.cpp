@@ -36,7 +36,7 @@ void BufferImpl::compact_layout(int d, const uint64_t* mat, std::vector<uint64_t
 
 Result<Dispatch> BufferImpl::prefill(const void* x, size_t T, const int64_t* idx, const float* w) {
   Deadline d = deadline();
-  STRATA_RETURN_IF_ERROR(begin(d, true));
+  STRATA_RETURN_IF_ERROR(begin(d, true, Schedule::Prefill));
   auto h = new_handle(Schedule::Prefill, T, w);
   idx = mask_dead(T, idx, *h);
   plan(T, idx);

@@ -26,7 +26,7 @@ Status BufferImpl::a2av(const void* in, const std::vector<size_t>& sc, const std
 
 Result<Dispatch> BufferImpl::relay(const void* x, size_t T, const int64_t* idx, const float* w) {
   Deadline d = deadline();
-  STRATA_RETURN_IF_ERROR(begin(d, false));
+  STRATA_RETURN_IF_ERROR(begin(d, false, Schedule::Relay));
   plan(T, idx);
   auto h = new_handle(Schedule::Relay, T, w);
   // Permute: rows sorted by global expert id, which groups them by destination rank.

@@ -70,6 +70,9 @@ struct alignas(64) YLine {
 
 /// Start of the control block; `sent_to[R]` and the count row follow it.
 struct CtrlHead {
+  /// (call number << 8) | schedule of the dispatch its owner is in: a peer that waits for it
+  /// in vain learns from it that the two called different schedules.
+  alignas(64) std::atomic<uint64_t> call{0};
   alignas(64) Signal released;
   alignas(64) Signal counts_ready;
   alignas(64) YLine y;
@@ -269,7 +272,15 @@ struct BufferImpl {
   void plan(size_t T, const int64_t* idx);
   /// Starts a call: nothing of call seq-1 is read by this rank anymore; with `wait_readers`,
   /// waits until that holds on every rank (our next writes land in windows they read).
-  Status begin(Deadline d, bool wait_readers);
+  Status begin(Deadline d, bool wait_readers, Schedule s);
+  /// The schedule of this rank's current dispatch (set by begin).
+  Schedule calling = Schedule::Prefill;
+  /// InvalidArgument naming a rank of this host that is in this call with another schedule,
+  /// else ok. Each schedule waits for what only its own kind publishes, so a mismatch shows
+  /// only as a wait that does not end: the waits check this, and so do failed collectives.
+  Status schedule_mismatch() const;
+  /// A failed collective of this call as a Status: the schedule mismatch if there is one.
+  Status from_error(const Error& e) const;
   /// A handle for this call with the weights copied and no rows placed yet.
   std::shared_ptr<HandleState> new_handle(Schedule s, size_t T, const float* w);
   /// The Dispatch returned to the caller: `h`'s layout over `window`.

@@ -498,6 +498,39 @@ TEST(Moe, ADispatchRefusedOnOneRankFailsEveryRankAtOnce) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20)) << "told by the refusal, not the timeout";
 }
 
+// Ranks that call one dispatch with different schedules fail naming both schedules: the ranks
+// whose schedule waits for its peers' signals at once, the others (a collective of Relay, the
+// first Decode call's symmetric allocation) at their timeout. Both timed out before, naming a
+// count exchange or an all_to_all.
+TEST(Moe, RanksThatCallDifferentSchedulesFailNamingBoth) {
+  const Schedule kinds[] = {Schedule::Prefill, Schedule::Decode, Schedule::Relay};
+  for (Schedule a : kinds)
+    for (Schedule b : kinds) {
+      if (a == b) continue;
+      Team team(2, 1500ms);
+      auto failures = team.run([&](Communicator& c) {
+        const int R = c.size(), me = c.rank();
+        moe::Buffer buf(c, {.num_experts = 2 * R, .hidden = 8, .max_tokens = 4, .topk = 2, .dtype = DataType::Float32});
+        std::vector<float> x(4 * 8, 1.0f), w(8, 0.5f);
+        std::vector<int64_t> idx = {0, 1, 2, 3, 0, 3, 1, 2};
+        const Schedule mine = me == 0 ? a : b, theirs = me == 0 ? b : a;
+        try {
+          buf.dispatch(x.data(), 4, idx.data(), w.data(), mine);
+        } catch (const Error& e) {
+          const std::string m = e.what();
+          const std::string want = std::string("rank ") + std::to_string(1 - me) + " with " + moe::to_string(theirs);
+          STRATA_TEST_REQUIRE(e.code() == Code::InvalidArgument && m.find("schedule mismatch") != std::string::npos &&
+                                  m.find(want) != std::string::npos,
+                              "rank " << me << " (" << moe::to_string(mine) << "): '" << m << "' lacks '" << want
+                                      << "'");
+          return;
+        }
+        throw std::runtime_error("rank " + std::to_string(me) + ": no error");
+      });
+      for (const auto& f : failures) ADD_FAILURE() << moe::to_string(a) << " against " << moe::to_string(b) << ": " << f;
+    }
+}
+
 // A combine one rank refuses (a null out, a typed y too small, the handle of an older dispatch)
 // takes its place too: the other ranks' matching combine fails naming it before reading any row,
 // that dispatch's combine is not run again on any rank, and the next dispatch works.
