@@ -150,19 +150,25 @@ class StrataWork : public c10d::Work {
   /// When the work was queued (the executor gives waiters a head start, see Executor).
   std::chrono::steady_clock::time_point queued_at = std::chrono::steady_clock::now();
 
-  void run() {
-    std::exception_ptr error;
+  /// Runs the operation (in issue order: the executor lets one thread do so at a time).
+  void execute() {
     try {
       body_();
     } catch (...) {
-      error = std::current_exception();
+      error_ = std::current_exception();
     }
     body_ = nullptr;  // drops the tensors the body captured
-    // The future first: whoever returns from wait() may read it at once.
-    if (error) future_->setError(error);
-    else future_->markCompleted(c10::IValue(outputs_));
-    finish(error);
   }
+  /// Completes the future, which runs its callbacks on this thread: they may start and wait
+  /// for more work (torch's PowerSGD hook does), so no thread runs this holding the executor.
+  void complete() {
+    // The future first: whoever returns from wait() may read it at once.
+    if (error_) future_->setError(error_);
+    else future_->markCompleted(c10::IValue(outputs_));
+    finish(error_);
+  }
+  /// Taken from the queue by a thread that runs it (guarded by the executor's lock).
+  bool taken = false;
   /// Completion without side effects (the executor asks under its lock).
   bool done() { return c10d::Work::isCompleted(); }
 
@@ -180,6 +186,7 @@ class StrataWork : public c10d::Work {
 
  private:
   std::shared_ptr<std::atomic<int>> source_;
+  std::exception_ptr error_;
   std::vector<at::Tensor> outputs_;
   std::function<void()> body_;
   // Weak: the executor's thread may drop the last reference to a work, and must never be
@@ -199,16 +206,21 @@ class StrataWork : public c10d::Work {
 /// once it has been queued for `grace`. Anyone who will wait for a work without calling
 /// Work::wait (a future, as DDP's hooks use; a polling isCompleted()) kicks it awake to start
 /// the work at once. After kLinger without works the thread sleeps until the next one.
+///
+/// A work's future is completed outside the executor's hold (busy_ is for running works
+/// only): its callbacks may queue more work and wait for it. When every executor thread is
+/// inside such a callback and work waits in the queue, another thread is started (gloo runs
+/// works on a pool; a single thread deadlocked PowerSGD's hook, which waits inside `then`).
 class Executor {
  public:
-  explicit Executor(std::chrono::microseconds grace) : grace_(grace), thread_([this] { loop(); }) {}
+  explicit Executor(std::chrono::microseconds grace) : grace_(grace) { threads_.emplace_back([this] { loop(); }); }
   ~Executor() {
     {
       std::lock_guard<std::mutex> g(mu_);
-      stop_ = true;
+      stop_ = true;  // no thread is started from here on
     }
     cv_.notify_all();
-    if (thread_.joinable()) thread_.join();  // runs whatever is still queued first
+    for (std::thread& t : threads_) t.join();  // runs whatever is still queued first
   }
 
   void enqueue(c10::intrusive_ptr<StrataWork> w) {
@@ -218,6 +230,7 @@ class Executor {
       q_.push_back(std::move(w));
       last_active_ = Clock::now();
       wake = sleeping_;
+      add_thread_if_stuck();
     }
     if (wake) cv_.notify_all();
   }
@@ -228,31 +241,25 @@ class Executor {
       std::lock_guard<std::mutex> g(mu_);
       if (q_.empty()) return;
       kicked_ = true;
+      add_thread_if_stuck();
     }
     cv_.notify_all();
   }
 
-  /// Returns once `w` has run: runs it on this thread, after what was queued before it,
-  /// unless another thread already runs it.
+  /// Returns once `w` has run and completed: runs it on this thread, after what was queued
+  /// before it, unless another thread has taken it.
   void run_through(StrataWork* w) {
     std::unique_lock<std::mutex> lk(mu_);
     ++waiters_;
-    cv_.wait(lk, [&] { return !busy_ || w->done(); });
-    --waiters_;
-    if (!w->done()) {
-      // Nobody is running anything and `w` has not run: it is still queued.
-      busy_ = true;
-      while (!q_.empty()) {
-        c10::intrusive_ptr<StrataWork> next = std::move(q_.front());
-        q_.pop_front();
-        lk.unlock();
-        next->run();
-        lk.lock();
-        if (next.get() == w) break;
-      }
-      busy_ = false;
-      last_active_ = Clock::now();
+    for (;;) {
+      cv_.wait(lk, [&] { return w->done() || (!w->taken && !busy_); });
+      if (w->done()) break;
+      // Nobody runs anything and `w` is still queued: run the works up to it.
+      const bool last = q_.front().get() == w;
+      serve(lk);
+      if (last) break;
     }
+    --waiters_;
     const bool wake = waiters_ > 0 || (kicked_ && !q_.empty());
     lk.unlock();
     if (wake) cv_.notify_all();
@@ -263,11 +270,42 @@ class Executor {
   static constexpr auto kTick = std::chrono::milliseconds(2);
   static constexpr auto kLinger = std::chrono::milliseconds(200);
 
+  /// Runs the work at the front of the queue, then completes it; called and returns with
+  /// `lk` held, released while the work runs and while its future's callbacks run.
+  void serve(std::unique_lock<std::mutex>& lk) {
+    busy_ = true;
+    c10::intrusive_ptr<StrataWork> next = std::move(q_.front());
+    q_.pop_front();
+    next->taken = true;
+    lk.unlock();
+    next->execute();
+    lk.lock();
+    busy_ = false;
+    ++completing_;
+    add_thread_if_stuck();
+    lk.unlock();
+    cv_.notify_all();  // the next work may start while this one's callbacks run
+    next->complete();
+    next.reset();  // outside the lock: may free tensors
+    lk.lock();
+    --completing_;
+    last_active_ = Clock::now();
+    if (waiters_ > 0) cv_.notify_all();  // a waiter of this work (or of its place in the queue)
+  }
+
+  /// With `mu_` held: starts another executor thread when work is queued, nothing runs and
+  /// every executor thread is inside a future's callbacks (which may wait for that work).
+  void add_thread_if_stuck() {
+    if (stop_ || q_.empty() || busy_ || idle_ > 0 || completing_ == 0) return;
+    threads_.emplace_back([this] { loop(); });
+  }
+
   void loop() {
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
       if (busy_ || q_.empty()) {
         if (stop_ && q_.empty()) return;
+        ++idle_;
         if (Clock::now() - last_active_ < kLinger) {
           cv_.wait_for(lk, kTick);
         } else {
@@ -275,23 +313,18 @@ class Executor {
           cv_.wait(lk);
           sleeping_ = false;
         }
+        --idle_;
         continue;
       }
       const auto start = q_.front()->queued_at + grace_;
       if (!stop_ && !kicked_ && Clock::now() < start) {
+        ++idle_;
         cv_.wait_until(lk, start);
+        --idle_;
         continue;
       }
       kicked_ = false;
-      busy_ = true;
-      c10::intrusive_ptr<StrataWork> next = std::move(q_.front());
-      q_.pop_front();
-      lk.unlock();
-      next->run();
-      next.reset();  // outside the lock: may free tensors
-      lk.lock();
-      busy_ = false;
-      last_active_ = Clock::now();
+      serve(lk);
       if (waiters_ > 0) cv_.notify_all();
     }
   }
@@ -300,18 +333,27 @@ class Executor {
   std::condition_variable cv_;
   std::deque<c10::intrusive_ptr<StrataWork>> q_;
   bool busy_ = false;      // a thread is running a work taken from q_
+  int idle_ = 0;           // executor threads waiting for work
+  int completing_ = 0;     // threads completing a work's future (its callbacks may block)
   bool sleeping_ = false;  // the executor thread waits without a timeout
   bool kicked_ = false;
   bool stop_ = false;
   int waiters_ = 0;
   Clock::time_point last_active_ = Clock::now();
   const std::chrono::microseconds grace_;
-  std::thread thread_;  // last: starts after the members it uses exist
+  std::vector<std::thread> threads_;  // last: they start after the members they use exist
 };
 
 bool StrataWork::wait(std::chrono::milliseconds timeout) {
   // Gone only when the process group is: its destructor ran every queued work.
-  if (auto exec = exec_.lock()) exec->run_through(this);
+  auto exec = exec_.lock();
+  if (timeout.count() != 0) {  // kNoTimeout is 0
+    // Bounded: the executor runs it while this thread waits at most `timeout` (Work::wait
+    // throws "Operation timed out!" then, as gloo's does); running it here could not be cut short.
+    if (exec) exec->kick();
+    return Work::wait(timeout);
+  }
+  if (exec) exec->run_through(this);
   return Work::wait(timeout);
 }
 
@@ -484,7 +526,15 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
                 " of ", comm_.size(), " but torch asked for rank ", rank, " of ", size);
   }
   ~ProcessGroupStrata() override {
-    exec_.reset();  // runs what is still queued, then joins
+    // Runs what is still queued, then joins. Without the GIL: the executor may drop the last
+    // reference to a tensor whose Python object needs it (destroy_process_group() with
+    // un-waited works deadlocked here).
+    if (PyGILState_Check()) {
+      pybind11::gil_scoped_release nogil;
+      exec_.reset();
+    } else {
+      exec_.reset();
+    }
   }
 
   const std::string getBackendName() const override { return "strata"; }

@@ -261,6 +261,20 @@ def _wait_as_spare_in_init_process_group(c10d):
         dist.init_process_group = wrapped
 
 
+def _destroy_at_exit():
+    # A strata group left to the interpreter's shutdown had its executor threads end inside
+    # it: a thread that dropped a tensor's last reference then took the GIL after
+    # finalization began and was unwound, which aborted the process ("terminate called
+    # without an active exception"). Destroyed here, before that, its queued works run and
+    # its threads are joined, as destroy_process_group() does (atexit runs handlers
+    # registered later, the user's, first).
+    try:
+        if dist.is_initialized() and dist.get_backend() == "strata":
+            dist.destroy_process_group()
+    except Exception:  # at exit nothing is left to report it to
+        pass
+
+
 def register(backend_cls):
     """Registers "strata" with torch.distributed.Backend (once)."""
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
@@ -271,6 +285,7 @@ def register(backend_cls):
         _wait_as_spare_in_init_process_group(c10d)
     if "STRATA" in getattr(backend_cls, "_plugins", {}) or hasattr(backend_cls, "STRATA"):
         return
+    atexit.register(_destroy_at_exit)
     try:
         backend_cls.register_backend("strata", _create_process_group, extended_api=True)
     except TypeError:  # torch before extended_api: no sub-group ranks, so world groups only

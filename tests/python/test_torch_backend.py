@@ -155,3 +155,11 @@ def test_timeout_names_the_missing_rank_and_its_last_operation():
     # others' Timeout carries rank 1's last operation from its flight recorder.
     out, _ = launch("torch_hang.py", 3, timeout=60, env=dict(STRATA_TIMEOUT="1500ms"))
     assert "flight recorder of communicator" in out, out
+
+
+@pytest.mark.parametrize("mode", ["callback", "destroy", "exit", "wait_timeout"])
+def test_works_driven_from_callbacks_left_unwaited_or_waited_with_a_timeout(mode):
+    # Each hung or ignored its timeout before (torch_executor.py says how); "exit" aborted the
+    # process now and then at the interpreter's shutdown, so it runs a few times.
+    for _ in range(3 if mode == "exit" else 1):
+        launch("torch_executor.py", 2, mode, timeout=120)
