@@ -213,7 +213,9 @@ class StrataWork : public c10d::Work {
 /// works on a pool; a single thread deadlocked PowerSGD's hook, which waits inside `then`).
 class Executor {
  public:
-  explicit Executor(std::chrono::microseconds grace) : grace_(grace) { threads_.emplace_back([this] { loop(); }); }
+  explicit Executor(std::chrono::microseconds grace) : grace_(grace) {
+    threads_.emplace_back([this] { loop(); });
+  }
   ~Executor() {
     {
       std::lock_guard<std::mutex> g(mu_);

@@ -2456,9 +2456,9 @@ TEST(Mismatch, RanksThatDifferInPlaceAgreeOnTheAlgorithm) {
           c.all_reduce(base, out, count, DataType::Int32, ReduceOp::Sum);
           const int32_t factor = c.size() * (c.size() + 1) / 2;
           for (size_t i = 0; i < count; ++i)
-            STRATA_TEST_REQUIRE(out[i] == static_cast<int32_t>(i) * factor,
-                                "rank " << c.rank() << " count " << count << " kind " << kind << " element " << i
-                                        << ": " << out[i]);
+            STRATA_TEST_REQUIRE(out[i] == static_cast<int32_t>(i) * factor, "rank " << c.rank() << " count " << count
+                                                                                    << " kind " << kind << " element "
+                                                                                    << i << ": " << out[i]);
         }
       }));
     }

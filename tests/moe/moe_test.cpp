@@ -519,15 +519,16 @@ TEST(Moe, RanksThatCallDifferentSchedulesFailNamingBoth) {
         } catch (const Error& e) {
           const std::string m = e.what();
           const std::string want = std::string("rank ") + std::to_string(1 - me) + " with " + moe::to_string(theirs);
-          STRATA_TEST_REQUIRE(e.code() == Code::InvalidArgument && m.find("schedule mismatch") != std::string::npos &&
-                                  m.find(want) != std::string::npos,
-                              "rank " << me << " (" << moe::to_string(mine) << "): '" << m << "' lacks '" << want
-                                      << "'");
+          STRATA_TEST_REQUIRE(
+              e.code() == Code::InvalidArgument && m.find("schedule mismatch") != std::string::npos &&
+                  m.find(want) != std::string::npos,
+              "rank " << me << " (" << moe::to_string(mine) << "): '" << m << "' lacks '" << want << "'");
           return;
         }
         throw std::runtime_error("rank " + std::to_string(me) + ": no error");
       });
-      for (const auto& f : failures) ADD_FAILURE() << moe::to_string(a) << " against " << moe::to_string(b) << ": " << f;
+      for (const auto& f : failures)
+        ADD_FAILURE() << moe::to_string(a) << " against " << moe::to_string(b) << ": " << f;
     }
 }
 
