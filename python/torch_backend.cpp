@@ -94,6 +94,20 @@ DataType reduce_type(const at::Tensor& t, const char* call) {
 
 size_t nbytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
 
+/// How a call that only moves data describes a tensor to Strata: its elements and their type
+/// where Strata has the type, so that a mismatch between ranks is told in the caller's
+/// elements and types (it was told in bytes); else (bool, complex) its bytes.
+struct Elems {
+  size_t count;  // units of `dt`
+  DataType dt;
+  size_t unit;  // bytes per unit
+};
+Elems elems(const at::Tensor& t) {
+  if (auto dt = reduction_type(t.scalar_type()))
+    return {static_cast<size_t>(t.numel()), *dt, static_cast<size_t>(t.element_size())};
+  return {nbytes(t), DataType::UInt8, 1};
+}
+
 CollOptions coll_options(std::chrono::milliseconds timeout) {
   CollOptions o;
   if (timeout.count() > 0) o.timeout = timeout;  // kUnsetTimeout (-1): the communicator's
@@ -127,7 +141,7 @@ at::Tensor flat_cat(const std::vector<at::Tensor>& parts) {
 void copy_out(const at::Tensor& block, std::vector<at::Tensor>& parts) {
   int64_t off = 0;
   for (auto& p : parts) {
-    p.view({-1}).copy_(block.narrow(0, off, p.numel()));
+    p.copy_(block.narrow(0, off, p.numel()).view(p.sizes()));
     off += p.numel();
   }
 }
@@ -284,7 +298,6 @@ class Executor {
     lk.lock();
     busy_ = false;
     ++completing_;
-    add_thread_if_stuck();
     lk.unlock();
     cv_.notify_all();  // the next work may start while this one's callbacks run
     next->complete();
@@ -295,15 +308,19 @@ class Executor {
     if (waiters_ > 0) cv_.notify_all();  // a waiter of this work (or of its place in the queue)
   }
 
-  /// With `mu_` held: starts another executor thread when work is queued, nothing runs and
-  /// every executor thread is inside a future's callbacks (which may wait for that work).
+  /// With `mu_` held, when a work is queued or kicked (the calls a callback that waits for
+  /// more work makes): starts another executor thread if nothing runs and every thread is
+  /// inside a future's callbacks. Not at every completion: a future without callbacks is
+  /// completed at once, and its thread is back before it would matter.
   void add_thread_if_stuck() {
     if (stop_ || q_.empty() || busy_ || idle_ > 0 || completing_ == 0) return;
-    threads_.emplace_back([this] { loop(); });
+    ++idle_;  // counted from now, so that calls before it runs start no more
+    threads_.emplace_back([this] { loop(/*counted=*/true); });
   }
 
-  void loop() {
+  void loop(bool counted = false) {
     std::unique_lock<std::mutex> lk(mu_);
+    if (counted) --idle_;
     for (;;) {
       if (busy_ || q_.empty()) {
         if (stop_ && q_.empty()) return;
@@ -551,7 +568,8 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     return submit(
         c10d::OpType::BROADCAST, "strata:broadcast", {t},
         [c = comm_, t, root, o]() mutable {
-          c.broadcast(t.data_ptr(), t.data_ptr(), nbytes(t), DataType::UInt8, root, o);
+          const Elems e = elems(t);
+          c.broadcast(t.data_ptr(), t.data_ptr(), e.count, e.dt, root, o);
         },
         [] {});
   }
@@ -629,7 +647,10 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
                 "strata backend: allgather needs one output list of ", size_, " tensors");
     for (const auto& t : outputs[0]) {
-      check_tensor(t, "allgather");
+      // Any strided output (gloo takes them too): those that do not form one block of the
+      // input's layout are written through a temporary.
+      TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided,
+                  "strata backend: allgather needs dense CPU output tensors");
       TORCH_CHECK(t.numel() == in.numel() && t.scalar_type() == in.scalar_type(),
                   "strata backend: allgather outputs must match the input's size and dtype");
     }
@@ -637,11 +658,20 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     std::vector<at::Tensor> outs = outputs[0];
     return submit(
         c10d::OpType::ALLGATHER, "strata:all_gather", outs,
-        [c = comm_, in, outs, o]() mutable {
+        [c = comm_, in, outs, me = rank_, o]() mutable {
           at::Tensor block = as_one_block(outs);
+          // An input inside the block but not at this rank's place there (a view of another
+          // rank's output) would be overwritten while peers read it: through a temporary.
+          if (block.defined()) {
+            const char* b = static_cast<const char*>(block.data_ptr());
+            const char* p = static_cast<const char*>(in.data_ptr());
+            const size_t total = nbytes(block), mine = static_cast<size_t>(me) * nbytes(in);
+            if (p + nbytes(in) > b && p < b + total && p != b + mine) block = at::Tensor();
+          }
           const bool direct = block.defined();
           if (!direct) block = at::empty({in.numel() * static_cast<int64_t>(outs.size())}, in.options());
-          c.all_gather(in.data_ptr(), block.data_ptr(), nbytes(in), DataType::UInt8, o);
+          const Elems e = elems(in);
+          c.all_gather(in.data_ptr(), block.data_ptr(), e.count, e.dt, o);
           if (!direct) copy_out(block, outs);
         },
         [in, outs]() mutable {
@@ -660,7 +690,8 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     return submit(
         c10d::OpType::_ALLGATHER_BASE, "strata:all_gather_base", {output},
         [c = comm_, in = input, out = output, o]() mutable {
-          c.all_gather(in.data_ptr(), out.data_ptr(), nbytes(in), DataType::UInt8, o);
+          const Elems e = elems(in);
+          c.all_gather(in.data_ptr(), out.data_ptr(), e.count, e.dt, o);
         },
         [in = input, out = output]() mutable {
           for (int64_t r = 0; r < out.numel() / std::max<int64_t>(in.numel(), 1); ++r)
@@ -691,7 +722,8 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
         [c = comm_, ins = inputs, outs = outputs, o]() mutable {
           for (size_t i = 0; i < ins.size(); ++i) {
             at::Tensor block = at::empty({ins[i].numel() * static_cast<int64_t>(outs.size())}, ins[i].options());
-            c.all_gather(ins[i].data_ptr(), block.data_ptr(), nbytes(ins[i]), DataType::UInt8, o);
+            const Elems e = elems(ins[i]);
+            c.all_gather(ins[i].data_ptr(), block.data_ptr(), e.count, e.dt, o);
             for (size_t r = 0; r < outs.size(); ++r)
               outs[r][i].view({-1}).copy_(block.narrow(0, static_cast<int64_t>(r) * ins[i].numel(), ins[i].numel()));
           }
@@ -721,7 +753,8 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     return submit(c10d::OpType::GATHER, "strata:gather", outs, [c = comm_, in, outs, root, o]() mutable {
       at::Tensor block;
       if (!outs.empty()) block = at::empty({in.numel() * static_cast<int64_t>(outs.size())}, in.options());
-      c.gather(in.data_ptr(), block.defined() ? block.data_ptr() : nullptr, nbytes(in), DataType::UInt8, root, o);
+      const Elems e = elems(in);
+      c.gather(in.data_ptr(), block.defined() ? block.data_ptr() : nullptr, e.count, e.dt, root, o);
       if (block.defined()) copy_out(block, outs);
     });
   }
@@ -749,7 +782,8 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     return submit(c10d::OpType::SCATTER, "strata:scatter", {out}, [c = comm_, out, ins, root, o]() mutable {
       at::Tensor block;
       if (!ins.empty()) block = flat_cat(ins);
-      c.scatter(block.defined() ? block.data_ptr() : nullptr, out.data_ptr(), nbytes(out), DataType::UInt8, root, o);
+      const Elems e = elems(out);
+      c.scatter(block.defined() ? block.data_ptr() : nullptr, out.data_ptr(), e.count, e.dt, root, o);
     });
   }
 
@@ -807,14 +841,16 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
                   "multiple of the world size");
       return submit(c10d::OpType::ALLTOALL_BASE, "strata:all_to_all", {output},
                     [c = comm_, in = input, out = output, n, o]() mutable {
-                      c.all_to_all(in.data_ptr(), out.data_ptr(), nbytes(in) / n, DataType::UInt8, o);
+                      const Elems e = elems(in);
+                      c.all_to_all(in.data_ptr(), out.data_ptr(), e.count / n, e.dt, o);
                     });
     }
-    // Split sizes count rows of dim 0; Strata moves bytes.
+    // Split sizes count rows of dim 0; Strata counts units of the tensor's Elems.
+    const Elems e = elems(input);
     auto byte_counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
       std::vector<size_t> counts(n);
       const int64_t rows = t.dim() ? t.size(0) : 1;
-      const size_t row_bytes = rows ? nbytes(t) / static_cast<size_t>(rows) : 0;
+      const size_t row_bytes = rows ? elems(t).count / static_cast<size_t>(rows) : 0;
       if (splits.empty()) {
         TORCH_CHECK(rows % size_ == 0, "strata backend: all_to_all_single ", which, " has ", rows,
                     " rows, not a multiple of the world size");
@@ -841,9 +877,8 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
       rd[j] = rd[j - 1] + rc[j - 1];
     }
     return submit(c10d::OpType::ALLTOALL_BASE, "strata:all_to_all_v", {output},
-                  [c = comm_, in = input, out = output, sc, sd, rc, rd, o]() mutable {
-                    c.all_to_all_v(in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(), rd.data(),
-                                   DataType::UInt8, o);
+                  [c = comm_, in = input, out = output, sc, sd, rc, rd, dt = e.dt, o]() mutable {
+                    c.all_to_all_v(in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(), rd.data(), dt, o);
                   });
   }
 
@@ -861,9 +896,10 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
           "strata backend: all_to_all needs one dtype");
     }
     std::vector<size_t> sc(n), rc(n), sd(n, 0), rd(n, 0);
+    const DataType dt = elems(inputs[0]).dt;
     for (size_t j = 0; j < n; ++j) {
-      sc[j] = nbytes(inputs[j]);
-      rc[j] = nbytes(outputs[j]);
+      sc[j] = elems(inputs[j]).count;
+      rc[j] = elems(outputs[j]).count;
       if (j) {
         sd[j] = sd[j - 1] + sc[j - 1];
         rd[j] = rd[j - 1] + rc[j - 1];
@@ -871,13 +907,12 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     }
     auto o = coll_options(opts.timeout);
     return submit(c10d::OpType::ALLTOALL, "strata:all_to_all", outputs,
-                  [c = comm_, ins = inputs, outs = outputs, sc, sd, rc, rd, o]() mutable {
+                  [c = comm_, ins = inputs, outs = outputs, sc, sd, rc, rd, dt, o]() mutable {
                     at::Tensor in = flat_cat(ins);
                     int64_t total = 0;
                     for (const auto& t : outs) total += t.numel();
                     at::Tensor out = at::empty({total}, outs[0].options());
-                    c.all_to_all_v(in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(), rd.data(),
-                                   DataType::UInt8, o);
+                    c.all_to_all_v(in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(), rd.data(), dt, o);
                     copy_out(out, outs);
                   });
   }
@@ -885,7 +920,8 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
     at::Tensor t = single(tensors, "send");
     // Posted now (see the file comment); the tensor stays referenced by the work.
-    strata::Work h = comm_.send_async(t.data_ptr(), nbytes(t), DataType::UInt8, dst, tag);
+    const Elems e = elems(t);
+    strata::Work h = comm_.send_async(t.data_ptr(), e.count, e.dt, dst, tag);
     return c10::make_intrusive<SendWork>(rank_, std::move(h), t);
   }
 
@@ -893,7 +929,8 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     at::Tensor t = single(tensors, "recv");
     auto source = std::make_shared<std::atomic<int>>(-1);
     auto w = make_work(c10d::OpType::RECV, "strata:recv", {t}, [c = comm_, t, src, tag, source]() mutable {
-      c.recv(t.data_ptr(), nbytes(t), DataType::UInt8, src, tag);
+      const Elems e = elems(t);
+      c.recv(t.data_ptr(), e.count, e.dt, src, tag);
       source->store(src);
     });
     w->track_source(source);
@@ -905,7 +942,8 @@ class ProcessGroupStrata : public c10d::ProcessGroup {
     at::Tensor t = single(tensors, "recv");
     auto source = std::make_shared<std::atomic<int>>(-1);
     auto w = make_work(c10d::OpType::RECVANYSOURCE, "strata:recv_any", {t}, [c = comm_, t, tag, source]() mutable {
-      source->store(c.recv_any(t.data_ptr(), nbytes(t), DataType::UInt8, tag));
+      const Elems e = elems(t);
+      source->store(c.recv_any(t.data_ptr(), e.count, e.dt, tag));
     });
     w->track_source(source);
     exec_->enqueue(w);

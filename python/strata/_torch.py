@@ -267,7 +267,8 @@ def _destroy_at_exit():
     # finalization began and was unwound, which aborted the process ("terminate called
     # without an active exception"). Destroyed here, before that, its queued works run and
     # its threads are joined, as destroy_process_group() does (atexit runs handlers
-    # registered later, the user's, first).
+    # registered after `import strata` first). Only the default group, and only when it is
+    # strata's; with a peer already gone its queued works wait for their timeout.
     try:
         if dist.is_initialized() and dist.get_backend() == "strata":
             dist.destroy_process_group()

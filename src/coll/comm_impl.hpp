@@ -67,10 +67,19 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   uint32_t phase = 0;              // sync steps published
   std::vector<uint32_t> send_seq;  // per peer
   std::vector<uint32_t> recv_seq;  // per peer
-  // Per peer, whether each of the last kP2pDepth sends was refused by its receive. A send's
-  // Work reads the refusal in the send's slot, or here once a later send has reused the slot
-  // (post_send moves it here first): a Work may be waited for long after.
-  std::vector<std::array<std::shared_ptr<std::atomic<bool>>, kP2pDepth>> send_refused;
+  // Whether a send was refused by its receive: read in the send's slot, until the slot is
+  // reused by a later send or restarted for a new epoch, which first move the verdict into the
+  // send's own cell (a Work may be waited for long after). 0: still in the slot, 1: taken, 2:
+  // refused. Per peer, the cells of the sends whose slots hold them; all under p2p_mu.
+  struct SendVerdict {
+    uint32_t seq = 0;
+    std::shared_ptr<std::atomic<int>> cell;
+  };
+  std::vector<std::array<SendVerdict, kP2pDepth>> send_verdicts;
+  std::mutex p2p_mu;
+  /// Moves the verdict of the send whose slot `v` names into its cell, if the slot is still
+  /// its. Caller holds p2p_mu.
+  void settle_verdict(int peer, const SendVerdict& v);
   // Receives from this rank itself queued on the copy engine and not finished: a blocking
   // send to itself completes only through one of them (communicator.cpp).
   std::atomic<int> self_recvs_queued{0};

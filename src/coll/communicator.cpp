@@ -139,10 +139,10 @@ uint32_t settle(P2pSlot& slot, uint32_t to) {
 }
 
 /// Completion of a posted send: the receiver acknowledged sequence `s`, posted while the
-/// message numbers had been restarted `resets` times (CommImpl::sync_resets). `moved` is
-/// where post_send leaves the receiver's verdict once a later send reuses the slot.
+/// message numbers had been restarted `resets` times (CommImpl::sync_resets). `verdict` is
+/// the send's cell (CommImpl::SendVerdict).
 Status send_done(CommImpl& c, int peer, uint32_t s, uint64_t resets, uint32_t peer_resets, Deadline d, bool block,
-                 const std::atomic<bool>& moved) {
+                 const std::atomic<int>& verdict) {
   const CtrlView& rv = c.peers[peer];
   transport::Signal& done = rv.recv_done(c.rank);
   if (block) {
@@ -197,13 +197,17 @@ Status send_done(CommImpl& c, int peer, uint32_t s, uint64_t resets, uint32_t pe
   } else if (!transport::reached(done.value.load(std::memory_order_acquire), s)) {
     return Status(Code::Unavailable, "pending");
   }
-  const P2pSlot& sl = c.self.slot(peer, s);
   bool refused = false;
-  if (sl.seq == s) {
-    refused = std::atomic_ref<uint32_t>(const_cast<uint32_t&>(sl.claim)).load(std::memory_order_acquire) == kP2pRefused;
-    if (sl.seq != s) refused = moved.load(std::memory_order_acquire);  // reused meanwhile
-  } else {
-    refused = moved.load(std::memory_order_acquire);
+  {
+    std::lock_guard<std::mutex> g(c.p2p_mu);
+    // Still 0: the slot is still this send's (a reuse or restart moves the verdict first).
+    if (const int v = verdict.load(std::memory_order_relaxed); v != 0) {
+      refused = v == 2;
+    } else {
+      const P2pSlot& sl = c.self.slot(peer, s);
+      refused =
+          std::atomic_ref<uint32_t>(const_cast<uint32_t&>(sl.claim)).load(std::memory_order_acquire) == kP2pRefused;
+    }
   }
   if (refused)
     return Status(Code::InvalidArgument,
@@ -254,20 +258,22 @@ Result<std::shared_ptr<WorkState>> post_send(CommImpl& c, const Op& op) {
     }
   }
   P2pSlot& sl = c.self.slot(peer, s);
-  // The send that had this slot (s - kP2pDepth) was taken, as waited for above: its verdict
-  // moves to where its Work reads it before the slot is rewritten.
-  std::shared_ptr<std::atomic<bool>>& moved = c.send_refused[peer][s % kP2pDepth];
-  if (moved && sl.seq == s - kP2pDepth)
-    moved->store(std::atomic_ref<uint32_t>(sl.claim).load(std::memory_order_acquire) == kP2pRefused,
-                 std::memory_order_release);
-  moved = std::make_shared<std::atomic<bool>>(false);
-  sl.seq = s;
-  sl.tag = op.tag;
-  sl.dtype = static_cast<uint8_t>(op.dtype);
-  sl.count = op.count;
-  sl.seg = ref ? ref->seg : 0;
-  sl.off = ref ? ref->offset : 0;
-  sl.claim = 0;  // published with the rest by the release below
+  auto verdict = std::make_shared<std::atomic<int>>(0);
+  {
+    // The send that had this slot (s - kP2pDepth) was taken, as waited for above: its verdict
+    // moves to its Work's cell before the slot is rewritten.
+    std::lock_guard<std::mutex> g(c.p2p_mu);
+    CommImpl::SendVerdict& prev = c.send_verdicts[peer][s % kP2pDepth];
+    c.settle_verdict(peer, prev);
+    prev = {s, verdict};
+    sl.seq = s;
+    sl.tag = op.tag;
+    sl.dtype = static_cast<uint8_t>(op.dtype);
+    sl.count = op.count;
+    sl.seg = ref ? ref->seg : 0;
+    sl.off = ref ? ref->offset : 0;
+    sl.claim = 0;  // published with the rest by the release below
+  }
   transport::publish(c.self.send_posted(peer), s);
 
   auto w = std::make_shared<WorkState>();
@@ -275,8 +281,8 @@ Result<std::shared_ptr<WorkState>> post_send(CommImpl& c, const Op& op) {
   auto self = c.shared_from_this();
   const uint64_t resets = c.sync_resets.load(std::memory_order_acquire);
   const uint32_t peer_resets = std::atomic_ref<uint32_t>(c.peers[peer].hdr()->resets).load(std::memory_order_acquire);
-  w->poll = [self, peer, s, resets, peer_resets, d, moved](bool block) {
-    return send_done(*self, peer, s, resets, peer_resets, d, block, *moved);
+  w->poll = [self, peer, s, resets, peer_resets, d, verdict](bool block) {
+    return send_done(*self, peer, s, resets, peer_resets, d, block, *verdict);
   };
   if (staged) {
     auto ctx = c.ctx;

@@ -19,10 +19,12 @@ namespace strata::detail {
 ContextImpl::~ContextImpl() = default;
 
 void ContextImpl::reclaim_ctrl_blocks() {
-  std::erase_if(retired_ctrl, [this](const RetiredBlock& b) {
-    auto* h = static_cast<CtrlHeader*>(b.mem);
-    if (std::atomic_ref<uint32_t>(h->done_with).load(std::memory_order_acquire) < b.peers) return false;
-    (void)heap->free(b.mem);
+  std::erase_if(retired_ctrl, [this](void* mem) {
+    const auto* h = static_cast<const CtrlHeader*>(mem);
+    const CtrlView v(mem, h->size);
+    for (int r = 0; r < h->size; ++r)
+      if (r != h->rank && v.done_with(r).load(std::memory_order_acquire) == 0) return false;
+    (void)heap->free(mem);
     return true;
   });
 }
@@ -269,10 +271,18 @@ CommImpl::~CommImpl() {
   // slow peer may still read our last phase word.
   for (int r = 0; r < size; ++r)
     if (r != rank && r < static_cast<int>(peers.size()) && peers[r].base())
-      std::atomic_ref<uint32_t>(peers[r].hdr()->done_with).fetch_add(1, std::memory_order_release);
+      peers[r].done_with(rank).store(1, std::memory_order_release);
   std::lock_guard<std::mutex> g(ctx->mu);
-  if (ctrl_mem) ctx->retired_ctrl.push_back({ctrl_mem, static_cast<uint32_t>(size - 1)});
+  if (ctrl_mem) ctx->retired_ctrl.push_back(ctrl_mem);
   ctx->reclaim_ctrl_blocks();
+}
+
+void CommImpl::settle_verdict(int peer, const SendVerdict& v) {
+  if (!v.cell || v.cell->load(std::memory_order_relaxed) != 0) return;
+  const P2pSlot& sl = self.slot(peer, v.seq);
+  if (sl.seq != v.seq) return;
+  const uint32_t claim = std::atomic_ref<uint32_t>(const_cast<uint32_t&>(sl.claim)).load(std::memory_order_acquire);
+  v.cell->store(claim == kP2pRefused ? 2 : 1, std::memory_order_relaxed);
 }
 
 void CommImpl::reset_sync_state(uint64_t epoch) {
@@ -280,7 +290,14 @@ void CommImpl::reset_sync_state(uint64_t epoch) {
   phase = 0;
   std::fill(send_seq.begin(), send_seq.end(), 0);
   std::fill(recv_seq.begin(), recv_seq.end(), 0);
-  for (auto& ring : send_refused) ring.fill(nullptr);
+  {
+    std::lock_guard<std::mutex> g(p2p_mu);
+    for (int r = 0; r < static_cast<int>(send_verdicts.size()); ++r)
+      for (SendVerdict& v : send_verdicts[r]) {
+        if (!net) settle_verdict(r, v);  // the slots keep their messages; the numbers restart
+        v = SendVerdict();
+      }
+  }
   sync_resets.fetch_add(1, std::memory_order_acq_rel);
   tag_epoch = static_cast<uint32_t>(epoch & 0xf);
   if (net) {
@@ -332,6 +349,8 @@ Status CommImpl::attach_peer(int r, const memory::SegRef& ref, Deadline d) {
                           " is not initialised or comes from a build with another layout (magic " +
                           std::to_string(h->magic) + ", rank " + std::to_string(h->rank) + ")");
   peers[r] = v;
+  // A replacement of r reads this block from now on, whatever its predecessor said.
+  self.done_with(r).store(0, std::memory_order_release);
   // The peer's flight-recorder ring follows its block: map that far too, or never read it.
   peer_flight_len[r] = 0;
   if (const uint32_t len = h->flight_len; len > 0 && len <= (1u << 20) && (len & (len - 1)) == 0)
@@ -379,7 +398,7 @@ static std::shared_ptr<CommImpl> base_comm(const std::shared_ptr<ContextImpl>& c
   c->pidfds.assign(c->size, -1);
   c->send_seq.assign(c->size, 0);
   c->recv_seq.assign(c->size, 0);
-  c->send_refused.assign(c->size, {});
+  c->send_verdicts.assign(c->size, {});
   c->peer_flight_len.assign(c->size, 0);
   std::lock_guard<std::mutex> g(ctx->mu);
   // Drop entries of communicators that are gone, so a job that splits often stays small.

@@ -33,13 +33,9 @@ struct ContextImpl {
   std::shared_ptr<bootstrap::StoreClient> store;  // null for a single rank without a store
   std::unique_ptr<memory::Heap> heap;
   std::mutex mu;
-  /// Control blocks of destroyed communicators, each freed once every peer that maps it has
-  /// said it reads it no more (CtrlHeader::done_with reaches `peers`).
-  struct RetiredBlock {
-    void* mem = nullptr;
-    uint32_t peers = 0;
-  };
-  std::vector<RetiredBlock> retired_ctrl;
+  /// Control blocks of destroyed communicators, each freed once every peer has said it reads
+  /// it no more (CtrlView::done_with).
+  std::vector<void*> retired_ctrl;
   /// Frees the retired blocks that no peer reads any more. Caller holds `mu`.
   void reclaim_ctrl_blocks();
   // External buffers registered for single-copy (CMA) access: base -> bytes.

@@ -112,17 +112,13 @@ struct alignas(64) CtrlHeader {
   /// waiting for the acknowledgement of a message this rank claimed learns from it that the
   /// receive is over (its acknowledgement was wiped with the rest).
   uint32_t resets = 0;
-  /// Raised by each peer when it destroys its communicator of this block, its last touch of
-  /// it: once every peer has, the owner frees the block (a comm destroyed after each split
-  /// left its block behind for good, 42 KiB a time).
-  uint32_t done_with = 0;
   OpSlot slots[2];
   /// The slot of operation `seq`.
   OpSlot& slot(uint32_t seq) { return slots[seq & 1]; }
 };
 
 /// Typed view of a control block: header, then 4n size_t (v-collective arrays), then the
-/// point-to-point area (per peer: posted signal, done signal, ring of slots).
+/// point-to-point area (per peer: posted signal, done signal, done-with flag, ring of slots).
 class CtrlView {
  public:
   CtrlView() = default;
@@ -136,9 +132,17 @@ class CtrlView {
   transport::Signal& send_posted(int peer) const { return *reinterpret_cast<transport::Signal*>(peer_area(peer)); }
   /// Raised by this block's owner when it has received a message from `peer`.
   transport::Signal& recv_done(int peer) const { return *reinterpret_cast<transport::Signal*>(peer_area(peer) + 64); }
+  /// Set by `peer` when it destroys its communicator of this block, its last touch of it;
+  /// cleared by the owner when it attaches a replacement of `peer`. Once every peer's is set
+  /// the owner frees the block (a comm destroyed after each split left its block behind for
+  /// good, 42 KiB a time). One flag per peer, not a count: a rank that finished and was
+  /// replaced must not count for a peer still inside its last operation.
+  std::atomic<uint32_t>& done_with(int peer) const {
+    return *reinterpret_cast<std::atomic<uint32_t>*>(peer_area(peer) + 128);
+  }
   /// The slot of this owner's send `seq` to `peer`.
   P2pSlot& slot(int peer, uint32_t seq) const {
-    return reinterpret_cast<P2pSlot*>(peer_area(peer) + 128)[seq % kP2pDepth];
+    return reinterpret_cast<P2pSlot*>(peer_area(peer) + 192)[seq % kP2pDepth];
   }
   void* base() const { return base_; }
   /// The owner's flight-recorder ring (hdr()->flight_len entries), right after the block.
@@ -153,7 +157,7 @@ class CtrlView {
   static size_t p2p_offset(int n) {
     return align64(sizeof(CtrlHeader) + 4 * sizeof(uint64_t) * static_cast<size_t>(n));
   }
-  static size_t per_peer() { return align64(128 + kP2pDepth * sizeof(P2pSlot)); }
+  static size_t per_peer() { return align64(192 + kP2pDepth * sizeof(P2pSlot)); }
   char* peer_area(int peer) const { return base_ + p2p_offset(n_) + static_cast<size_t>(peer) * per_peer(); }
   char* base_ = nullptr;
   int n_ = 0;

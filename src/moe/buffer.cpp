@@ -380,11 +380,16 @@ void BufferImpl::plan(size_t T, const int64_t* idx) {
 }
 
 Status BufferImpl::schedule_mismatch() const {
+  // Before the first call (init's own collectives) the peers' heads are not mapped yet.
+  if (seq == 0 || peer_ctrl.size() != static_cast<size_t>(R)) return Status::ok();
   for (int r : shm_ranks) {
     if (r == me) continue;
     const uint64_t v = head(r)->call.load(std::memory_order_acquire);
-    const auto theirs = static_cast<Schedule>(v & 0xff);
+    const auto theirs = static_cast<Schedule>(v & 0x7f);
     if (static_cast<uint32_t>(v >> 8) != seq || theirs == calling) continue;
+    // A rank that refused its call (Python could not even read its schedule) runs it as
+    // Prefill: what its peers need to hear is the refusal.
+    if (v & 0x80) return refused_by(r, kRefusedRows);
     return Status(Code::InvalidArgument,
                   std::string("moe::dispatch: schedule mismatch: rank ") + std::to_string(me) + " called it with " +
                       to_string(calling) + " but rank " + std::to_string(r) + " with " + to_string(theirs) +
@@ -413,7 +418,8 @@ Status BufferImpl::begin(Deadline d, bool wait_readers, Schedule s) {
       }
   ++seq;
   calling = s;
-  head(me)->call.store(static_cast<uint64_t>(seq) << 8 | static_cast<uint64_t>(s), std::memory_order_release);
+  head(me)->call.store(static_cast<uint64_t>(seq) << 8 | (refusing ? 0x80u : 0u) | static_cast<uint64_t>(s),
+                       std::memory_order_release);
   publish_released(seq - 1);
   if (wait_readers)
     for (int r : shm_ranks) {  // only ranks of this host write into its windows

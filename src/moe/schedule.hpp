@@ -70,8 +70,8 @@ struct alignas(64) YLine {
 
 /// Start of the control block; `sent_to[R]` and the count row follow it.
 struct CtrlHead {
-  /// (call number << 8) | schedule of the dispatch its owner is in: a peer that waits for it
-  /// in vain learns from it that the two called different schedules.
+  /// (call number << 8) | 0x80 if refused | schedule of the dispatch its owner is in: a peer
+  /// that waits for it in vain learns from it that the two called different schedules.
   alignas(64) std::atomic<uint64_t> call{0};
   alignas(64) Signal released;
   alignas(64) Signal counts_ready;

@@ -65,7 +65,6 @@ TEST(Membership, ResetRestartsCountersButKeepsWhatASlowPeerMayRead) {
     for (int r = 0; r < n; ++r) {
       EXPECT_EQ(c.self.send_posted(r).value.load(), 0u) << "peer " << r;
       EXPECT_EQ(c.self.recv_done(r).value.load(), 0u) << "peer " << r;
-      for (const auto& moved : c.send_refused[r]) EXPECT_EQ(moved, nullptr) << "peer " << r;
     }
     const coll::OpDesc kept = c.self.hdr()->slot(seq).desc;
     EXPECT_EQ(kept.seq, last.seq) << "the reset zeroed the descriptor a slow peer may still read";

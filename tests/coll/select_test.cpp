@@ -83,8 +83,10 @@ TEST(Select, InPlaceAndOutOfPlaceCallsOfOneSizeGetTheSameAlgorithm) {
   Op op = call(OpKind::AllReduce, 64 << 10, Algorithm::OneShot);
   op.in = op.out = buf.data();
   EXPECT_ALGO(Algo::OneShot, one_host(2), op);
-  // One rank copies nothing to anyone: no two-shot.
-  EXPECT_ALGO(Algo::OneShot, one_host(1), op);
+  // One rank in place, Auto: the size rule decides as for every rank count.
+  Op alone = call(OpKind::AllReduce, 64 << 10);
+  alone.in = alone.out = buf.data();
+  EXPECT_ALGO(Algo::OneShot, one_host(1), alone);
 }
 
 TEST(Select, OneHostAskedAlgorithmWinsOverSize) {

@@ -296,7 +296,8 @@ TEST(ZeroCopy, SmallExternalInputsRideInTheSlot) {
       };
 
       // all_reduce of 1,200 elements (4,800 bytes: above the inline limit with 3 ranks, within
-      // the slot), one-shot (asked for: Auto takes two-shot here), out of place and in place.
+      // the slot), one-shot (asked for: the path under test, whatever Auto's limits), out of
+      // place and in place.
       static_assert(1200 * 4 > detail::kInlineManyBytes && 1200 * 4 <= detail::kSlotInputBytes);
       const size_t ar = 1200;
       CollOptions one_shot;

@@ -157,8 +157,8 @@ def test_timeout_names_the_missing_rank_and_its_last_operation():
     assert "flight recorder of communicator" in out, out
 
 
-@pytest.mark.parametrize("mode", ["callback", "destroy", "exit", "wait_timeout"])
-def test_works_driven_from_callbacks_left_unwaited_or_waited_with_a_timeout(mode):
+@pytest.mark.parametrize("mode", ["callback", "destroy", "exit", "wait_timeout", "layouts"])
+def test_torch_programs_beyond_issue_and_wait(mode):
     # Each hung or ignored its timeout before (torch_executor.py says how); "exit" aborted the
     # process now and then at the interpreter's shutdown, so it runs a few times.
     for _ in range(3 if mode == "exit" else 1):

@@ -164,4 +164,18 @@ assert mb.traffic() == {"dispatch_bytes": 0, "combine_bytes": 0, "record_bytes":
                         "remote_selections": 0, "calls": 0}, mb.traffic()
 mb.close()
 comm.barrier()
+# A schedule the last rank cannot read where the others call decode: the refusal (run as
+# prefill) is what they are told, not a schedule mismatch, and not at their timeout. Last: the
+# schedules differed, so the communicator is out of step after it.
+if n > 1:
+    last = strata.moe.Buffer(comm, num_experts=E, hidden=H, max_tokens=M, topk=K, dtype="float32")
+    t0 = time.monotonic()
+    try:
+        last.dispatch(x, idx, w, "fast" if r == n - 1 else "decode")
+    except strata.InvalidArgument as e:
+        want = "schedule must be 'prefill', 'decode' or 'relay'" if r == n - 1 else f"rank {n - 1} refused its call"
+        assert want in str(e), str(e)
+    else:
+        raise AssertionError(f"rank {r}: no error for a dispatch with a bad schedule on rank {n - 1}")
+    assert time.monotonic() - t0 < 10, "told by the refused call, not by the timeout"
 print("OK", flush=True)

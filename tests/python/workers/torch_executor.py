@@ -1,6 +1,7 @@
-"""How a torch program may drive the strata group's works beyond issue-and-wait: a future
-callback that starts a collective and waits for it inside (torch's PowerSGD hook does), works
-left un-waited when the group is destroyed or the program ends, and Work.wait(timeout)."""
+"""How a torch program may drive the strata group's works beyond issue-and-wait (a future
+callback that starts a collective and waits for it inside, as torch's PowerSGD hook does;
+works left un-waited when the group is destroyed or the program ends; Work.wait(timeout)),
+and the layouts of all_gather outputs that gloo takes."""
 
 import datetime
 import sys
@@ -71,4 +72,25 @@ elif mode == "wait_timeout":
     w.wait()
     assert t.tolist() == [float(n)] * 2, t
     dist.barrier()
+elif mode == "layouts":
+    # all_gather into non-contiguous outputs, and from an input that is a view of another
+    # rank's output slot (both refused before; gloo takes them).
+    base = torch.zeros(3, 2 * n)
+    outs = [base[:, 2 * j:2 * j + 2] for j in range(n)]  # column blocks: strided
+    dist.all_gather(outs, torch.full((3, 2), float(r + 1)))
+    for j in range(n):
+        assert torch.equal(outs[j], torch.full((3, 2), float(j + 1))), (j, outs[j])
+    flat = torch.zeros(3 * n)
+    slots = list(flat.split(3))
+    other = (r + 1) % n
+    slots[other].fill_(float(r + 1))
+    dist.all_gather(slots, slots[other])
+    assert flat.tolist() == [float(j + 1) for j in range(n) for _ in range(3)], flat
+    # A mismatch is told in the caller's elements and type (it was told in bytes).
+    t = torch.arange(4.0 + 2 * r)
+    try:
+        dist.broadcast(t, 0)
+        raise AssertionError("broadcast of different sizes passed")
+    except RuntimeError as e:
+        assert "broadcast(count=4, dtype=float32" in str(e) and "count=6" in str(e), e
 print(f"[{r}] OK", flush=True)
