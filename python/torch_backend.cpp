@@ -298,6 +298,10 @@ class Executor {
     lk.lock();
     busy_ = false;
     ++completing_;
+    // A callback may wait for queued work by a future it took before (nothing to kick then):
+    // keep a thread free for the queue. At most one more for a stream of works whose futures
+    // have no callbacks, since it stays, counted idle, for the next.
+    add_thread_if_stuck();
     lk.unlock();
     cv_.notify_all();  // the next work may start while this one's callbacks run
     next->complete();
@@ -308,10 +312,8 @@ class Executor {
     if (waiters_ > 0) cv_.notify_all();  // a waiter of this work (or of its place in the queue)
   }
 
-  /// With `mu_` held, when a work is queued or kicked (the calls a callback that waits for
-  /// more work makes): starts another executor thread if nothing runs and every thread is
-  /// inside a future's callbacks. Not at every completion: a future without callbacks is
-  /// completed at once, and its thread is back before it would matter.
+  /// With `mu_` held: starts another executor thread if work is queued, nothing runs and
+  /// every thread is completing a future (whose callbacks may wait for that work).
   void add_thread_if_stuck() {
     if (stop_ || q_.empty() || busy_ || idle_ > 0 || completing_ == 0) return;
     ++idle_;  // counted from now, so that calls before it runs start no more

@@ -44,6 +44,12 @@ if mode == "callback":
     w2 = dist.all_reduce(c, async_op=True)
     got = w1.get_future().then(lambda f: w2.get_future().wait()[0] + f.value()[0]).wait()
     assert got.tolist() == [total + n] * 3, got
+    # The same with the later work's future taken before (nothing asks for it in the callback).
+    a, c = torch.ones(3) * (r + 1), torch.ones(3)
+    w1 = dist.all_reduce(a, async_op=True)
+    f2 = dist.all_reduce(c, async_op=True).get_future()
+    got = w1.get_future().then(lambda f: f2.wait()[0] + f.value()[0]).wait()
+    assert got.tolist() == [total + n] * 3, got
 elif mode == "destroy":
     # Fire and forget, then destroy: the works run, their tensors are dropped without the GIL
     # held by the destroying thread (it deadlocked).
