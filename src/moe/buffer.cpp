@@ -67,9 +67,11 @@ void Local::release(Communicator& comm) {
 
 Status BufferImpl::wait_sig(const Signal& s, uint32_t target, Deadline d, int peer, const char* what) {
   transport::WaitPolicy p = c->policy(d);
-  p.check = [this, peers = std::move(p.check)] {
+  // Only `this` captured (the policy's own check is check_peers): fits std::function's
+  // inline storage, so a dispatch's waits allocate nothing.
+  p.check = [this] {
     Status m = schedule_mismatch();
-    return m.is_ok() ? peers() : m;
+    return m.is_ok() ? c->check_peers() : m;
   };
   Status st = transport::wait_reached(s, target, p, what);
   if (st.is_ok()) return st;
