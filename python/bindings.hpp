@@ -16,6 +16,7 @@
 
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -39,16 +40,23 @@ class PyWork {
  public:
   PyWork(Work w, py::object result) : work_(std::move(w)), result_(std::move(result)) {}
 
-  /// Waits without the GIL; returns the result array.
+  /// Waits without the GIL; returns the result array. Python's signal handlers run every
+  /// 50 ms meanwhile, so Ctrl-C raises KeyboardInterrupt here (the operation goes on).
   py::object wait() {
-    {
-      py::gil_scoped_release nogil;
-      work_.wait();
+    for (;;) {
+      bool done = false;
+      {
+        py::gil_scoped_release nogil;
+        done = work_.wait_for(std::chrono::milliseconds(50));
+      }
+      if (done) return result_;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
-    return result_;
   }
-  /// Waits at most `seconds` without the GIL; true when complete.
+  /// Waits at most `seconds` without the GIL; true when complete. 0 polls, as test() does.
   bool wait_for(py::handle seconds) {
+    if ((PyFloat_Check(seconds.ptr()) || PyIndex_Check(seconds.ptr())) && seconds.cast<double>() == 0.0)
+      return work_.test();
     auto ms = to_ms(seconds, "wait_for: seconds");
     py::gil_scoped_release nogil;
     return work_.wait_for(ms);
@@ -75,11 +83,25 @@ class PyComm {
   PyComm& operator=(const PyComm&) = delete;
   ~PyComm() { drain(); }
 
-  /// The communicator; InvalidArgument once destroyed.
+  /// The communicator; InvalidArgument once destroyed (or while destroy() runs).
   Communicator& comm() {
-    if (!comm_.valid()) invalid("this Communicator was destroyed");
+    if (closing_ || !comm_.valid()) invalid("this Communicator was destroyed");
     return comm_;
   }
+
+  /// Held by a call for as long as it may use the communicator without the GIL: destroy() from
+  /// another thread meanwhile aborts the call (it fails with Aborted) and waits for it to
+  /// return, instead of freeing what the call still uses.
+  class InUse {
+   public:
+    explicit InUse(PyComm& c) : c_(c) { c_.in_use_.fetch_add(1, std::memory_order_acq_rel); }
+    ~InUse() { c_.in_use_.fetch_sub(1, std::memory_order_acq_rel); }
+    InUse(const InUse&) = delete;
+    InUse& operator=(const InUse&) = delete;
+
+   private:
+    PyComm& c_;
+  };
   /// The handle, valid or not.
   const Communicator& handle() const { return comm_; }
 
@@ -93,6 +115,7 @@ class PyComm {
   /// keeps `keep` alive until the operation has completed.
   template <class F>
   py::object dispatch(bool async, py::object result, py::object keep, F&& fn) {
+    InUse in_use(*this);
     dispatched = true;
     prune();
     if (!async) {
@@ -114,11 +137,14 @@ class PyComm {
   /// Waits for every pending operation; errors are dropped (each Work reports its own).
   void drain() noexcept;
 
-  /// Drains, then releases the communicator (without the GIL).
+  /// Drains, then releases the communicator (without the GIL). Calls that other threads have
+  /// in progress fail with Aborted and are waited for; later calls raise InvalidArgument.
   void destroy();
 
  private:
   Communicator comm_;
+  std::atomic<int> in_use_{0};
+  bool closing_ = false;  // read and written under the GIL
   std::deque<Pending> pending_;
 };
 

@@ -333,11 +333,17 @@ py::object all_to_all_v(PyComm& self, py::handle a, py::handle send_counts_obj, 
   if (max_end(sc, sd) > in.count)
     invalid("all_to_all_v: a has " + std::to_string(in.count) + " elements but send_counts/send_displs reach " +
             std::to_string(max_end(sc, sd)));
-  // The count exchange is a collective of its own: from here on an error is not this call's
-  // refusal (its peers met the exchange), so Refusing must not add one.
-  if (recv_counts_obj.is_none()) self.dispatched = true;
-  auto rc =
-      recv_counts_obj.is_none() ? exchange_counts(c, sc) : to_counts(recv_counts_obj, n, "all_to_all_v: recv_counts");
+  // The count exchange is a collective of its own: an error inside it is not this call's
+  // refusal (it failed on every rank), so Refusing must not add one. After it the peers go on
+  // to the data phase, and an error found from here on is refused in its place.
+  std::vector<size_t> rc;
+  if (recv_counts_obj.is_none()) {
+    self.dispatched = true;
+    rc = exchange_counts(c, sc);
+    self.dispatched = false;
+  } else {
+    rc = to_counts(recv_counts_obj, n, "all_to_all_v: recv_counts");
+  }
   auto rd = recv_displs_obj.is_none() ? prefix_sums(rc) : to_counts(recv_displs_obj, n, "all_to_all_v: recv_displs");
   const size_t need = max_end(rc, rd);
   py::object out_obj = py::reinterpret_borrow<py::object>(out);
@@ -450,7 +456,10 @@ py::object barrier(PyComm& self, py::handle async_arg, py::handle timeout) {
   });
 }
 
-py::object send(PyComm& self, py::handle a, int peer, int tag, bool async, py::handle timeout) {
+py::object send(PyComm& self, py::handle a, py::handle peer_arg, py::handle tag_arg, py::handle async_arg,
+                py::handle timeout) {
+  const int peer = int32_arg(peer_arg, "send: peer"), tag = int32_arg(tag_arg, "send: tag");
+  const bool async = flag_arg(async_arg, "send: async_op");
   Communicator& c = self.comm();
   ArrayView v = view_of(a, "send: a", false);
   CollOptions opts = make_opts(timeout, py::none());
@@ -464,7 +473,10 @@ py::object send(PyComm& self, py::handle a, int peer, int tag, bool async, py::h
   });
 }
 
-py::object recv(PyComm& self, py::handle a, int peer, int tag, bool async, py::handle timeout) {
+py::object recv(PyComm& self, py::handle a, py::handle peer_arg, py::handle tag_arg, py::handle async_arg,
+                py::handle timeout) {
+  const int peer = int32_arg(peer_arg, "recv: peer"), tag = int32_arg(tag_arg, "recv: tag");
+  const bool async = flag_arg(async_arg, "recv: async_op");
   Communicator& c = self.comm();
   ArrayView v = view_of(a, "recv: a", true);
   CollOptions opts = make_opts(timeout, py::none());
@@ -478,10 +490,12 @@ py::object recv(PyComm& self, py::handle a, int peer, int tag, bool async, py::h
   });
 }
 
-int recv_any(PyComm& self, py::handle a, int tag, py::handle timeout) {
+int recv_any(PyComm& self, py::handle a, py::handle tag_arg, py::handle timeout) {
+  const int tag = int32_arg(tag_arg, "recv_any: tag");
   Communicator& c = self.comm();
   ArrayView v = view_of(a, "recv_any: a", true);
   CollOptions opts = make_opts(timeout, py::none());
+  PyComm::InUse in_use(self);
   py::gil_scoped_release nogil;  // v.obj keeps the array alive meanwhile
   return c.recv_any(v.data, v.count, v.dtype, tag, opts);
 }
@@ -495,6 +509,7 @@ struct Refusing;
 template <class... A, py::object (*F)(PyComm&, A...)>
 struct Refusing<F> {
   static py::object call(PyComm& self, A... a) {
+    PyComm::InUse in_use(self);
     self.dispatched = false;
     try {
       return F(self, std::forward<A>(a)...);

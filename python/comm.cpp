@@ -3,6 +3,7 @@
 // collectives.cpp.
 
 #include <optional>
+#include <thread>
 
 #include "bindings.hpp"
 
@@ -43,11 +44,15 @@ void PyComm::drain() noexcept {
 }
 
 void PyComm::destroy() {
+  if (closing_) return;  // another thread is destroying it
+  closing_ = true;
+  // A call of another thread is inside the communicator (waiting for its peers, say): fail it
+  // now rather than after its deadline, and let it return before what it uses is freed.
+  if (in_use_.load(std::memory_order_acquire) > 0 && comm_.valid()) comm_.abort();
   drain();
-  if (comm_.valid()) {
-    py::gil_scoped_release nogil;
-    comm_.destroy();
-  }
+  py::gil_scoped_release nogil;
+  while (in_use_.load(std::memory_order_acquire) > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (comm_.valid()) comm_.destroy();
 }
 
 void bind_work(py::module_& m) {
@@ -93,9 +98,19 @@ void bind_communicator(py::module_& m) {
   // groups and lifetime
   comm.def(
           "split",
-          [](PyComm& s, int color, std::optional<int> key) -> std::shared_ptr<PyComm> {
+          [](PyComm& s, py::handle color_arg, py::handle key_arg) -> std::shared_ptr<PyComm> {
             Communicator& c = s.comm();
-            int k = key ? *key : c.rank();
+            PyComm::InUse in_use(s);
+            int color = 0, k = 0;
+            try {
+              color = int32_arg(color_arg, "split: color");
+              k = key_arg.is_none() ? c.rank() : int32_arg(key_arg, "split: key");
+            } catch (const Error& e) {
+              // Refused, like a collective's bad argument: the peers' split fails naming this
+              // rank instead of pairing with this rank's next call.
+              detail::refuse_call(s.handle().impl());
+              rethrow_on_rank(e, s.handle().rank());
+            }
             Communicator child;
             {
               py::gil_scoped_release nogil;
@@ -115,6 +130,7 @@ void bind_communicator(py::module_& m) {
           [](PyComm& s) {
             Communicator& c = s.comm();
             {
+              PyComm::InUse in_use(s);
               py::gil_scoped_release nogil;
               c.recover();
             }

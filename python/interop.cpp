@@ -2,13 +2,18 @@
 
 #include "interop.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <utility>
+
+#include "common/process.hpp"  // set_interrupt_check (internal API: the bindings are in-tree)
 
 namespace strata::python {
 
@@ -239,10 +244,16 @@ ArrayView view_of(py::handle obj, const std::string& what, bool writable) {
 
 std::vector<py::ssize_t> parse_shape(py::handle spec) {
   std::vector<py::ssize_t> shape;
+  auto dim = [&](py::handle d) {
+    const long long v = int_arg(d, "shape " + py::repr(spec).cast<std::string>() + ": a dimension");
+    if (v > std::numeric_limits<py::ssize_t>::max())
+      invalid("shape " + py::repr(spec).cast<std::string>() + " is too large");
+    shape.push_back(static_cast<py::ssize_t>(v));
+  };
   if (PyIndex_Check(spec.ptr())) {
-    shape.push_back(spec.cast<py::ssize_t>());
+    dim(spec);
   } else if (py::isinstance<py::sequence>(spec) && !py::isinstance<py::str>(spec)) {
-    for (auto d : spec) shape.push_back(d.cast<py::ssize_t>());
+    for (auto d : spec) dim(d);
   } else {
     invalid("shape must be an int or a sequence of ints, not " + py::repr(spec).cast<std::string>());
   }
@@ -253,16 +264,29 @@ std::vector<py::ssize_t> parse_shape(py::handle spec) {
 
 namespace {
 
-size_t elements(const std::vector<py::ssize_t>& shape) {
-  size_t n = 1;
-  for (auto d : shape) n *= static_cast<size_t>(d);
+/// The bytes of an array of `shape` with elements of `esize` bytes; InvalidArgument when more
+/// than an array can hold (numpy's limit: the largest ssize_t).
+size_t array_bytes(const std::vector<py::ssize_t>& shape, size_t esize) {
+  size_t n = esize;
+  bool zero = false;
+  bool over = false;
+  for (auto d : shape) {
+    zero = zero || d == 0;
+    over = over || __builtin_mul_overflow(n, static_cast<size_t>(d), &n);
+  }
+  if (zero) return 0;
+  if (over || n > static_cast<size_t>(std::numeric_limits<py::ssize_t>::max())) {
+    std::string s;
+    for (auto d : shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
+    invalid("shape (" + s + ") of " + std::to_string(esize) + "-byte elements is larger than an array can be");
+  }
   return n;
 }
 
 /// Heap array of `shape` with numpy dtype `dt` (element size `esize`).
 py::array heap_block(Communicator& comm, const std::vector<py::ssize_t>& shape, const py::dtype& dt, size_t esize,
                      bool zero) {
-  const size_t bytes = elements(shape) * esize;
+  const size_t bytes = array_bytes(shape, esize);
   auto buf = std::make_unique<Buffer<uint8_t>>();
   {
     py::gil_scoped_release nogil;
@@ -315,7 +339,41 @@ PyObject* new_error(py::module_& m, const char* name, const char* doc, PyObject*
   return cls;
 }
 
+// The exception a Python signal handler raised while a wait of the library slept (SIGINT's
+// KeyboardInterrupt): the wait ended with Aborted, and the call raises this instead. Read and
+// written under the GIL.
+PyObject *g_interrupt_type = nullptr, *g_interrupt_value = nullptr, *g_interrupt_tb = nullptr;
+
+/// The library's interrupt check (set_interrupt_check): Python runs signal handlers on its main
+/// thread only, so that thread, every 50 ms of a sleeping wait, takes the GIL and runs them.
+bool python_interrupted() {
+  thread_local std::chrono::steady_clock::time_point next{};
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next) return false;
+  next = now + std::chrono::milliseconds(50);
+  if (::gettid() != ::getpid() || !Py_IsInitialized()) return false;
+#if PY_VERSION_HEX >= 0x030D0000
+  if (Py_IsFinalizing()) return false;
+#else
+  if (_Py_IsFinalizing()) return false;
+#endif
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  bool raised = false;
+  if (PyErr_CheckSignals() != 0) {
+    raised = true;
+    if (g_interrupt_type == nullptr) PyErr_Fetch(&g_interrupt_type, &g_interrupt_value, &g_interrupt_tb);
+    else PyErr_Clear();
+  }
+  PyGILState_Release(gil);
+  return raised;
+}
+
 void raise(const Error& e) {
+  if (e.code() == Code::Aborted && g_interrupt_type != nullptr) {
+    PyErr_Restore(g_interrupt_type, g_interrupt_value, g_interrupt_tb);  // steals the references
+    g_interrupt_type = g_interrupt_value = g_interrupt_tb = nullptr;
+    return;
+  }
   auto idx = static_cast<size_t>(e.code());
   PyObject* cls = idx < g_errors.size() && g_errors[idx] ? g_errors[idx] : g_errors[0];
   py::object inst = py::reinterpret_steal<py::object>(PyObject_CallFunction(cls, "s", e.what()));
@@ -350,6 +408,7 @@ void register_errors(py::module_& m) {
       PyExc_ConnectionError);
   sub(Code::Internal, "Internal", "A bug in Strata; please report it.", nullptr);
 
+  set_interrupt_check(&python_interrupted);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -35,6 +35,7 @@ void bind_memory(CommClass& comm) {
   comm.def(
           "empty",
           [](PyComm& s, py::handle shape, py::handle dtype) {
+            PyComm::InUse in_use(s);  // allocates without the GIL
             return heap_numpy(s.comm(), parse_shape(shape), parse_dtype(dtype), false);
           },
           py::arg("shape"), py::arg("dtype") = "float32",
@@ -42,18 +43,21 @@ void bind_memory(CommClass& comm) {
       .def(
           "zeros",
           [](PyComm& s, py::handle shape, py::handle dtype) {
+            PyComm::InUse in_use(s);  // allocates without the GIL
             return heap_numpy(s.comm(), parse_shape(shape), parse_dtype(dtype), true);
           },
           py::arg("shape"), py::arg("dtype") = "float32", "Like empty(), filled with zeros.")
       .def(
           "empty_tensor",
           [](PyComm& s, py::handle shape, py::handle dtype) {
+            PyComm::InUse in_use(s);  // allocates without the GIL
             return heap_tensor(s.comm(), parse_shape(shape), parse_dtype(dtype), false);
           },
           py::arg("shape"), py::arg("dtype") = "float32", "A torch tensor in the registered heap (bfloat16 included).")
       .def(
           "zeros_tensor",
           [](PyComm& s, py::handle shape, py::handle dtype) {
+            PyComm::InUse in_use(s);  // allocates without the GIL
             return heap_tensor(s.comm(), parse_shape(shape), parse_dtype(dtype), true);
           },
           py::arg("shape"), py::arg("dtype") = "float32", "Like empty_tensor(), filled with zeros.")

@@ -125,15 +125,30 @@ const char* const kCsvHeader =
     "system,label,collective,nranks,dtype,op,inplace,buffers,size,count,iters,time_us,time_min_us,time_max_us,"
     "algbw_gbs,busbw_gbs,check\n";
 
+namespace {
+/// A CSV field as RFC 4180 has it: quoted, its quotes doubled, when it holds a comma, a quote
+/// or a line break (a --label may).
+std::string csv_field(const std::string& v) {
+  if (v.find_first_of(",\"\r\n") == std::string::npos) return v;
+  std::string q = "\"";
+  for (char ch : v) {
+    if (ch == '"') q += '"';
+    q += ch;
+  }
+  return q + '"';
+}
+}  // namespace
+
 std::string to_csv(const RunInfo& ri, const std::vector<Row>& rows) {
   const Options& o = ri.opts;
   const CollInfo& ci = info(o.coll);
   std::string s = kCsvHeader;
+  const std::string label = csv_field(ri.label);
   for (const Row& r : rows) {
     char buf[512];
-    std::snprintf(buf, sizeof buf, "%s,%s,%s,%d,%s,%s,%d,%s,%zu,%zu,%d,%.4f,%.4f,%.4f,%.5f,%.5f,%s\n",
-                  ri.system.c_str(), ri.label.c_str(), ci.name, ri.nranks, info(o.dtype).name,
-                  ci.reduces ? op_name(o.op) : "none", o.inplace ? 1 : 0,
+    s += csv_field(ri.system) + ',' + label + ',';
+    std::snprintf(buf, sizeof buf, "%s,%d,%s,%s,%d,%s,%zu,%zu,%d,%.4f,%.4f,%.4f,%.5f,%.5f,%s\n", ci.name, ri.nranks,
+                  info(o.dtype).name, ci.reduces ? op_name(o.op) : "none", o.inplace ? 1 : 0,
                   ri.system == "strata" ? buffers_name(o.buffers) : "malloc", r.bytes, r.count, r.iters, r.time_us,
                   r.time_min_us, r.time_max_us, r.algbw, r.busbw,
                   !r.checked ? "skipped"

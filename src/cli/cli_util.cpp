@@ -40,6 +40,8 @@ void warn_token_on_command_line(std::string_view who) {
 bool take_option(int argc, char** argv, int& i, std::initializer_list<std::string_view> names, std::string& value,
                  std::string& error) {
   std::string_view arg = argv[i];
+  // Every whole name first, then NAME=VALUE, then a short name with its value attached: "-np"
+  // is its own option even where "-n" takes a value ("-n2").
   for (std::string_view name : names) {
     if (arg == name) {
       if (i + 1 >= argc) {
@@ -50,11 +52,15 @@ bool take_option(int argc, char** argv, int& i, std::initializer_list<std::strin
       i += 2;
       return true;
     }
-    if (name.starts_with("--") && arg.starts_with(name) && arg.size() > name.size() && arg[name.size()] == '=') {
+  }
+  for (std::string_view name : names) {
+    if (name.size() > 2 && arg.starts_with(name) && arg.size() > name.size() && arg[name.size()] == '=') {
       value = std::string(arg.substr(name.size() + 1));
       i += 1;
       return true;
     }
+  }
+  for (std::string_view name : names) {
     if (name.size() == 2 && name[0] == '-' && name[1] != '-' && arg.starts_with(name) && arg.size() > 2) {
       value = std::string(arg.substr(2));
       i += 1;

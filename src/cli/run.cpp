@@ -166,6 +166,9 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
     } else if (take_option(argc, argv, i, {"--store"}, value, error)) {
       if (!error.empty()) return usage_error(error);
       o.store = value;
+    } else if (o.token.has_value() && (take_option(argc, argv, i, {"--token"}, value, error) ||
+                                       take_option(argc, argv, i, {"--token-file"}, value, error))) {
+      return usage_error("--token and --token-file both give the job token (or one was given twice); pass one");
     } else if (take_option(argc, argv, i, {"--token"}, value, error)) {
       if (!error.empty()) return usage_error(error);
       if (value.empty()) return usage_error("--token is empty; give the job token shared by all nodes");

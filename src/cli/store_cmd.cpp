@@ -59,6 +59,9 @@ int store_main(int argc, char** argv) {
       auto p = parse_int(value);
       if (!p || *p < 0 || *p > 65535) return usage_error("--port must be 0-65535, got '" + value + "'");
       port = *p;
+    } else if (token_given && (take_option(argc, argv, i, {"--token"}, value, error) ||
+                               take_option(argc, argv, i, {"--token-file"}, value, error))) {
+      return usage_error("--token and --token-file both give the job token (or one was given twice); pass one");
     } else if (take_option(argc, argv, i, {"--token"}, value, error)) {
       if (!error.empty()) return usage_error(error);
       if (value.empty()) return usage_error("--token is empty; a store needs a job token");

@@ -207,9 +207,13 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   }
   /// Makes `s` the sticky error (the first one stays).
   void set_broken(const Status& s);
+  /// What Communicator::abort() does, with `why` (Aborted) as the error: every pending and
+  /// later operation fails with it, here and on this rank's part of a hierarchical one.
+  void abort(const Status& why);
   /// How this rank waits until `d`: spin then sleep, polling the abort flag and the peers.
   transport::WaitPolicy policy(Deadline d);
-  /// PeerFailed when a member's process on this host has exited (its pidfd).
+  /// PeerFailed when a member's process on this host has exited (its pidfd); Aborted when the
+  /// program was interrupted (interrupt_requested(): a signal handler of the binding raised).
   Status check_peers();
   /// PeerFailed when member r's process on this host has exited.
   Status check_peer(int r);

@@ -88,6 +88,9 @@ Status execute(CommImpl& c, const std::function<Status()>& fn) {
 
 Status usable(const CommImpl& c) {
   if (c.destroyed) return invalid_argument("communicator was destroyed");
+  if (c.ctx->forked())
+    return invalid_argument("communicator '" + c.id + "' used in a process forked from the rank that made it: " +
+                            "its peers know only the parent, so a forked child cannot take part in its operations");
   return Status::ok();
 }
 
@@ -459,10 +462,23 @@ void complete_poll(detail::WorkState& w, bool block) {
 }
 }  // namespace
 
+namespace {
+/// Unfinished work runs in the process that started it: in a child forked since, nothing would
+/// ever finish it.
+void refuse_in_child(const detail::WorkState& s) {
+  if (!s.done && s.fork_gen != fork_generation())
+    throw Error(Code::InvalidArgument,
+                "Work waited for in a process forked after the operation started: it runs in the parent, so "
+                "it would never complete here",
+                s.rank);
+}
+}  // namespace
+
 void Work::wait() {
   if (!state_) return;
   if (state_->poll) complete_poll(*state_, true);
   std::unique_lock<std::mutex> lk(state_->mu);
+  refuse_in_child(*state_);
   state_->cv.wait(lk, [&] { return state_->done; });
   throw_if_error(state_->status, state_->rank);
 }
@@ -477,6 +493,7 @@ bool Work::wait_for(std::chrono::milliseconds d) {
     }
   }
   std::unique_lock<std::mutex> lk(state_->mu);
+  refuse_in_child(*state_);
   if (!state_->cv.wait_until(lk, until, [&] { return state_->done; })) return false;
   throw_if_error(state_->status, state_->rank);
   return true;
@@ -486,6 +503,7 @@ bool Work::test() {
   if (!state_) return true;
   if (state_->poll) complete_poll(*state_, false);
   std::lock_guard<std::mutex> g(state_->mu);
+  refuse_in_child(*state_);
   if (!state_->done) return false;
   throw_if_error(state_->status, state_->rank);
   return true;
@@ -1020,14 +1038,7 @@ void* Communicator::alloc_symmetric_bytes(size_t bytes) {
 
 void Communicator::abort() {
   auto& c = need_impl(impl_);
-  c.user_aborted.store(true);
-  c.abort_flag.store(true);
-  c.set_broken(aborted("abort() was called on rank " + std::to_string(c.rank)));
-  if (c.local) {
-    c.local->user_aborted.store(true);
-    c.local->abort_flag.store(true);
-    c.local->set_broken(aborted("abort() was called on rank " + std::to_string(c.rank)));
-  }
+  c.abort(aborted("abort() was called on rank " + std::to_string(c.rank)));
 }
 
 void Communicator::destroy() {

@@ -16,7 +16,14 @@
 
 namespace strata::detail {
 
-ContextImpl::~ContextImpl() = default;
+ContextImpl::~ContextImpl() {
+  if (!forked()) return;
+  // A forked child's copy: the monitor's thread is the parent's (there is none to join), and
+  // the heap's listener and the transport's endpoints are the parent's to close.
+  (void)monitor.release();
+  (void)net.release();
+  (void)heap.release();
+}
 
 void ContextImpl::reclaim_ctrl_blocks() {
   std::erase_if(retired_ctrl, [this](void* mem) {
@@ -182,7 +189,23 @@ void CommImpl::drop_late() {
   late.clear();
 }
 
+void CommImpl::abort(const Status& why) {
+  for (CommImpl* c : {this, local.get()}) {
+    if (!c) continue;
+    c->user_aborted.store(true);
+    c->abort_flag.store(true);
+    c->set_broken(why);
+  }
+}
+
 Status CommImpl::check_peers() {
+  if (interrupt_requested()) {
+    // Interrupted (Ctrl-C in Python): the call stops wherever it is in its steps, so the
+    // communicator cannot go on, as after abort().
+    Status why = aborted("interrupted by a signal on rank " + std::to_string(rank));
+    abort(why);
+    return why;
+  }
   // Every rank that has exited is named: a survivor that failed because of the first one
   // may have exited too by the time this rank looks, and naming only the lowest rank would
   // blame it.
@@ -249,6 +272,10 @@ Result<void*> CommImpl::scratch_block(int which, size_t bytes) {
 }
 
 void CommImpl::shutdown() {
+  if (ctx->forked()) {  // the engine thread is the parent's (and q_mu may be held there)
+    if (engine.joinable()) engine.detach();
+    return;
+  }
   {
     std::lock_guard<std::mutex> g(q_mu);
     stopping = true;
@@ -262,6 +289,8 @@ void CommImpl::shutdown() {
 
 CommImpl::~CommImpl() {
   shutdown();
+  // A forked child's copy: the control blocks and scratch are the parent's, still in use.
+  if (ctx->forked()) return;
   drop_late();
   for (int fd : pidfds)
     if (fd >= 0) ::close(fd);
@@ -634,6 +663,7 @@ Status join_run_generation(ContextImpl& ctx) {
 Result<ContextRef> make_context(const Env& env, const bootstrap::JobInfo& job, std::chrono::milliseconds timeout,
                                 std::unique_ptr<bootstrap::StoreClient> store) {
   auto ctx = std::make_shared<ContextImpl>();
+  ctx->fork_gen = fork_generation();
   ctx->env = env;
   ctx->job = job;
   ctx->timeout = timeout.count() > 0 ? timeout : env.timeout;

@@ -17,6 +17,7 @@
 #include "bootstrap/store.hpp"
 #include "coll/membership.hpp"
 #include "common/env.hpp"
+#include "common/process.hpp"
 #include "common/status.hpp"
 #include "memory/heap.hpp"
 #include "transport/net.hpp"
@@ -63,6 +64,11 @@ struct ContextImpl {
   /// Key under the job's store namespace ("strata/<job>/<suffix>").
   std::string key(const std::string& suffix) const { return job_store_key(job.job_id, suffix); }
   std::vector<std::string> hosts;  // global rank -> host id (filled by make_world)
+  /// fork_generation() when this context was made. A child forked after it sees another: its
+  /// peers know only the parent, so the child must not act as that rank, nor tear down what
+  /// the parent still uses.
+  uint64_t fork_gen = 0;
+  bool forked() const { return fork_gen != fork_generation(); }
   // Between hosts; created when the job spans hosts. Declared after heap: it unmaps the
   // heap's segments and removes its listener before the heap goes.
   std::unique_ptr<transport::Net> net;

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <utility>
 
+#include "common/process.hpp"
 #include "common/status.hpp"
 
 namespace strata::detail {
@@ -17,6 +18,7 @@ struct WorkState {
   bool done = false;
   Status status;
   int rank = -1;
+  uint64_t fork_gen = fork_generation();   // a forked child waits for it in vain: refused
   std::function<Status()> run;             // engine-executed body
   std::function<Status(bool block)> poll;  // for sends: completes by observing the receiver
   std::function<void()> on_destroy;        // releases staging memory

@@ -7,4 +7,5 @@ target_sources(strata PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/reduce.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sha256.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cpu_cache.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/process.cpp
 )

@@ -13,6 +13,8 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <system_error>
 #include <thread>
@@ -175,8 +177,16 @@ Status ensure_private_dir(const std::string& path) {
 // ---------------------------------------------------------------------------------------
 // Server
 
+namespace {
+// The socket paths this process serves: a second heap of the same job and rank in this process
+// (an earlier init()'s, kept alive by its memory) gets an error that says so.
+std::mutex g_served_mu;
+std::set<std::string> g_served;
+}  // namespace
+
 struct FdServer::Impl {
-  std::string name;  // the socket's path
+  std::string name;     // the socket's path
+  bool served = false;  // listed in g_served
   int rank = -1;
   Lookup lookup;
   int listen_fd = -1;
@@ -188,6 +198,10 @@ struct FdServer::Impl {
   ino_t ino = 0;
 
   ~Impl() {
+    if (served) {
+      std::lock_guard<std::mutex> g(g_served_mu);
+      g_served.erase(name);
+    }
     if (thread.joinable()) {
       const uint64_t one = 1;
       (void)!write(stop_fd, &one, sizeof(one));
@@ -323,11 +337,24 @@ Result<std::unique_ptr<FdServer>> FdServer::start(const std::string& path, int r
     if (err != EADDRINUSE) return errno_status("bind", err).with_context("heap socket " + path + ": ");
     // A file nobody listens on is what a killed process leaves: its replacement takes the
     // path over. A live listener is another heap of the same job key and rank.
+    {
+      std::lock_guard<std::mutex> g(g_served_mu);
+      if (g_served.count(path))
+        return invalid_argument("heap socket " + path + ": this process still serves the heap of an earlier init() " +
+                                "as rank " + std::to_string(rank) +
+                                ": its communicator was destroyed, but memory allocated from it is still alive " +
+                                "(in Python: arrays from comm.empty()/zeros()); free it before joining again");
+    }
     if (attempt > 0 || someone_listens(addr, len))
       return unavailable("heap socket " + path + " is already in use: another heap serves rank " +
                          std::to_string(rank) + " of this job key");
     if (unlink(path.c_str()) != 0 && errno != ENOENT)
       return errno_status("unlink", errno).with_context("stale heap socket " + path + ": ");
+  }
+  {
+    std::lock_guard<std::mutex> g(g_served_mu);
+    g_served.insert(path);
+    impl->served = true;
   }
   struct stat st {};
   if (lstat(path.c_str(), &st) == 0) {

@@ -208,6 +208,19 @@ std::vector<std::string> new_bench_files(const std::set<std::string>& before) {
 
 // --plot without --json writes the results to a temporary file: nothing of it may be left in
 // $TMPDIR (or /tmp), whether the plot works, fails, or `strata bench` is SIGKILLed mid-run.
+TEST(BenchCli, CsvQuotesALabelWithCommasAndQuotes) {
+  STRATA_REQUIRE_BIN();
+  TempDir dir;
+  const std::string csv = dir.path() + "/q.csv";
+  Outcome r = run_cli({"bench", "all_reduce", "-n", "2", "-b", "8", "-e", "8", "--iters", "2", "--repeats", "1",
+                       "--csv", csv, "--label", "a,\"b"},
+                      {}, 60s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto rows = lines_of(read_file(csv));
+  ASSERT_GE(rows.size(), 2u) << read_file(csv);
+  EXPECT_TRUE(rows[1].starts_with("strata,\"a,\"\"b\",all_reduce,2,")) << rows[1];
+}
+
 TEST(BenchCli, PlotLeavesNoTemporaryFileBehind) {
   STRATA_REQUIRE_BIN();
   TempDir tmp, work;

@@ -346,6 +346,35 @@ TEST(LauncherTest, ExitStatusIsZeroWhenEveryRankSucceeds) {
   EXPECT_EQ(r.err, "");
 }
 
+TEST(LauncherTest, EverySpellingOfTheRankCountWorks) {
+  STRATA_REQUIRE_BIN();
+  // "-np" is an option of its own, not "-n" with the value "p".
+  for (std::vector<std::string> args : {std::vector<std::string>{"run", "-np", "2", "true"},
+                                        {"run", "-np=2", "true"},
+                                        {"run", "--np=2", "true"},
+                                        {"run", "--nproc", "2", "true"},
+                                        {"run", "-n2", "true"}}) {
+    auto r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 0) << args[1] << ": " << r.err;
+  }
+}
+
+TEST(LauncherTest, TokenGivenTwoWaysIsAUsageError) {
+  STRATA_REQUIRE_BIN();
+  const std::string file = "/tmp/strata-token-" + std::to_string(::getpid());
+  std::ofstream(file) << "abc123\n";
+  ::chmod(file.c_str(), 0600);
+  for (std::vector<std::string> args :
+       {std::vector<std::string>{"store", "--token", "x", "--token-file", file},
+        {"store", "--token-file", file, "--token", "x"},
+        {"run", "--nnodes", "1", "--token-file", file, "--token", "x", "-n", "1", "true"}}) {
+    auto r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << args[0] << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, "--token and --token-file both give the job token")) << r.err;
+  }
+  ::unlink(file.c_str());
+}
+
 TEST(LauncherTest, UsageErrorsExitWithTwoAndSayWhatIsWrong) {
   STRATA_REQUIRE_BIN();
   struct Case {

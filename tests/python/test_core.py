@@ -63,6 +63,13 @@ def test_library_errors_carry_code_and_rank(comm):
     (lambda c: c.empty(4, "bfloat16"), "numpy has no bfloat16"),
     (lambda c: c.empty(4, "complex64"), "does not support"),
     (lambda c: c.empty(4, "nonsense"), "unknown dtype"),
+    (lambda c: c.empty([3.0, 2]), "a dimension must be an integer"),
+    (lambda c: c.empty(2**62, "float64"), "larger than an array can be"),
+    (lambda c: c.zeros((2**40, 2**40)), "larger than an array can be"),
+    (lambda c: c.send(np.ones(2), peer="1"), "send: peer must be an integer"),
+    (lambda c: c.recv(np.ones(2), 0, tag=2**40), "recv: tag = .* is out of range"),
+    (lambda c: c.split("0"), "split.*color must be an integer"),
+    (lambda c: c.split(0, key=2**31), "split.*key = .* is out of range"),
 ])
 def test_argument_errors_raise_invalid_argument(comm, call, message):
     with pytest.raises(strata.InvalidArgument, match=message):
@@ -135,6 +142,7 @@ def test_work_api(comm):
     w = comm.all_reduce(a, async_op=True)
     assert w.wait() is a and w.result is a
     assert w.completed() and w.test() and w.wait_for(1.0) and w.status == strata.Code.Ok
+    assert w.wait_for(0) and w.wait_for(0.0)  # 0 polls
     assert comm.barrier(async_op=True).wait() is None
 
 
