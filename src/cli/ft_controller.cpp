@@ -19,9 +19,11 @@ using Clock = std::chrono::steady_clock;
 // The least a named rank is given to report that it is recovering itself.
 constexpr std::chrono::milliseconds kSuspectGrace{1000};
 
-Status FtController::start(const bootstrap::StoreAddress& addr, const std::string& token) {
+Status FtController::start(const bootstrap::StoreAddress& addr, const std::string& token,
+                           std::optional<std::chrono::milliseconds> reconnect) {
   auto deadline = Deadline::after(std::chrono::seconds(10));
   STRATA_ASSIGN_OR_RETURN(store_, bootstrap::StoreClient::connect(addr, token, deadline));
+  if (reconnect) store_->set_reconnect_timeout(*reconnect);
   STRATA_ASSIGN_OR_RETURN(watch_store_, bootstrap::StoreClient::connect(addr, token, deadline));
   // The store lives in this process: a broken connection means it is shutting down.
   watch_store_->set_reconnect_timeout(std::chrono::seconds(1));

@@ -46,7 +46,11 @@ class FtController {
   /// Connects to the job's store and starts the heartbeat watcher: a thread with
   /// its own connection, so that reading every rank's beat never delays the launcher's
   /// reaction to an exit. It signals event_fd() when it finds a hung rank.
-  Status start(const bootstrap::StoreAddress& addr, const std::string& token);
+  /// `reconnect` bounds how long a request waits for a store that went away: across hosts,
+  /// the agent timeout (a store silent that long is lost with its node), else the store
+  /// client's default.
+  Status start(const bootstrap::StoreAddress& addr, const std::string& token,
+               std::optional<std::chrono::milliseconds> reconnect = std::nullopt);
   int event_fd() const { return event_fd_; }
   /// Ranks whose heartbeat stopped for longer than the timeout, each reported once per
   /// process (a report about a rank replaced meanwhile is dropped).

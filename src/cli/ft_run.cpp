@@ -29,6 +29,22 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
     retire_spares();
     return;
   }
+  if (link_) {
+    // This agent may have been declared lost (stopped, or cut off, for the agent timeout) while
+    // its ranks went on: a spare host runs them now, and these exited on learning it. Nothing
+    // here is a failure of the job any more; what is left of it stops.
+    auto by = link_->replaced_by();
+    if (by.is_ok() && *by) {
+      for (Rank* r : failed) r->current = false;
+      exit_code_ = exit_code ? exit_code : 1;
+      say("this host was declared lost and its ranks run on host " + **by + " now; stopping the " +
+          std::to_string(running_count()) + " rank(s) still here (" + why + ")");
+      fenced_ = true;
+      job_over_ = true;
+      stop(SIGKILL, false);
+      return;
+    }
+  }
   std::vector<int> idx;  // global ranks
   for (Rank* r : failed) {
     idx.push_back(r->global);

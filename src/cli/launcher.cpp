@@ -283,7 +283,10 @@ int Launcher::run() {
     ft_ = std::make_unique<FtController>(opts_.ft_opts, job_id_, std::move(mine));
     const bootstrap::StoreAddress at =
         link_ ? link_->spec().store : bootstrap::StoreAddress{"127.0.0.1", store_->port()};
-    Status c = ft_->start(at, token_);
+    // Across hosts a store gone for twice the agent timeout is lost with its node (the
+    // agents' own links declare it after one): this agent's failure notices give up then,
+    // rather than after the store client's default of a minute.
+    Status c = link_ ? ft_->start(at, token_, 2 * link_->spec().agent_timeout) : ft_->start(at, token_);
     if (!c.is_ok()) {
       say("--ft: cannot reach the job's store: " + c.message());
       if (store_) store_->stop();

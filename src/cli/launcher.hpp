@@ -239,6 +239,7 @@ class Launcher {
   uint64_t start_epoch_ = 0;     // a spare host's ranks start in this recovery epoch
   bool spare_unneeded_ = false;  // a spare host whose job ended without it
   bool job_over_ = false;        // the job's fate is known job-wide (or the store was lost)
+  bool fenced_ = false;          // this host was declared lost: it reports nothing any more
   bool done_sent_ = false;
   int exit_code_ = 0;
   bool stopping_ = false;

@@ -81,7 +81,7 @@ Status Launcher::join_nodes() {
 }
 
 void Launcher::report_failure(int exit_code, const std::string& report) {
-  if (link_) link_->report_failure(exit_code, report);
+  if (link_ && !fenced_) link_->report_failure(exit_code, report);
 }
 
 void Launcher::on_job_event(const JobEvent& e) {

@@ -158,10 +158,17 @@ Result<World> NodeLink::rendezvous(int master_port, const std::string& job_id, c
   }
   if (!waited.is_ok()) {
     if (waited.code() != Code::Timeout) return waited;
+    // Which nodes never came, asked with a bound: the store itself may be what is gone (node 0
+    // refused the job and exited, say), and each question would wait for it a minute.
     std::vector<int> missing;
+    const Deadline ask = Deadline::after(std::max(s.agent_timeout, milliseconds(1000)));
     for (int i = 0; i < s.nnodes; ++i) {
-      auto v = store.try_get(node_key(i));
-      if (v.is_ok() && !v->has_value()) missing.push_back(i);
+      auto v = store.try_get(node_key(i), ask);
+      if (!v.is_ok())
+        return unavailable("the store of node 0 at " + s.store.to_string() +
+                           " stopped answering while this node waited for the others to join (" + v.status().message() +
+                           "); see node 0's output for why it left");
+      if (!v->has_value()) missing.push_back(i);
     }
     return timeout_error("node(s) " + node_list(missing) + " of " + std::to_string(s.nnodes) + " did not join within " +
                          seconds_text(s.rdzv_timeout) +
@@ -339,6 +346,17 @@ Result<bool> NodeLink::claim_loss(int node) {
   std::lock_guard lk(mu_);
   revived_.push_back(node);
   return false;
+}
+
+Result<std::optional<std::string>> NodeLink::replaced_by() {
+  STRATA_RETURN_IF_ERROR(ensure_main_client());
+  // A spare host that takes a node over registers under the node's key (wait_as_spare).
+  STRATA_ASSIGN_OR_RETURN(auto reg, main_client_->try_get(node_key(spec_.node_rank),
+                                                          Deadline::after(std::max(spec_.agent_timeout, 1000ms))));
+  if (!reg) return std::optional<std::string>();
+  const auto p = split_lines(*reg, 4);
+  if (p.size() == 4 && (p[2] != spec_.node_name || p[3] != spec_.host_id)) return std::optional<std::string>(p[2]);
+  return std::optional<std::string>();
 }
 
 Status NodeLink::assign_spare(const SpareHost& spare, int node, uint64_t epoch) {

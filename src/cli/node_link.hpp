@@ -116,6 +116,10 @@ class NodeLink {
   Result<bool> claim_loss(int node);
   /// The global ranks of `node`: first and count.
   std::pair<int, int> ranks_of_node(int node) const;
+  /// --ft: the host that took this node's place, when this agent was declared lost (its
+  /// beats stopped for the agent timeout: the agent was stopped, or cut off) while its ranks
+  /// went on; nullopt while the node is still this host's. Its ranks belong to that host now.
+  Result<std::optional<std::string>> replaced_by();
 
   /// Starts heartbeats and the watch on the job state. The returned fd becomes readable
   /// whenever an event may be waiting (an eventfd; read it to clear).

@@ -126,8 +126,15 @@ Status rebuild_world(Membership& m, bool fresh, int suspect) {
     const std::vector<int> failed = recovery::keys::parse_ranks(*notice);
     // A lost host's ranks start again on a spare host, all of them (the host keeps its place
     // among the communicator's hosts, so nothing else about the layout changes).
-    for (const auto& [r, host] : recovery::keys::parse_moves(*notice))
+    for (const auto& [r, host] : recovery::keys::parse_moves(*notice)) {
+      // This rank's host was declared lost (its agent fell silent) while this process went
+      // on: its rank starts again on the spare host, and this process must not rejoin as it.
+      if (r == me && host != m.host_of(me))
+        return aborted("recover() on rank " + std::to_string(me) + ": this host ('" + m.host_of(me) +
+                       "') was declared lost in epoch " + std::to_string(e) + " and rank " + std::to_string(me) +
+                       " starts again on host '" + host + "'; this process is no longer part of the job");
       if (r >= 0 && r < n && r != me) m.move_host(r, host);
+    }
     STRATA_LOG(Info, "rank " << me << ": rebuilding the world communicator in epoch " << e << " (replacing " << *notice
                              << ")");
     m.reset_sync_state(e);
