@@ -199,6 +199,9 @@ void CommImpl::abort(const Status& why) {
 }
 
 Status CommImpl::check_peers() {
+  // A wait within the host may stand between this rank and the progress its posted sends to
+  // other hosts need (send_async, then a barrier): whoever waits drives the transport too.
+  if (ctx->net) ctx->net->progress();
   if (interrupt_requested()) {
     // Interrupted (Ctrl-C in Python): the call stops wherever it is in its steps, so the
     // communicator cannot go on, as after abort().

@@ -109,6 +109,10 @@ class Net {
   virtual void cancel(const std::vector<TransferPtr>& xs) = 0;
   /// Drives progress once and reports whether `x` has finished (for Work::test).
   virtual bool test(const Transfer& x) = 0;
+  /// Drives progress once, unless another thread is doing so: a posted send of this rank must
+  /// move while the rank waits for something else (a barrier within its host), or a peer
+  /// that waits for it in turn never completes.
+  virtual void progress() = 0;
   /// Drives progress once and reports whether a message with exactly `tag` from `peer` has
   /// arrived and waits for its receive (it stays queued: a later recv takes it).
   virtual bool probe(int peer, uint64_t tag) = 0;

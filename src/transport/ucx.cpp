@@ -143,6 +143,7 @@ class Ucx final : public Net {
   Status wait(const std::vector<TransferPtr>& xs, const WaitPolicy& policy, const char* what) override;
   void cancel(const std::vector<TransferPtr>& xs) override;
   bool test(const Transfer& x) override;
+  void progress() override;
   bool probe(int peer, uint64_t tag) override;
   bool peer_failed(int peer) const override { return peers_[peer]->failed.load(std::memory_order_acquire); }
   void reset_peer(int peer, uint64_t gen) override;
@@ -669,6 +670,11 @@ bool Ucx::test(const Transfer& x) {
     progress_locked();
   }
   return x.done.load(std::memory_order_acquire);
+}
+
+void Ucx::progress() {
+  std::unique_lock<std::mutex> g(mu_, std::try_to_lock);
+  if (g.owns_lock()) progress_locked();
 }
 
 bool Ucx::probe(int peer, uint64_t tag) {

@@ -259,6 +259,29 @@ struct Runner {
           [&](size_t i) { return val(from, i); });
   }
 
+  /// MPI's Irecv / Isend / Barrier / Waitall, first on the world communicator as its first
+  /// operation (no endpoint between the hosts made yet), then on a fresh communicator each
+  /// round: the sends were posted before the barrier, and a rank whose own wait is within its
+  /// host (the barrier's first step) must still move them (and the connection they make), or
+  /// its peer on another host, waiting for them inside its receive, never reaches the barrier.
+  void p2p_then_barrier(size_t count, int rounds) {
+    const int to = (me + 1) % n, from = (me + n - 1) % n;
+    std::vector<float> mine(count), got(count);
+    for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>(val(me, i));
+    for (int k = 0; k < rounds; ++k) {
+      Communicator fresh = k == 0 ? c : c.split(0, me);
+      std::fill(got.begin(), got.end(), -1.0f);
+      Work r = fresh.recv_async(got.data(), count, DataType::Float32, from, 3);
+      Work w = fresh.send_async(mine.data(), count, DataType::Float32, to, 3);
+      fresh.barrier();
+      w.wait();
+      r.wait();
+      check("recv_async/send_async/barrier round " + std::to_string(k) + " count=" + std::to_string(count),
+            DataType::Float32, got.data(), 0, count, [&](size_t i) { return val(from, i); });
+      if (k > 0) fresh.destroy();
+    }
+  }
+
   void mismatch() {
     // Ranks that disagree must all fail with InvalidArgument, and the communicator must stay
     // usable. Small operations travel with their descriptor (eager), larger ones exchange
@@ -485,6 +508,7 @@ int main(int argc, char** argv) {
     if (victim >= 0) return fault(c, victim, iters, stop);
     auto t0 = Clock::now();
     Runner run{c, c.size(), c.rank()};
+    run.p2p_then_barrier(1000, 6);  // first: its first round is the job's first operation
     run.matrix(large, quick);
     double s = std::chrono::duration<double>(Clock::now() - t0).count();
     std::printf("mh_rank: rank %d of %d (local %d of %d): %ld checks, %d failed, %.2f s\n", c.rank(), c.size(),
