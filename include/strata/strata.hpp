@@ -289,8 +289,7 @@ class Communicator {
   /// Receives the oldest message carrying `tag` that any rank sent to this one and returns
   /// the sender's rank. Only each sender's oldest unreceived message is a candidate, so one
   /// sender's messages still arrive in the order it sent them; type and count must agree with
-  /// the message taken. Ranks of one host only: a communicator that spans hosts refuses it
-  /// (InvalidArgument).
+  /// the message taken. Within one host and across hosts alike.
   int recv_any(void* buf, size_t count, DataType dt, int tag = 0, const CollOptions& o = {});
 
   // ---- collectives, typed (any contiguous range: Buffer<T>, std::vector<T>, std::span<T>) ----

@@ -209,6 +209,9 @@ Result<World> NodeLink::read_world() {
 
 Result<std::optional<NodeLink::Takeover>> NodeLink::wait_as_spare(const Interrupted& interrupted) {
   auto& store = *client_;
+  // The job's store is node 0's (or outside the job): gone for twice the agent timeout, the
+  // job is over or lost, and no one will hand this host anything.
+  store.set_reconnect_timeout(2 * spec_.agent_timeout);
   STRATA_ASSIGN_OR_RETURN(int64_t n, store.add(kSparesKey, 1));
   const int64_t id = n - 1;
   // The spare beats while it waits, so that the agent that claims it for a lost host can
@@ -223,7 +226,9 @@ Result<std::optional<NodeLink::Takeover>> NodeLink::wait_as_spare(const Interrup
   const Deadline rdzv = Deadline::after(spec_.rdzv_timeout);
   bool job_seen = false;
   for (;;) {
-    STRATA_RETURN_IF_ERROR(store.add(spare_hb_key(id), 1).status());
+    if (Status beat = store.add(spare_hb_key(id), 1).status(); !beat.is_ok())
+      return beat.with_context("spare host " + spec_.node_name + ": the job's store went away (its node lost, or " +
+                               "the job over without telling this host): ");
     if (!job_seen) {
       STRATA_ASSIGN_OR_RETURN(auto reg, store.try_get(node_key(0)));
       job_seen = reg.has_value();
