@@ -56,6 +56,11 @@ NodeSpec Launcher::node_spec(const bootstrap::StoreAddress& store) const {
   spec.heartbeat = env.agent_heartbeat;
   spec.ft = opts_.ft;
   spec.external_store = opts_.external_store;
+  spec.job_options = std::string(opts_.ft ? "--ft" : "no --ft") +
+                     (opts_.ft ? ", --max-failures " + std::to_string(opts_.ft_opts.max_failures) +
+                                     (opts_.ft_opts.restart_all ? ", --restart-all" : "")
+                               : std::string()) +
+                     (opts_.external_store ? ", --external-store" : "");
   return spec;
 }
 

@@ -23,6 +23,7 @@ std::string left_key(int i) { return kPrefix + "left/" + std::to_string(i); }
 std::string spare_key(int64_t s) { return kPrefix + "spare/" + std::to_string(s); }
 std::string taken_key(int64_t s) { return kPrefix + "taken/" + std::to_string(s); }
 std::string assign_key(int64_t s) { return kPrefix + "assign/" + std::to_string(s); }
+std::string options_key(int node) { return kPrefix + "options/" + std::to_string(node); }
 std::string spare_hb_key(int64_t s) { return kPrefix + "sparehb/" + std::to_string(s); }
 std::string lost_key(int node, const std::string& host_id) {
   // Per host: the node's spare host, once it took over, can be lost in its turn.
@@ -137,6 +138,8 @@ Result<World> NodeLink::rendezvous(int master_port, const std::string& job_id, c
   auto& store = *client_;
   if (s.node_rank == 0) STRATA_RETURN_IF_ERROR(store.set(kJobKey, job_id + "\n" + std::to_string(master_port)));
 
+  // Before the registration: whoever sees a node registered finds its options there too.
+  STRATA_RETURN_IF_ERROR(store.set(options_key(s.node_rank), s.job_options));
   std::string mine =
       std::to_string(s.local_size) + "\n" + std::to_string(s.nnodes) + "\n" + s.node_name + "\n" + s.host_id;
   STRATA_ASSIGN_OR_RETURN(std::string got, store.compare_set(node_key(s.node_rank), "", mine));
@@ -149,25 +152,31 @@ Result<World> NodeLink::rendezvous(int master_port, const std::string& job_id, c
 
   std::vector<std::string> keys;
   for (int i = 0; i < s.nnodes; ++i) keys.push_back(node_key(i));
+  // The store itself may go (node 0 refused the job and left, say): each question to it is
+  // bounded, or it would wait for the store a minute.
+  const milliseconds patience = std::clamp(s.agent_timeout, milliseconds(1000), milliseconds(2000));
+  auto gone = [&](const Status& why) {
+    return unavailable("the store of node 0 at " + s.store.to_string() +
+                       " stopped answering while this node waited for the others to join (" + why.message() +
+                       "); see node 0's output for why it left");
+  };
   Deadline until = Deadline::after(s.rdzv_timeout);
   Status waited;
   for (;;) {
     waited = store.wait(keys, std::min(kSlice, until.remaining()));
     if (waited.code() != Code::Timeout || until.expired()) break;
     if (auto why = interrupted()) return aborted(*why + " while waiting for the other nodes to join");
+    // A slice also times out when the store is away: look whether it still answers.
+    if (auto alive = store.try_get(node_key(s.node_rank), Deadline::after(patience)); !alive.is_ok())
+      return gone(alive.status());
   }
   if (!waited.is_ok()) {
     if (waited.code() != Code::Timeout) return waited;
-    // Which nodes never came, asked with a bound: the store itself may be what is gone (node 0
-    // refused the job and exited, say), and each question would wait for it a minute.
     std::vector<int> missing;
-    const Deadline ask = Deadline::after(std::max(s.agent_timeout, milliseconds(1000)));
+    const Deadline ask = Deadline::after(patience);
     for (int i = 0; i < s.nnodes; ++i) {
       auto v = store.try_get(node_key(i), ask);
-      if (!v.is_ok())
-        return unavailable("the store of node 0 at " + s.store.to_string() +
-                           " stopped answering while this node waited for the others to join (" + v.status().message() +
-                           "); see node 0's output for why it left");
+      if (!v.is_ok()) return gone(v.status());
       if (!v->has_value()) missing.push_back(i);
     }
     return timeout_error("node(s) " + node_list(missing) + " of " + std::to_string(s.nnodes) + " did not join within " +
@@ -175,19 +184,30 @@ Result<World> NodeLink::rendezvous(int master_port, const std::string& job_id, c
                          " (is 'strata run --node-rank N' running there, with the same " + "--store and token?)");
   }
 
-  return read_world();
+  STRATA_ASSIGN_OR_RETURN(World w, read_world());
+  for (int i = 0; i < s.nnodes; ++i) {
+    if (i == s.node_rank) continue;
+    STRATA_ASSIGN_OR_RETURN(std::string theirs, store.get(options_key(i), patience));
+    if (theirs != s.job_options)
+      return invalid_argument("node " + std::to_string(i) + " ('" + w.nodes[i].name + "') was started with " + theirs +
+                              ", this node with " + s.job_options + "; give every node the same options");
+  }
+  return w;
 }
 
 Result<World> NodeLink::read_world() {
   const NodeSpec& s = spec_;
   auto& store = *client_;
   World w;
-  STRATA_ASSIGN_OR_RETURN(std::string job, store.get(kJobKey, s.rdzv_timeout));
+  // Every key read here was set before the registrations this node has seen: a short bound,
+  // so that a store gone meanwhile (node 0 left: a refused job) is not waited for.
+  const milliseconds bound = std::clamp(s.agent_timeout, milliseconds(1000), milliseconds(5000));
+  STRATA_ASSIGN_OR_RETURN(std::string job, store.get(kJobKey, bound));
   auto job_parts = split_lines(job, 2);
   w.job_id = job_parts[0];
   w.master_port = job_parts.size() > 1 ? to_int(job_parts[1]).value_or(29500) : 29500;
   for (int i = 0; i < s.nnodes; ++i) {
-    STRATA_ASSIGN_OR_RETURN(std::string v, store.get(node_key(i), s.rdzv_timeout));
+    STRATA_ASSIGN_OR_RETURN(std::string v, store.get(node_key(i), bound));
     auto p = split_lines(v, 4);
     if (p.size() != 4) return internal_error("malformed registration of node " + std::to_string(i) + ": '" + v + "'");
     auto local = to_int(p[0]);

@@ -52,6 +52,10 @@ struct NodeSpec {
   // --external-store: `strata store` serves the store outside the job, so no node is special:
   // every agent watches every other one, and node 0's loss is a node's loss like any other.
   bool external_store = false;
+  // The options every node of the job must be given alike, as text ("--ft, --max-failures 3"):
+  // compared in the rendezvous, so that a node started differently is named there rather than
+  // found out later as a lost host or a recovery one node refuses.
+  std::string job_options;
 };
 
 struct NodeInfo {

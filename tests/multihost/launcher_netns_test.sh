@@ -8,6 +8,7 @@
 #         matrix COUNTS PROGRAM [ARGS...]            (PROGRAM's ranks must all exit 0)
 #         collective_link_down LINKDOWN_RANK         (mh_linkdown_rank.cpp)
 #         settings_mismatch                          (h1 runs with STRATA_UCX_LANES=1)
+#         options_mismatch TRAIN_DP                   (--ft on one agent, --max-failures differing)
 #         ft TRAIN_DP                                 (--ft across hosts, examples/train_dp)
 #         ft_spare_host TRAIN_DP                      (--ft --spare: a lost host's ranks move)
 #         ft_store_lost TRAIN_DP                      (--ft, node 0 lost with its store)
@@ -166,6 +167,32 @@ case $case in
     # The failed call had posted its receives before the send that failed: they are cancelled
     # (UCX complains at exit about a request still held otherwise).
     check "no receive is left posted" bash -c "! cat $log/h*.out $log/h*.err | grep -q 'was not returned to mpool'"
+    finish 2
+    ;;
+  options_mismatch)
+    # Agents given different job-wide options (--ft on one only; --max-failures differing):
+    # every agent names both sides in the rendezvous and fails within seconds, rather than one
+    # of them reading as a lost host, or the job running on two failure budgets.
+    train_dp=$1
+    mh_setup 2 || exit 1
+    trap 'mh_cleanup; rm -rf "$log"' EXIT
+    export STRATA_UCX_NET_DEVICES=${STRATA_UCX_NET_DEVICES:-eth0}
+    for variant in ft max_failures; do
+      rm -f "$log"/h*
+      if [[ $variant == ft ]]; then
+        export MH_OPTS_H0="--ft" MH_OPTS_H1=""
+        want="was started with (no --ft|--ft, --max-failures 3), this node with (no --ft|--ft, --max-failures 3)"
+      else
+        export MH_OPTS_H0="--ft --max-failures 1" MH_OPTS_H1="--ft --max-failures 5"
+        want="was started with --ft, --max-failures [15], this node with --ft, --max-failures [15]"
+      fi
+      start=$(date +%s.%N)
+      mh_start_agents "$strata" 1,1 "$log" --timeout 60s -- "$train_dp" --steps 4
+      check "$variant: all agents finish within 30 s" mh_wait_agents "$log" 2 30
+      agents_fail_within 2 "$start" 10000 "$variant: 10 s"
+      check "$variant: node 0 names the differing options" grep -Eq "$want" "$log/h0.err"
+    done
+    unset MH_OPTS_H0 MH_OPTS_H1
     finish 2
     ;;
   ft)

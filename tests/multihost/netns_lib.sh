@@ -165,14 +165,17 @@ mh_start_agents() {
   IFS=, read -r -a n <<<"$counts"
   local token=${MH_TOKEN:-}
   [[ -n $token ]] || token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
-  local i
+  local i extra
   for ((i = 0; i < ${#n[@]}; i++)); do
     rm -f "$log/h$i.rc"
+    # MH_OPTS_H<i>: more options for host i's agent alone (words split on blanks).
+    extra="MH_OPTS_H$i"
     (
       rc=0
+      # shellcheck disable=SC2086
       STRATA_HOST_ID="mh-h$i" STRATA_JOB_TOKEN="$token" STRATA_SOCKET_DIR="$(mh_socket_dir "$i")" mh_exec "$i" "$strata" run \
         --nnodes "${#n[@]}" --node-rank "$i" --store "${MH_STORE_ADDR:-$(mh_addr 0):$MH_STORE_PORT}" -n "${n[$i]}" \
-        "${run_opts[@]}" -- "$@" >"$log/h$i.out" 2>"$log/h$i.err" </dev/null || rc=$?
+        ${!extra:-} "${run_opts[@]}" -- "$@" >"$log/h$i.out" 2>"$log/h$i.err" </dev/null || rc=$?
       echo "$rc $(date +%s.%N)" >"$log/h$i.rc"
     ) &
   done

@@ -35,6 +35,12 @@ if(STRATA_WITH_UCX)
   add_test(NAME multihost_settings_mismatch
     COMMAND bash ${_mh}/launcher_netns_test.sh $<TARGET_FILE:strata_cli> $<TARGET_FILE:mh_smoke_rank> settings_mismatch)
   set_tests_properties(multihost_settings_mismatch PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 120)
+  if(TARGET train_dp)
+    add_test(NAME multihost_options_mismatch
+      COMMAND bash ${_mh}/launcher_netns_test.sh $<TARGET_FILE:strata_cli> $<TARGET_FILE:mh_smoke_rank>
+              options_mismatch $<TARGET_FILE:train_dp>)
+    set_tests_properties(multihost_options_mismatch PROPERTIES LABELS multihost SKIP_RETURN_CODE 77 TIMEOUT 120)
+  endif()
 
   # Recovery across hosts: train_dp under `strata run --ft --nnodes 2`.
   if(TARGET train_dp)
