@@ -120,6 +120,7 @@ class PyComm {
     prune();
     if (!async) {
       {
+        Interruptible ctrl_c;
         py::gil_scoped_release nogil;
         fn(false);
       }

@@ -346,7 +346,10 @@ PyObject *g_interrupt_type = nullptr, *g_interrupt_value = nullptr, *g_interrupt
 
 /// The library's interrupt check (set_interrupt_check): Python runs signal handlers on its main
 /// thread only, so that thread, every 50 ms of a sleeping wait, takes the GIL and runs them.
+thread_local bool t_interruptible = false;  // inside an Interruptible call
+
 bool python_interrupted() {
+  if (!t_interruptible) return false;
   thread_local std::chrono::steady_clock::time_point next{};
   const auto now = std::chrono::steady_clock::now();
   if (now < next) return false;
@@ -385,6 +388,9 @@ void raise(const Error& e) {
 }
 
 }  // namespace
+
+Interruptible::Interruptible() : outer_(t_interruptible) { t_interruptible = true; }
+Interruptible::~Interruptible() { t_interruptible = outer_; }
 
 void register_errors(py::module_& m) {
   PyObject* base = new_error(m, "Error",

@@ -26,6 +26,20 @@ namespace py = pybind11;
 /// checks do not know it), as the library's errors do.
 [[noreturn]] void rethrow_on_rank(const Error& e, int rank);
 
+/// Held by a blocking call of this module around the library's wait (the GIL released): only
+/// such a wait, on the main thread, takes the GIL now and then to run Python's signal handlers
+/// (Ctrl-C). Other waits (the torch backend's, the copy engine's) never reach for the GIL.
+class Interruptible {
+ public:
+  Interruptible();
+  ~Interruptible();
+  Interruptible(const Interruptible&) = delete;
+  Interruptible& operator=(const Interruptible&) = delete;
+
+ private:
+  bool outer_;
+};
+
 /// A flag argument (True/False, numpy.bool_) read by the call itself rather than by pybind11, so
 /// that a wrong type is an InvalidArgument the call's refusal covers (pybind11 would raise a
 /// TypeError before the call, and the peers' matching calls would meet this rank's next one).
