@@ -148,7 +148,9 @@ Status send_done(CommImpl& c, int peer, uint32_t s, uint64_t resets, uint32_t pe
                  const std::atomic<int>& verdict) {
   const CtrlView& rv = c.peers[peer];
   transport::Signal& done = rv.recv_done(c.rank);
-  if (block) {
+  // Past its deadline a send fails however its Work is asked (test(), wait_for() poll): the
+  // blocking path then sees the deadline expired at once, and withdraws the message.
+  if (block || (d.expired() && !transport::reached(done.value.load(std::memory_order_acquire), s))) {
     Status st = c.broken();
     const bool was_broken = !st.is_ok();
     if (!was_broken) st = transport::wait_reached(done, s, c.policy(d), "send");

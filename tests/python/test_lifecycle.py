@@ -3,7 +3,7 @@
 import pytest
 
 
-@pytest.mark.parametrize("mode", ["in_step", "destroy", "fork", "sigint"])
+@pytest.mark.parametrize("mode", ["in_step", "destroy", "fork", "send_timeout", "sigint"])
 def test_lifecycle(spawn, mode):
     job = spawn("lifecycle.py", 2, mode, env={"STRATA_TIMEOUT": "30s"})
     for r, (rc, out) in enumerate(job.wait(timeout=90)):

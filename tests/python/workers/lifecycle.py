@@ -9,6 +9,8 @@ destroy:  rank 0's thread destroys the communicator while its main thread waits 
 fork:     rank 0 forks; the child's calls on the inherited communicator (and a wait for its
           parent's work) raise InvalidArgument, the child exits through sys.exit (its
           destructors run), and the parent goes on with its peers.
+send_timeout: rank 0's async send is never received: Work.wait() raises Timeout at the send's
+          deadline (it polls the send, which must still time out), not never.
 sigint:   rank 0 gets SIGINT while it waits in an all_reduce and in Work.wait() for a rank
           that never comes: KeyboardInterrupt within a second each, not at the timeout.
 """
@@ -119,6 +121,22 @@ elif mode == "fork":
     sub = comm.split(0)
     sub.all_reduce(np.ones(3))
     print("OK fork", flush=True)
+
+elif mode == "send_timeout":
+    if r == 0:
+        w = comm.send(np.ones(4), 1, async_op=True, timeout=2)
+        t0 = time.monotonic()
+        try:
+            w.wait()
+            raise AssertionError("wait() returned for a send nobody received")
+        except strata.Timeout as e:
+            waited = time.monotonic() - t0
+            assert 1.5 < waited < 10, f"Timeout after {waited:.1f} s for a 2 s deadline"
+            assert "withdrawn" in str(e), e
+    else:
+        time.sleep(4)
+    print("OK send_timeout", flush=True)
+    os._exit(0)
 
 elif mode == "sigint":
     sub = comm.split(0)
