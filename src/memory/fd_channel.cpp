@@ -340,10 +340,10 @@ Result<std::unique_ptr<FdServer>> FdServer::start(const std::string& path, int r
     {
       std::lock_guard<std::mutex> g(g_served_mu);
       if (g_served.count(path))
-        return invalid_argument("heap socket " + path + ": this process still serves the heap of an earlier init() " +
-                                "as rank " + std::to_string(rank) +
-                                ": its communicator was destroyed, but memory allocated from it is still alive " +
-                                "(in Python: arrays from comm.empty()/zeros()); free it before joining again");
+        return unavailable("heap socket " + path + " is already in use by this process: it still serves the heap " +
+                           "of an earlier init() as rank " + std::to_string(rank) +
+                           " (its communicator was destroyed, but memory allocated from it is still alive: in " +
+                           "Python, arrays from comm.empty()/zeros()); free it before joining again");
     }
     if (attempt > 0 || someone_listens(addr, len))
       return unavailable("heap socket " + path + " is already in use: another heap serves rank " +
