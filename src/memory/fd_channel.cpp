@@ -179,14 +179,22 @@ Status ensure_private_dir(const std::string& path) {
 
 namespace {
 // The socket paths this process serves: a second heap of the same job and rank in this process
-// (an earlier init()'s, kept alive by its memory) gets an error that says so.
-std::mutex g_served_mu;
-std::set<std::string> g_served;
+// (an earlier init()'s, kept alive by its memory) gets an error that says so. Never destroyed:
+// a heap can go after main() returns (the last reference dropped by a copy engine's thread),
+// when a static set would already be gone.
+struct Served {
+  std::mutex mu;
+  std::set<std::string> paths;
+};
+Served& served() {
+  static Served* s = new Served;
+  return *s;
+}
 }  // namespace
 
 struct FdServer::Impl {
   std::string name;     // the socket's path
-  bool served = false;  // listed in g_served
+  bool served = false;  // listed in served()
   int rank = -1;
   Lookup lookup;
   int listen_fd = -1;
@@ -199,8 +207,8 @@ struct FdServer::Impl {
 
   ~Impl() {
     if (served) {
-      std::lock_guard<std::mutex> g(g_served_mu);
-      g_served.erase(name);
+      std::lock_guard<std::mutex> g(memory::served().mu);
+      memory::served().paths.erase(name);
     }
     if (thread.joinable()) {
       const uint64_t one = 1;
@@ -338,8 +346,8 @@ Result<std::unique_ptr<FdServer>> FdServer::start(const std::string& path, int r
     // A file nobody listens on is what a killed process leaves: its replacement takes the
     // path over. A live listener is another heap of the same job key and rank.
     {
-      std::lock_guard<std::mutex> g(g_served_mu);
-      if (g_served.count(path))
+      std::lock_guard<std::mutex> g(served().mu);
+      if (served().paths.count(path))
         return unavailable("heap socket " + path + " is already in use by this process: it still serves the heap " +
                            "of an earlier init() as rank " + std::to_string(rank) +
                            " (its communicator was destroyed, but memory allocated from it is still alive: in " +
@@ -352,8 +360,8 @@ Result<std::unique_ptr<FdServer>> FdServer::start(const std::string& path, int r
       return errno_status("unlink", errno).with_context("stale heap socket " + path + ": ");
   }
   {
-    std::lock_guard<std::mutex> g(g_served_mu);
-    g_served.insert(path);
+    std::lock_guard<std::mutex> g(served().mu);
+    served().paths.insert(path);
     impl->served = true;
   }
   struct stat st {};
