@@ -124,10 +124,12 @@ struct CommImpl : std::enable_shared_from_this<CommImpl> {
   std::vector<char> piece;                 // two-shot all_reduce pushing: one reduced piece, in cache
 
   // A choice between two ways of running a call that changes no result, learned per size
-  // (log2 of its bytes): each mode is tried kTrials times, then the faster one stays
-  // (TimedChoice, coll/shm/exec.cpp).
+  // (log2 of its bytes): each mode is tried kTrials times, then the faster one stays; a call
+  // long and clearly slower one way is decided after kEarlyTrials (TimedChoice,
+  // coll/shm/exec.cpp).
   struct Trials {
     static constexpr int kTrials = 8;
+    static constexpr int kEarlyTrials = 2;
     int runs[2] = {0, 0};                         // calls timed per mode
     int64_t best_ns[2] = {INT64_MAX, INT64_MAX};  // the fastest of them
     int chosen = -1;                              // the mode kept, once both were tried

@@ -6,6 +6,7 @@
 
 #include "coll/comm_impl.hpp"
 #include "coll/select.hpp"
+#include "coll/shm/exec.hpp"
 
 namespace strata::coll {
 namespace {
@@ -177,6 +178,67 @@ TEST(Select, DescriptionNamesTheAlgorithm) {
     d.algo = static_cast<uint8_t>(a);
     EXPECT_NE(describe(d).find(std::string("algorithm=") + to_string(a)), std::string::npos) << describe(d);
   }
+}
+
+
+// TimedChoice (coll/shm/exec.cpp) learns, per size, which of two ways of running a call is
+// faster from the first calls' times. Fed times here, not measured: what it decides and when.
+using detail::CommImpl;
+using detail::shm::kEarlyChoiceMinNs;
+using detail::shm::TimedChoice;
+using Trials = CommImpl::Trials;
+
+/// Feeds `calls` trials in the order TimedChoice runs them (pairs: 0 0 1 1 0 0 ...), mode m
+/// taking ns[m], until it decides; returns the calls it took (-1: undecided).
+int trials_until_chosen(Trials& t, const int64_t (&ns)[2], int calls) {
+  for (int k = 0; k < calls; ++k) {
+    if (t.chosen >= 0) return k;
+    const int mode = (k / 2) % 2;
+    TimedChoice::record(t, mode, ns[mode]);
+  }
+  return t.chosen >= 0 ? calls : -1;
+}
+
+TEST(TimedChoice, ShortCallsTryEachWayKTrialsTimes) {
+  // 100 us against 300 us: clearly apart, but short calls are noisy, so every trial runs.
+  Trials t;
+  EXPECT_EQ(trials_until_chosen(t, {100'000, 300'000}, 100), 2 * Trials::kTrials);
+  EXPECT_EQ(t.chosen, 0);
+  Trials u;
+  EXPECT_EQ(trials_until_chosen(u, {300'000, 100'000}, 100), 2 * Trials::kTrials);
+  EXPECT_EQ(u.chosen, 1);
+}
+
+TEST(TimedChoice, LongCallsOneWayClearlySlowerAreDecidedAfterTwoWarmCallsEach) {
+  // 64 MiB external all_reduce, 2 ranks: 10 ms staged, 20 ms by CMA.
+  Trials t;
+  EXPECT_EQ(trials_until_chosen(t, {10'000'000, 20'000'000}, 100), 2 * Trials::kEarlyTrials);
+  EXPECT_EQ(t.chosen, 0);
+  Trials u;
+  EXPECT_EQ(trials_until_chosen(u, {2 * kEarlyChoiceMinNs, kEarlyChoiceMinNs}, 100), 2 * Trials::kEarlyTrials);
+  EXPECT_EQ(u.chosen, 1);
+}
+
+TEST(TimedChoice, LongCallsWithinAQuarterOfEachOtherTryEveryTrial) {
+  // Long, but 20% apart: not clear enough to stop early; the best of kTrials decides.
+  Trials t;
+  EXPECT_EQ(trials_until_chosen(t, {12'000'000, 10'000'000}, 100), 2 * Trials::kTrials);
+  EXPECT_EQ(t.chosen, 1);
+}
+
+TEST(TimedChoice, AColdFirstCallDoesNotDecideEarly) {
+  // The first call of a size pays for page faults and growth: 3x the steady time. Each way
+  // is judged by its best call, so the cold one counts for nothing once a warm one came.
+  Trials t;
+  TimedChoice::record(t, 0, 30'000'000);  // cold
+  TimedChoice::record(t, 0, 10'000'000);
+  TimedChoice::record(t, 1, 11'000'000);
+  TimedChoice::record(t, 1, 11'000'000);
+  EXPECT_EQ(t.chosen, -1) << "10 ms against 11 ms is within a quarter: no early decision";
+  Trials u;
+  TimedChoice::record(u, 0, 30'000'000);
+  TimedChoice::record(u, 1, 11'000'000);
+  EXPECT_EQ(u.chosen, -1) << "one call of each way is not enough";
 }
 
 }  // namespace

@@ -132,16 +132,23 @@ struct Exec {
   size_t reduce_step(size_t whole) const;
 };
 
+/// The shortest call (the faster way's best trial) that TimedChoice may decide after
+/// Trials::kEarlyTrials of each way, when the other way is more than 25% slower.
+inline constexpr int64_t kEarlyChoiceMinNs = 500'000;
+
 /// One of two modes for this call: `forced` (0 or 1), or the faster of the two as this
 /// communicator's first calls of the same size (log2 of `bytes`) in `trials` measured, trying
-/// each Trials::kTrials times, in pairs (exec.cpp). The modes must give the same result, and a
-/// rank may choose alone.
+/// each Trials::kTrials times, in pairs (exec.cpp); calls of kEarlyChoiceMinNs and more that
+/// one way makes clearly slower stop after Trials::kEarlyTrials. The modes must give the same
+/// result, and a rank may choose alone.
 class TimedChoice {
  public:
   TimedChoice(CommImpl::Trials (&trials)[65], size_t bytes, int forced);
   int mode() const { return mode_; }
   /// Records the time since construction when this call was a trial; after a successful call.
   void done();
+  /// Counts one trial of `mode` that took `ns`, and decides when the trials allow it.
+  static void record(CommImpl::Trials& t, int mode, int64_t ns);
 
  private:
   int mode_ = 0;
