@@ -180,7 +180,6 @@ TEST(Select, DescriptionNamesTheAlgorithm) {
   }
 }
 
-
 // TimedChoice (coll/shm/exec.cpp) learns, per size, which of two ways of running a call is
 // faster from the first calls' times. Fed times here, not measured: what it decides and when.
 using detail::CommImpl;
