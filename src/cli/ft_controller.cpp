@@ -59,23 +59,93 @@ void FtController::watch_loop() {
       const auto now = Clock::now();
       std::lock_guard<std::mutex> g(mu_);
       Beat& b = beats_[i];
-      if (job != job_ || !v.is_ok() || !v.value() || *v.value() == keys::kExiting) continue;  // not up, or leaving
+      if (job != job_ || !v.is_ok()) continue;
+      if (!v.value()) {
+        // Not up. A fresh process may take long to start (imports); a hot spare handed the
+        // rank has started already, and one that does not begin as the rank is stuck.
+        if (b.start_by && !b.reported && now > *b.start_by) {
+          b.reported = true;
+          hung_.push_back({static_cast<int>(i), b.gen, true});
+          found = true;
+        }
+        continue;
+      }
+      if (*v.value() == keys::kExiting) continue;  // leaving
       if (!b.seen || *v.value() != b.value) {
         b.value = *v.value();
         b.seen = true;
         b.changed = now;
+        b.start_by.reset();
       } else if (!b.reported && now - b.changed > opts_.heartbeat_timeout) {
         b.reported = true;
-        hung_.emplace_back(static_cast<int>(i), b.gen);
+        hung_.push_back({static_cast<int>(i), b.gen, false});
         found = true;
       }
     }
+    if (watch_spares(job)) found = true;
     if (check_reports(job)) found = true;
     if (found) {
       uint64_t one = 1;
       (void)!::write(event_fd_, &one, sizeof one);
     }
   }
+}
+
+bool FtController::watch_spares(const std::string& job) {
+  std::vector<int> ids;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const auto& [id, sb] : spares_)
+      if (!sb.reported) ids.push_back(id);
+  }
+  bool found = false;
+  for (int id : ids) {
+    auto v = watch_store_->try_get(keys::spare_beat(job, id));
+    const auto now = Clock::now();
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = spares_.find(id);
+    if (job != job_ || it == spares_.end() || !v.is_ok() || !v.value()) continue;  // forgotten, or not waiting yet
+    SpareBeat& sb = it->second;
+    if (!sb.seen || *v.value() != sb.value) {
+      sb.value = *v.value();
+      sb.seen = true;
+      sb.changed = now;
+    } else if (!sb.reported && now - sb.changed > opts_.heartbeat_timeout) {
+      sb.reported = true;
+      hung_spares_.push_back(id);
+      found = true;
+    }
+  }
+  return found;
+}
+
+void FtController::watch_spare(int spare) {
+  std::lock_guard<std::mutex> g(mu_);
+  spares_[spare] = SpareBeat{};
+}
+
+void FtController::forget_spare(int spare) {
+  std::lock_guard<std::mutex> g(mu_);
+  spares_.erase(spare);
+}
+
+bool FtController::spare_alive(int spare) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = spares_.find(spare);
+  if (it == spares_.end() || !it->second.seen) return true;  // not watched, or not waiting yet
+  return !it->second.reported && Clock::now() - it->second.changed <= opts_.heartbeat_timeout;
+}
+
+std::vector<int> FtController::take_hung_spares() {
+  std::lock_guard<std::mutex> g(mu_);
+  return std::exchange(hung_spares_, {});
+}
+
+void FtController::expect_start(int rank) {
+  auto it = std::find(ranks_.begin(), ranks_.end(), rank);
+  if (it == ranks_.end()) return;
+  std::lock_guard<std::mutex> g(mu_);
+  beats_[static_cast<size_t>(it - ranks_.begin())].start_by = Clock::now() + spare_start_grace();
 }
 
 bool FtController::check_reports(const std::string& job) {
@@ -194,13 +264,14 @@ std::vector<std::pair<int, int>> FtController::take_suspected() {
   return out;
 }
 
-std::vector<int> FtController::take_hung() {
+std::vector<FtController::Hung> FtController::take_hung() {
   uint64_t drain;
   (void)!::read(event_fd_, &drain, sizeof drain);
   std::lock_guard<std::mutex> g(mu_);
-  std::vector<int> out;
-  for (auto [i, gen] : hung_)
-    if (beats_[static_cast<size_t>(i)].gen == gen) out.push_back(ranks_[static_cast<size_t>(i)]);
+  std::vector<Hung> out;
+  for (const Found& f : hung_)
+    if (beats_[static_cast<size_t>(f.index)].gen == f.gen)
+      out.push_back({ranks_[static_cast<size_t>(f.index)], f.never_started});
   hung_.clear();
   return out;
 }
@@ -350,7 +421,7 @@ void FtController::reset_heartbeat(int rank) {
   auto it = std::find(ranks_.begin(), ranks_.end(), rank);
   if (it == ranks_.end()) return;
   Beat& b = beats_[static_cast<size_t>(it - ranks_.begin())];
-  b = Beat{{}, false, false, b.gen + 1, {}};
+  b = Beat{{}, false, false, b.gen + 1, {}, {}};
   // The predecessor's counter must not count as the replacement's first beat: a slow start
   // would look like a hang.
   (void)store_->del(keys::heartbeat(job_, rank));
@@ -360,7 +431,7 @@ void FtController::reset_heartbeat(int rank) {
 void FtController::set_job(std::string job_id) {
   std::lock_guard<std::mutex> g(mu_);
   job_ = std::move(job_id);
-  for (auto& b : beats_) b = Beat{{}, false, false, b.gen + 1, {}};
+  for (auto& b : beats_) b = Beat{{}, false, false, b.gen + 1, {}, {}};
 }
 
 }  // namespace strata::cli

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -52,9 +53,29 @@ class FtController {
   Status start(const bootstrap::StoreAddress& addr, const std::string& token,
                std::optional<std::chrono::milliseconds> reconnect = std::nullopt);
   int event_fd() const { return event_fd_; }
-  /// Ranks whose heartbeat stopped for longer than the timeout, each reported once per
-  /// process (a report about a rank replaced meanwhile is dropped).
-  std::vector<int> take_hung();
+  /// A rank found silent: its heartbeat stopped for longer than the timeout, or, handed to a
+  /// hot spare, its first beat did not come within the start grace.
+  struct Hung {
+    int rank;
+    bool never_started;  // the spare it was handed to never began as the rank
+  };
+  /// Ranks found silent, each reported once per process (a report about a rank replaced
+  /// meanwhile is dropped).
+  std::vector<Hung> take_hung();
+  /// Hot spares whose wait beat (keys::spare_beat) stopped for longer than the heartbeat
+  /// timeout while they waited, each once.
+  std::vector<int> take_hung_spares();
+  /// Watches hot spare `spare`'s beat from its first one on, until forget_spare().
+  void watch_spare(int spare);
+  void forget_spare(int spare);
+  /// False for a watched spare whose beat has stopped for longer than the heartbeat timeout.
+  bool spare_alive(int spare);
+  /// `rank` (of this host) was handed to a hot spare: it is hung unless its first heartbeat
+  /// comes within spare_start_grace() (a spare has paid its start-up; it only joins).
+  void expect_start(int rank);
+  std::chrono::milliseconds spare_start_grace() const {
+    return std::max(2 * opts_.heartbeat_timeout, std::chrono::milliseconds(2000));
+  }
   /// Ranks of this host that a peer named as the one it waited for when it saw a failure no
   /// controller announced, and that did not begin recovering themselves within a grace: stuck
   /// in the program (a heartbeat comes from the library's thread), a spare or replacement
@@ -109,6 +130,8 @@ class FtController {
     bool reported = false;  // reported hung; not again until it is replaced
     uint64_t gen = 0;       // bumped per replacement
     std::chrono::steady_clock::time_point changed{};
+    // Handed to a hot spare: its first beat must come by then (expect_start).
+    std::optional<std::chrono::steady_clock::time_point> start_by;
     // Named by a peer as the one it waited for (keys::suspect), in phase suspect_phase.
     uint64_t suspect_phase = UINT64_MAX;
     int suspected_by = -1;
@@ -134,6 +157,7 @@ class FtController {
   void reset_heartbeat(int rank);  // global rank; caller holds mu_
   void watch_loop();
   bool check_reports(const std::string& job);
+  bool watch_spares(const std::string& job);  // samples the watched spares' beats; true: one hung
   std::chrono::milliseconds tick_interval() const {
     // A quarter of the timeout catches a hang within 1.25x the timeout.
     return std::max(opts_.heartbeat_interval, opts_.heartbeat_timeout / 4);
@@ -149,9 +173,21 @@ class FtController {
   int failures_ = 0;
   bootstrap::StoreClient::Counters at_failure_;  // store_'s counters when the last failure came in
 
-  std::mutex mu_;                                    // guards job_ (for the watcher), beats_, hung_
-  std::vector<Beat> beats_;                          // per watched rank (ranks_ order)
-  std::vector<std::pair<int, uint64_t>> hung_;       // (rank, gen) found by the watcher
+  std::mutex mu_;            // guards job_ (for the watcher), beats_, hung_, spares_, hung_spares_
+  std::vector<Beat> beats_;  // per watched rank (ranks_ order)
+  struct Found {
+    int index;
+    uint64_t gen;
+    bool never_started;
+  };
+  std::vector<Found> hung_;  // found by the watcher
+  struct SpareBeat {
+    std::string value;
+    bool seen = false, reported = false;
+    std::chrono::steady_clock::time_point changed{};
+  };
+  std::map<int, SpareBeat> spares_;  // watched hot spares, by id
+  std::vector<int> hung_spares_;
   std::vector<std::pair<int, uint64_t>> suspected_;  // (index, gen) named by a peer, not recovering
   std::optional<uint64_t> rebuild_;                  // every rank recovering in this epoch
   uint64_t rebuild_seen_ = UINT64_MAX;               // the last such epoch, reported once

@@ -75,10 +75,12 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
       sp->spare = -1;
       sp->index = i - base;
       sp->global = i;
+      ft_->forget_spare(id);
       if (Status s = ft_->assign_spare(id, i); !s.is_ok()) {
         hand_error = "handing rank " + std::to_string(i) + " to spare " + std::to_string(id) + ": " + s.message();
         return;
       }
+      ft_->expect_start(i);
       handed.push_back({i, id, static_cast<int>(sp->pid)});
     }
   };
@@ -158,7 +160,10 @@ bool Launcher::start_spare() {
   sp.global = -1;
   sp.spare = next_spare_++;
   Status s = spawn(sp, path_, argv_, shared_env_);
-  if (s.is_ok()) return true;
+  if (s.is_ok()) {
+    ft_->watch_spare(sp.spare);
+    return true;
+  }
   sp.current = false;
   say("spare " + std::to_string(sp.spare) + ": " + s.message() + "; going on without it");
   return false;
@@ -168,8 +173,10 @@ Launcher::Rank* Launcher::waiting_spare() {
   // One already waiting in strata::init() first; else the oldest, the likeliest to get there
   // first (the assignment waits for it in the store).
   Rank* oldest = nullptr;
+  // One whose wait beat stopped is skipped: stopped or stuck, it would never take the rank
+  // (the watcher reports it, and it is replaced).
   for (auto& r : ranks_) {
-    if (r.spare < 0 || !r.running || !r.current) continue;
+    if (r.spare < 0 || !r.running || !r.current || !ft_->spare_alive(r.spare)) continue;
     if (ft_->spare_waiting(r.spare)) return &r;
     if (!oldest) oldest = &r;
   }
@@ -198,6 +205,7 @@ void Launcher::refill_spares(Clock::time_point now) {
 }
 
 void Launcher::on_spare_exit(Rank& r, int status) {
+  ft_->forget_spare(r.spare);
   if (stopping_ || !r.current) return;  // retired or stopped with the job
   r.current = false;
   kill_and_wait(r);  // what it started goes with it
@@ -269,16 +277,30 @@ void Launcher::kill_and_wait(Rank& r) {
 }
 
 void Launcher::check_heartbeats() {
-  for (int i : ft_->take_hung()) {
+  for (const FtController::Hung& h : ft_->take_hung()) {
     for (auto& r : ranks_) {
-      if (r.global != i || !r.current || !r.running) continue;
+      if (r.global != h.rank || !r.current || !r.running) continue;
+      const std::string who = rank_name(r) + " (pid " + std::to_string(r.pid) + ")";
       replace({&r},
-              rank_name(r) + " (pid " + std::to_string(r.pid) + ") sent no heartbeat for " +
-                  std::to_string(ft_->options().heartbeat_timeout.count()) + " ms (hung or stopped)",
+              h.never_started ? who + ", handed to a hot spare, did not begin as the rank within " +
+                                    std::to_string(ft_->spare_start_grace().count()) + " ms (hung or stopped)"
+                              : who + " sent no heartbeat for " +
+                                    std::to_string(ft_->options().heartbeat_timeout.count()) + " ms (hung or stopped)",
               128 + SIGKILL);
       break;
     }
     if (stopping_) return;
+  }
+  for (int id : ft_->take_hung_spares()) {
+    for (auto& r : ranks_) {
+      if (r.spare != id || !r.current || !r.running) continue;
+      // Its exit comes back through on_spare_exit, which starts another in its place.
+      say(rank_name(r) + " (pid " + std::to_string(r.pid) + ") stopped beating for " +
+          std::to_string(ft_->options().heartbeat_timeout.count()) +
+          " ms while it waited (hung or stopped): killing it");
+      if (!r.group_gone) ::kill(-r.pid, SIGKILL);
+      break;
+    }
   }
   if (auto e = ft_->take_rebuild(); e && ft_->announce_rebuild(*e))
     say("every rank is recovering in epoch " + std::to_string(*e) +

@@ -52,6 +52,9 @@ inline std::string ready(const std::string& job, uint64_t e) { return base(job) 
 /// strata::init(); the launcher hands it a rank by setting `assign` to "RANK EPOCH".
 inline std::string spare(const std::string& job, int id) { return base(job) + "spare/" + std::to_string(id); }
 inline std::string assign(const std::string& job, int id) { return base(job) + "assign/" + std::to_string(id); }
+/// Spare N's beat while it waits: a counter it adds to every heartbeat interval, so that the
+/// launcher hands no rank to a spare that is stopped or hung, and replaces such a spare.
+inline std::string spare_beat(const std::string& job, int id) { return base(job) + "spare-beat/" + std::to_string(id); }
 
 /// A notice's ranks may carry the host they move to ("2@h2,3@h2"): a whole host was lost
 /// and its ranks start again on a spare host. parse_ranks ignores the hosts.

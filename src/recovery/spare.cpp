@@ -12,6 +12,7 @@
 
 #include <cerrno>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <memory>
@@ -164,8 +165,13 @@ Result<std::optional<SpareAssignment>> wait_as_spare(const Env& env) {
   STRATA_RETURN_IF_ERROR(client->set(recovery::keys::spare(env.job_id, id), std::to_string(::getpid())));
   const std::string key = recovery::keys::assign(env.job_id, id);
   auto prefetcher = std::make_unique<Prefetcher>(env, *monitor, who);
+  const std::string beat = recovery::keys::spare_beat(env.job_id, id);
+  const auto slice = std::clamp(env.heartbeat_interval, std::chrono::milliseconds(1), kSlice);
   for (;;) {
-    auto v = client->get(key, kSlice);
+    // Beaten from the thread that will take the rank: a spare stopped or stuck here is
+    // replaced, not handed a rank it would never take.
+    (void)client->add(beat, 1);
+    auto v = client->get(key, slice);
     if (v.status().code() == Code::Timeout) continue;
     if (!v.is_ok()) return v.status().with_context(who + ": the job's store went away before this spare was needed: ");
     prefetcher.reset();

@@ -425,11 +425,24 @@ TEST(Recovery, TwoFailuresWithOneSpareUseTheRefilledSpare) {
   expect_nothing_left(socket_env, dir.path() + "/sockets");
 }
 
-// A paced job of kRanks ranks with one hot spare; rank 2 is killed at step 12.
-std::vector<std::string> spare_job_args() {
-  return {"run", "--ft",          "--spares", "1",  "-n",      std::to_string(kRanks),
-          "--",  STRATA_TRAIN_DP, "--steps",  "16", "--times", "--pace",
-          "25",  "--fail",        "2:12:kill"};
+// A job of kRanks ranks with one hot spare, each step paced to `pace_ms`; rank 2 is killed at
+// step `fail_step`.
+std::vector<std::string> spare_job_args(int pace_ms = 25, int fail_step = 12) {
+  return {"run",
+          "--ft",
+          "--spares",
+          "1",
+          "-n",
+          std::to_string(kRanks),
+          "--",
+          STRATA_TRAIN_DP,
+          "--steps",
+          "16",
+          "--times",
+          "--pace",
+          std::to_string(pace_ms),
+          "--fail",
+          "2:" + std::to_string(fail_step) + ":kill"};
 }
 
 // Spare 0 of the job `p` runs (its STRATA_SOCKET_DIR setting `socket_env` tells it from other
@@ -471,26 +484,54 @@ TEST(Recovery, SpareKilledWhileWaitingIsReplaced) {
   expect_nothing_left(socket_env, dir.path() + "/sockets");
 }
 
-// A spare stopped (SIGSTOP) while it waits never beats, so no heartbeat timeout catches it
-// once it holds a rank: the survivors, whose rebuild times out waiting for it to join, name
-// it, and the controller replaces it again (before, they waited 16 x STRATA_TIMEOUT and were
-// then replaced themselves).
-TEST(Recovery, AStoppedSpareGivenARankIsNamedByTheSurvivorsAndReplaced) {
+// A spare beats while it waits (keys::spare_beat). Stopped (SIGSTOP) there, it is found
+// silent after the heartbeat timeout, killed and replaced by another, long before a rank
+// fails: the failure at step 12 (400 ms steps) goes to the new spare.
+TEST(Recovery, AStoppedSpareIsReplacedBeforeItIsGivenARank) {
   STRATA_REQUIRE_BIN();
   cli_test::TempDir dir;
   const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
-  std::vector<std::string> env = {"STRATA_HEARTBEAT_TIMEOUT=2s", "STRATA_TIMEOUT=3s", socket_env};
-  cli_test::CliProcess p(spare_job_args(), env);
+  std::vector<std::string> env = kEnv;
+  env.push_back(socket_env);
+  cli_test::CliProcess p(spare_job_args(400, 12), env);
   const pid_t victim = waiting_spare(p, socket_env);
   ASSERT_GT(victim, 0) << p.out() << p.err();
   ASSERT_EQ(::kill(victim, SIGSTOP), 0);
   Job j;
+  j.o = p.finish(std::chrono::seconds(120));
+  parse_job(j);
+  expect_recovered(j, {2}, 1);
+  const std::string who = "spare 0 (pid " + std::to_string(victim) + ")";
+  EXPECT_TRUE(contains(j.o.err, who + " stopped beating for 2000 ms while it waited (hung or stopped): killing it"))
+      << j.o.err;
+  EXPECT_TRUE(contains(j.o.err, who + " was killed by SIGKILL while waiting; starting spare 1 in its place"))
+      << j.o.err;
+  EXPECT_EQ(j.done_pid.at(2), spare_pid_for(j.o.err, 2, 1)) << "rank 2 did not go to the new spare\n" << j.o.err;
+  expect_nothing_left(socket_env, dir.path() + "/sockets");
+}
+
+// A spare stopped just before the failure is handed the rank (its beat was still fresh): it
+// never begins as the rank, and the controller replaces it once the start grace (2 x the
+// heartbeat timeout, at least 2 s) is over, rather than the survivors waiting for it until
+// STRATA_TIMEOUT (30 s here) and being replaced themselves.
+TEST(Recovery, AStoppedSpareGivenARankIsReplacedAfterTheStartGrace) {
+  STRATA_REQUIRE_BIN();
+  cli_test::TempDir dir;
+  const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
+  std::vector<std::string> env = {"STRATA_HEARTBEAT_TIMEOUT=2s", "STRATA_TIMEOUT=30s", socket_env};
+  cli_test::CliProcess p(spare_job_args(25, 4), env);
+  const pid_t victim = waiting_spare(p, socket_env);
+  ASSERT_GT(victim, 0) << p.out() << p.err();
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  const auto t0 = cli_test::Clock::now();
+  Job j;
   j.o = p.finish(std::chrono::seconds(60));
   parse_job(j);
   expect_recovered(j, {2}, 1);
-  EXPECT_TRUE(contains(
-      j.o.err, "waiting for rank 2 (pid " + std::to_string(victim) + "), which did not begin recovering itself"))
+  EXPECT_TRUE(contains(j.o.err, "rank 2 (pid " + std::to_string(victim) +
+                                    "), handed to a hot spare, did not begin as the rank within 4000 ms"))
       << j.o.err;
+  EXPECT_LT(cli_test::Clock::now() - t0, std::chrono::seconds(25)) << "the survivors' timeout ended the wait";
   expect_nothing_left(socket_env, dir.path() + "/sockets");
 }
 
