@@ -148,6 +148,9 @@ void Launcher::on_node_lost(int node, const std::string& report) {
   } else if ((*spare)->local_size != n) {
     why = "; spare host " + (*spare)->name + " runs " + std::to_string((*spare)->local_size) +
           " rank(s) (strata run -n), not the " + std::to_string(n) + " the node had";
+    (void)link_->refuse_spare(**spare, "it runs " + std::to_string((*spare)->local_size) +
+                                           " rank(s) (strata run -n) where node " + std::to_string(node) + " had " +
+                                           std::to_string(n));
   } else {
     std::vector<int> ranks;
     for (int r = base; r < base + n; ++r) ranks.push_back(r);

@@ -23,6 +23,20 @@ std::string left_key(int i) { return kPrefix + "left/" + std::to_string(i); }
 std::string spare_key(int64_t s) { return kPrefix + "spare/" + std::to_string(s); }
 std::string taken_key(int64_t s) { return kPrefix + "taken/" + std::to_string(s); }
 std::string assign_key(int64_t s) { return kPrefix + "assign/" + std::to_string(s); }
+// How messages name the job's store: node 0's, or the one `strata store` serves outside the
+// job (--external-store), whose loss says nothing about node 0.
+std::string store_name(const NodeSpec& s) {
+  return (s.external_store ? "the job's store (strata store) at " : "the store of node 0 at ") + s.store.to_string();
+}
+// The store client's "(tried for N ms)" counts the last slice of a longer wait only.
+std::string without_try_time(std::string m) {
+  const size_t a = m.find(" (tried for ");
+  const size_t b = a == std::string::npos ? a : m.find(')', a);
+  if (b != std::string::npos) m.erase(a, b + 1 - a);
+  return m;
+}
+// An assignment that refuses the spare host, followed by why.
+constexpr std::string_view kRefused = "refused ";
 std::string options_key(int node) { return kPrefix + "options/" + std::to_string(node); }
 std::string spare_hb_key(int64_t s) { return kPrefix + "sparehb/" + std::to_string(s); }
 std::string lost_key(int node, const std::string& host_id) {
@@ -112,14 +126,14 @@ Result<std::unique_ptr<NodeLink>> NodeLink::connect(const NodeSpec& spec, const 
       return link;
     }
     if (client.status().code() != Code::Unavailable && client.status().code() != Code::Timeout)
-      return client.status().with_context("the store of node 0 at " + spec.store.to_string() + ": ");
+      return client.status().with_context(store_name(spec) + ": ");
     if (client.status().code() == Code::Unavailable) cause = client.status();
-    if (auto why = interrupted())
-      return aborted(*why + " while connecting to the store of node 0 at " + spec.store.to_string());
-    if (until.expired())
-      return (cause.is_ok() ? client.status() : cause)
-          .with_context("cannot reach the store of node 0 at " + spec.store.to_string() + " within " +
-                        seconds_text(spec.rdzv_timeout) + ": ");
+    if (auto why = interrupted()) return aborted(*why + " while connecting to " + store_name(spec));
+    if (until.expired()) {
+      const Status& last = cause.is_ok() ? client.status() : cause;
+      return Status(last.code(), "cannot reach " + store_name(spec) + " within " + seconds_text(spec.rdzv_timeout) +
+                                     ": " + without_try_time(last.message()));
+    }
   }
 }
 
@@ -156,9 +170,10 @@ Result<World> NodeLink::rendezvous(int master_port, const std::string& job_id, c
   // bounded, or it would wait for the store a minute.
   const milliseconds patience = std::clamp(s.agent_timeout, milliseconds(1000), milliseconds(2000));
   auto gone = [&](const Status& why) {
-    return unavailable("the store of node 0 at " + s.store.to_string() +
-                       " stopped answering while this node waited for the others to join (" + why.message() +
-                       "); see node 0's output for why it left");
+    return unavailable(store_name(s) + " stopped answering while this node waited for the others to join (" +
+                       why.message() + ")" +
+                       (s.external_store ? std::string("; is `strata store` still running?")
+                                         : std::string("; see node 0's output for why it left")));
   };
   Deadline until = Deadline::after(s.rdzv_timeout);
   Status waited;
@@ -259,6 +274,9 @@ Result<std::optional<NodeLink::Takeover>> NodeLink::wait_as_spare(const Interrup
                            " (--rdzv-timeout); start the job's agents with this --store, or give a longer one");
     }
     auto v = store.get(assign_key(id), interval);
+    if (v.is_ok() && v.value().starts_with(kRefused))
+      return invalid_argument("spare host " + spec_.node_name +
+                              " was refused by the job: " + v.value().substr(kRefused.size()));
     if (v.is_ok()) {
       std::istringstream in(v.value());
       int node = -1;
@@ -392,6 +410,10 @@ Status NodeLink::assign_spare(const SpareHost& spare, int node, uint64_t epoch) 
       world_.nodes[node] = NodeInfo{world_.nodes[node].local_size, spare.name, spare.host_id};
   }
   return main_client_->set(assign_key(spare.id), std::to_string(node) + " " + std::to_string(epoch));
+}
+
+Status NodeLink::refuse_spare(const SpareHost& spare, const std::string& why) {
+  return main_client_->set(assign_key(spare.id), std::string(kRefused) + why);
 }
 
 std::pair<int, int> NodeLink::ranks_of_node(int node) const {
@@ -620,9 +642,9 @@ void NodeLink::monitor() {
       auto silent = std::chrono::duration_cast<milliseconds>(now - last_ok);
       if (silent >= spec_.agent_timeout) {
         JobEvent e{JobEvent::Kind::LostStore, 1, 0,
-                   "lost the store of node 0 at " + spec_.store.to_string() + " (no answer for " +
-                       seconds_text(silent) + ": " + last_error.message() +
-                       "); node 0 is down or this host is cut off"};
+                   "lost " + store_name(spec_) + " (no answer for " + seconds_text(silent) + ": " +
+                       last_error.message() + "); " + (spec_.external_store ? "the store is down" : "node 0 is down") +
+                       " or this host is cut off"};
         {
           std::lock_guard lk(mu_);
           final_seen_ = true;

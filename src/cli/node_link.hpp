@@ -115,6 +115,9 @@ class NodeLink {
   /// Hands lost node `node` to the claimed spare host in recovery epoch `epoch`, and watches
   /// the node's heartbeat afresh.
   Status assign_spare(const SpareHost& spare, int node, uint64_t epoch);
+  /// Tells a claimed spare host that it cannot take the node (`why`): it exits with that
+  /// error rather than as a spare the job did not need.
+  Status refuse_spare(const SpareHost& spare, const std::string& why);
   /// Whether this agent handles the loss of `node` (compare-and-set: with an external store
   /// every agent sees it, and one acts). One that does not watches the node afresh.
   Result<bool> claim_loss(int node);

@@ -414,6 +414,37 @@ case $case in
     got=$(sed -n 's/.*final params hash \([0-9a-f]*\) after.*/\1/p' "$log/node0_lost/h2.out" | head -1)
     check "node0_lost: final parameters (from the new rank 0 on h2) equal the run without failure ($got vs $(hash_of clean))" test -n "$got" -a "$got" = "$(hash_of clean)"
     check "node0_lost: h1 hands node 0's ranks to the spare host" grep_in "$log/node0_lost/h1.err" "node 0 lost: the agent of node 0 (h0) sent no heartbeat .*lost with it: ranks 0-1; its ranks start again on spare host h2 (epoch 1"
+    # fresh_store: a new `strata store` on h3 (the last job's keys would mislead the next).
+    fresh_store() {
+      mh_kill_in "$(mh_host_ns 3)"
+      sleep 0.3
+      MH_STORE_ADDR=$(mh_start_store "$strata" 3)
+      sleep 0.3
+    }
+    # The external store itself lost mid-job: the agents name it, not node 0, and fail.
+    fresh_store
+    mkdir -p "$log/ext_store_lost"
+    mh_start_agents "$strata" 2,2 "$log/ext_store_lost" --ft --external-store --timeout 60s -- "$train_dp" --steps 16 --pace 300
+    sleep 1.5
+    mh_kill_in "$(mh_host_ns 3)"
+    check "ext_store_lost: both agents end within 30 s" mh_wait_agents "$log/ext_store_lost" 2 30
+    for i in 0 1; do
+      check "ext_store_lost: agent h$i fails (got $(mh_rc "$log/ext_store_lost" $i))" test "$(mh_rc "$log/ext_store_lost" $i)" != 0
+    done
+    check "ext_store_lost: h1 names the lost store, not node 0" grep_in "$log/ext_store_lost/h1.err" "lost the job's store (strata store) at $MH_STORE_ADDR .*the store is down or this host is cut off"
+    # A spare host started with the wrong -n is refused when it is needed: the job fails, and so
+    # does the spare host, with the reason (it had exited 0, "not needed").
+    fresh_store
+    mkdir -p "$log/wrong_n"
+    mh_start_agents "$strata" 2,2 "$log/wrong_n" --ft --external-store --timeout 60s -- "$train_dp" --steps 16 --pace 300
+    mh_start_spare "$strata" 2 "$log/wrong_n" --external-store -n 1 --timeout 60s -- "$train_dp" --steps 16 --pace 300
+    for _ in $(seq 100); do grep -q "spare host h2 waits at the store" "$log/wrong_n/h2.err" 2>/dev/null && break; sleep 0.05; done
+    sleep 0.5
+    mh_kill_in "$(mh_host_ns 1)"
+    check "wrong_n: h0 and the spare host end within 30 s" mh_wait_agents "$log/wrong_n" 3 30
+    check "wrong_n: the spare host fails (got $(mh_rc "$log/wrong_n" 2))" test "$(mh_rc "$log/wrong_n" 2)" != 0
+    check "wrong_n: the spare host says why" grep_in "$log/wrong_n/h2.err" "spare host h2 was refused by the job: it runs 1 rank(s) (strata run -n) where node 1 had 2"
+    mh_kill_in "$(mh_host_ns 3)"
     finish 3
     ;;
   moe_serve)
