@@ -309,7 +309,11 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     slot.desc = d;
   }
   const char* name = coll::to_string(op.kind);
+  const auto arrived = std::chrono::steady_clock::now();
   STRATA_RETURN_IF_ERROR(c.sync(x.deadline, name));
+  const auto waited = std::chrono::steady_clock::now() - arrived;
+  for (TimedChoice* t : {choice ? &*choice : nullptr, cma_route ? &*cma_route : nullptr, route ? &*route : nullptr})
+    if (t) t->exclude(waited);
 
   // Every rank sees the mismatch after the same one step and returns; the communicator stays
   // usable (slots alternate, so nobody overwrites a descriptor a peer is still checking).
