@@ -125,6 +125,9 @@ std::string unwritable(const char* opt, const std::string& path) {
   // the directory takes new files.
   if (fd < 0 && created && errno == EEXIST) return "";
   if (fd < 0 && exists && errno == ENXIO) return "";  // a FIFO without a reader yet
+  // Gone between the stat and the open: another rank's probe created and removed it (one rank
+  // refusing the options alone would leave the others waiting in their first collective).
+  if (fd < 0 && exists && errno == ENOENT) return "";
   if (fd < 0) {
     const std::string why = std::strerror(errno);
     if (!created) return std::string(opt) + " " + path + ": cannot write it (" + why + ")";

@@ -117,8 +117,11 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
   } else {
     env.push_back("STRATA_EPOCH=" + std::to_string(ft_->epoch()));
   }
-  say(why + "; " + (ft_->options().restart_all ? "restarting every rank" : "replacing it") + " (epoch " +
-      std::to_string(ft_->epoch()) + ", failure " + std::to_string(ft_->failures()) + " of at most " +
+  say(why + "; " +
+      (ft_->options().restart_all ? "restarting every rank"
+       : idx.size() > 1           ? "replacing them"
+                                  : "replacing it") +
+      " (epoch " + std::to_string(ft_->epoch()) + ", failure " + std::to_string(ft_->failures()) + " of at most " +
       std::to_string(ft_->options().max_failures) + ")");
   for (const Handed& h : handed)
     say("rank " + std::to_string(h.rank) + " goes to spare " + std::to_string(h.spare) + " (pid " +

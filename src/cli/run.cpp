@@ -196,6 +196,16 @@ std::optional<int> parse_args(int argc, char** argv, RunOptions& o) {
   if (spares_given && !o.ft) return usage_error("--spares needs --ft (spares stand in for failed ranks)");
   if (max_failures_given && !o.ft)
     return usage_error("--max-failures needs --ft (without it the first failed rank ends the job)");
+  if (o.ft) {
+    // The watcher declares a rank hung after heartbeat_timeout without a beat: a rank that
+    // beats less often than that would be replaced while healthy.
+    const Env& env = Env::get();
+    if (env.heartbeat_interval * 2 > env.heartbeat_timeout)
+      return usage_error("STRATA_HEARTBEAT_INTERVAL (" + std::to_string(env.heartbeat_interval.count()) +
+                         " ms) must be at most half STRATA_HEARTBEAT_TIMEOUT (" +
+                         std::to_string(env.heartbeat_timeout.count()) +
+                         " ms), or every healthy rank of the --ft job reads as hung");
+  }
   if (o.spares > 0 && o.ft_opts.restart_all)
     return usage_error("--spares cannot be combined with --restart-all, which starts every rank again");
   if (o.external_store && !o.nnodes && !o.spare_host)

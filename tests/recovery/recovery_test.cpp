@@ -582,6 +582,12 @@ TEST(Recovery, SparesUsageErrorsNameTheOption) {
     EXPECT_EQ(o.exit_code, 2) << c.says << "\n" << o.err;
     EXPECT_TRUE(contains(o.err, c.says)) << o.err;
   }
+  // Ranks beating less often than the watcher's timeout would all be declared hung.
+  Outcome slow = run_cli({"run", "--ft", "-n", "2", "true"},
+                         {"STRATA_HEARTBEAT_INTERVAL=5s", "STRATA_HEARTBEAT_TIMEOUT=1s"}, std::chrono::seconds(30));
+  EXPECT_EQ(slow.exit_code, 2) << slow.err;
+  EXPECT_TRUE(contains(slow.err, "STRATA_HEARTBEAT_INTERVAL (5000 ms) must be at most half STRATA_HEARTBEAT_TIMEOUT"))
+      << slow.err;
   // A program that never calls strata::init(): its spare exits at once, and that is all.
   Outcome o = run_cli({"run", "--ft", "--spares", "2", "-n", "2", "true"}, kEnv, std::chrono::seconds(30));
   EXPECT_FALSE(o.timed_out) << o.err;
