@@ -461,27 +461,42 @@ pid_t waiting_spare(cli_test::CliProcess& p, const std::string& socket_env) {
   return -1;
 }
 
+// A job of spare_job_args(pace_ms, fail_step) under `env` (plus its own socket directory):
+// once spare 0 waits, it gets `sig`; the job then runs to its end. The job, and spare 0's pid
+// (-1 with a failure).
+struct SignalledSpare {
+  Job j;
+  pid_t spare = -1;
+};
+SignalledSpare signal_waiting_spare(int sig, std::vector<std::string> env, int pace_ms, int fail_step,
+                                    std::chrono::seconds limit) {
+  cli_test::TempDir dir;
+  const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
+  env.push_back(socket_env);
+  cli_test::CliProcess p(spare_job_args(pace_ms, fail_step), env);
+  SignalledSpare r;
+  r.spare = waiting_spare(p, socket_env);
+  if (r.spare <= 0 || ::kill(r.spare, sig) != 0) {
+    ADD_FAILURE() << "could not signal spare 0\n" << p.out() << p.err();
+    r.spare = -1;
+  }
+  r.j.o = p.finish(limit);
+  parse_job(r.j);
+  expect_nothing_left(socket_env, dir.path() + "/sockets");
+  return r;
+}
+
 // A spare SIGKILLed while it waits is replaced by another; the job does not notice, and the
 // new spare takes the rank that fails later.
 TEST(Recovery, SpareKilledWhileWaitingIsReplaced) {
   STRATA_REQUIRE_BIN();
-  cli_test::TempDir dir;
-  const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
-  std::vector<std::string> env = kEnv;
-  env.push_back(socket_env);
-  cli_test::CliProcess p(spare_job_args(), env);
-  const pid_t victim = waiting_spare(p, socket_env);
-  ASSERT_GT(victim, 0) << p.out() << p.err();
-  ASSERT_EQ(::kill(victim, SIGKILL), 0);
-  Job j;
-  j.o = p.finish(std::chrono::seconds(120));
-  parse_job(j);
+  auto [j, victim] = signal_waiting_spare(SIGKILL, kEnv, 25, 12, std::chrono::seconds(120));
+  ASSERT_GT(victim, 0);
   expect_recovered(j, {2}, 1);
   EXPECT_TRUE(contains(j.o.err, "spare 0 (pid " + std::to_string(victim) +
                                     ") was killed by SIGKILL while waiting; starting spare 1 in its place"))
       << j.o.err;
   EXPECT_EQ(j.done_pid.at(2), spare_pid_for(j.o.err, 2, 1)) << "rank 2 did not go to the new spare\n" << j.o.err;
-  expect_nothing_left(socket_env, dir.path() + "/sockets");
 }
 
 // A spare beats while it waits (keys::spare_beat). Stopped (SIGSTOP) there, it is found
@@ -489,17 +504,8 @@ TEST(Recovery, SpareKilledWhileWaitingIsReplaced) {
 // fails: the failure at step 12 (400 ms steps) goes to the new spare.
 TEST(Recovery, AStoppedSpareIsReplacedBeforeItIsGivenARank) {
   STRATA_REQUIRE_BIN();
-  cli_test::TempDir dir;
-  const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
-  std::vector<std::string> env = kEnv;
-  env.push_back(socket_env);
-  cli_test::CliProcess p(spare_job_args(400, 12), env);
-  const pid_t victim = waiting_spare(p, socket_env);
-  ASSERT_GT(victim, 0) << p.out() << p.err();
-  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
-  Job j;
-  j.o = p.finish(std::chrono::seconds(120));
-  parse_job(j);
+  auto [j, victim] = signal_waiting_spare(SIGSTOP, kEnv, 400, 12, std::chrono::seconds(120));
+  ASSERT_GT(victim, 0);
   expect_recovered(j, {2}, 1);
   const std::string who = "spare 0 (pid " + std::to_string(victim) + ")";
   EXPECT_TRUE(contains(j.o.err, who + " stopped beating for 2000 ms while it waited (hung or stopped): killing it"))
@@ -507,7 +513,6 @@ TEST(Recovery, AStoppedSpareIsReplacedBeforeItIsGivenARank) {
   EXPECT_TRUE(contains(j.o.err, who + " was killed by SIGKILL while waiting; starting spare 1 in its place"))
       << j.o.err;
   EXPECT_EQ(j.done_pid.at(2), spare_pid_for(j.o.err, 2, 1)) << "rank 2 did not go to the new spare\n" << j.o.err;
-  expect_nothing_left(socket_env, dir.path() + "/sockets");
 }
 
 // A spare stopped just before the failure is handed the rank (its beat was still fresh): it
@@ -516,23 +521,15 @@ TEST(Recovery, AStoppedSpareIsReplacedBeforeItIsGivenARank) {
 // STRATA_TIMEOUT (30 s here) and being replaced themselves.
 TEST(Recovery, AStoppedSpareGivenARankIsReplacedAfterTheStartGrace) {
   STRATA_REQUIRE_BIN();
-  cli_test::TempDir dir;
-  const std::string socket_env = "STRATA_SOCKET_DIR=" + dir.path() + "/sockets";
-  std::vector<std::string> env = {"STRATA_HEARTBEAT_TIMEOUT=2s", "STRATA_TIMEOUT=30s", socket_env};
-  cli_test::CliProcess p(spare_job_args(25, 4), env);
-  const pid_t victim = waiting_spare(p, socket_env);
-  ASSERT_GT(victim, 0) << p.out() << p.err();
-  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
   const auto t0 = cli_test::Clock::now();
-  Job j;
-  j.o = p.finish(std::chrono::seconds(60));
-  parse_job(j);
+  auto [j, victim] = signal_waiting_spare(SIGSTOP, {"STRATA_HEARTBEAT_TIMEOUT=2s", "STRATA_TIMEOUT=30s"}, 25, 4,
+                                          std::chrono::seconds(60));
+  ASSERT_GT(victim, 0);
   expect_recovered(j, {2}, 1);
   EXPECT_TRUE(contains(j.o.err, "rank 2 (pid " + std::to_string(victim) +
                                     "), handed to a hot spare, did not begin as the rank within 4000 ms"))
       << j.o.err;
   EXPECT_LT(cli_test::Clock::now() - t0, std::chrono::seconds(25)) << "the survivors' timeout ended the wait";
-  expect_nothing_left(socket_env, dir.path() + "/sockets");
 }
 
 // A launcher SIGKILLed mid-job takes its waiting spare with it (PR_SET_PDEATHSIG and the
