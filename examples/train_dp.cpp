@@ -437,9 +437,17 @@ int train(int argc, char** argv) {
                     rank, r.epoch, r.replacement ? 1 : 0, r.injected_ns, r.detected_ns, r.spawned_ns, r.seen_ns,
                     r.rebuild_start_ns, r.joined_ns, r.rebuilt_ns, r.restored_ns, t, r.restored_bytes, r.store_ops,
                     r.store_bytes, r.peer_waits, r.agree_bytes, r.agree_rounds, r.premapped);
-      if (rank == 0) {
-        std::string failed;
-        for (int f : r.failed) failed += (failed.empty() ? "" : ",") + std::to_string(f);
+      std::string failed;
+      for (int f : r.failed) failed += (failed.empty() ? "" : ",") + std::to_string(f);
+      if (rank == 0 && r.injected_ns <= 0) {
+        // Killed, stopped or cut off from outside: no injection time to measure from.
+        std::printf("recovered epoch %" PRIu64
+                    " (replaced rank %s): the failure came from outside this program (no injection time, so "
+                    "no detection time or RTO); from its detection: revoke %.1f + join %.1f + rebuild %.1f + "
+                    "state transfer %.1f + redone step %.1f ms\n",
+                    r.epoch, failed.c_str(), ms(r.detected_ns, r.seen_ns), ms(r.rebuild_start_ns, r.joined_ns),
+                    ms(r.joined_ns, r.rebuilt_ns), ms(r.rebuilt_ns, r.restored_ns), ms(r.restored_ns, t));
+      } else if (rank == 0) {
         std::printf("recovered epoch %" PRIu64
                     " (replaced rank %s): detection %.1f ms, RTO %.1f ms = detect %.1f + revoke %.1f"
                     " + join %.1f (replacement spawned after %.1f) + rebuild %.1f + state transfer %.1f + redone step "
