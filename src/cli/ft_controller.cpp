@@ -71,13 +71,8 @@ void FtController::watch_loop() {
         continue;
       }
       if (*v.value() == keys::kExiting) continue;  // leaving
-      if (!b.seen || *v.value() != b.value) {
-        b.value = *v.value();
-        b.seen = true;
-        b.changed = now;
-        b.start_by.reset();
-      } else if (!b.reported && now - b.changed > opts_.heartbeat_timeout) {
-        b.reported = true;
+      b.start_by.reset();                          // it beat: up
+      if (went_silent(b, *v.value(), now)) {
         hung_.push_back({static_cast<int>(i), b.gen, false});
         found = true;
       }
@@ -105,13 +100,7 @@ bool FtController::watch_spares(const std::string& job) {
     std::lock_guard<std::mutex> g(mu_);
     auto it = spares_.find(id);
     if (job != job_ || it == spares_.end() || !v.is_ok() || !v.value()) continue;  // forgotten, or not waiting yet
-    SpareBeat& sb = it->second;
-    if (!sb.seen || *v.value() != sb.value) {
-      sb.value = *v.value();
-      sb.seen = true;
-      sb.changed = now;
-    } else if (!sb.reported && now - sb.changed > opts_.heartbeat_timeout) {
-      sb.reported = true;
+    if (went_silent(it->second, *v.value(), now)) {
       hung_spares_.push_back(id);
       found = true;
     }

@@ -158,6 +158,20 @@ class FtController {
   void watch_loop();
   bool check_reports(const std::string& job);
   bool watch_spares(const std::string& job);  // samples the watched spares' beats; true: one hung
+  /// Records the beat counter `value` read at `now` into `b` (a Beat or a SpareBeat); true,
+  /// once, when it has not changed for longer than the heartbeat timeout. Caller holds mu_.
+  template <class B>
+  bool went_silent(B& b, const std::string& value, std::chrono::steady_clock::time_point now) {
+    if (!b.seen || value != b.value) {
+      b.value = value;
+      b.seen = true;
+      b.changed = now;
+      return false;
+    }
+    if (b.reported || now - b.changed <= opts_.heartbeat_timeout) return false;
+    b.reported = true;
+    return true;
+  }
   std::chrono::milliseconds tick_interval() const {
     // A quarter of the timeout catches a hang within 1.25x the timeout.
     return std::max(opts_.heartbeat_interval, opts_.heartbeat_timeout / 4);
