@@ -154,6 +154,8 @@ class TimedChoice {
   void exclude(std::chrono::steady_clock::duration d) {
     if (trials_) start_ += d;
   }
+  /// Whether this call is a trial (is timed).
+  bool timed() const { return trials_ != nullptr; }
   /// Counts one trial of `mode` that took `ns`, and decides when the trials allow it.
   static void record(CommImpl::Trials& t, int mode, int64_t ns);
 

@@ -309,11 +309,17 @@ Status run(CommImpl& c, Op& op, coll::Algo algo) {
     slot.desc = d;
   }
   const char* name = coll::to_string(op.kind);
-  const auto arrived = std::chrono::steady_clock::now();
+  // Only a trial reads the clock: most calls are none.
+  TimedChoice* const timed[] = {choice ? &*choice : nullptr, cma_route ? &*cma_route : nullptr,
+                                route ? &*route : nullptr};
+  const bool trial = std::any_of(std::begin(timed), std::end(timed), [](TimedChoice* t) { return t && t->timed(); });
+  const auto arrived = trial ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   STRATA_RETURN_IF_ERROR(c.sync(x.deadline, name));
-  const auto waited = std::chrono::steady_clock::now() - arrived;
-  for (TimedChoice* t : {choice ? &*choice : nullptr, cma_route ? &*cma_route : nullptr, route ? &*route : nullptr})
-    if (t) t->exclude(waited);
+  if (trial) {
+    const auto waited = std::chrono::steady_clock::now() - arrived;
+    for (TimedChoice* t : timed)
+      if (t) t->exclude(waited);
+  }
 
   // Every rank sees the mismatch after the same one step and returns; the communicator stays
   // usable (slots alternate, so nobody overwrites a descriptor a peer is still checking).
