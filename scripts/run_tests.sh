@@ -42,6 +42,7 @@ sanitizer_flags=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" -DSTR
 total_pass=0
 total_fail=0
 summary=()
+digests=()
 
 # Counts passed and failed tests in a ctest JUnit file: prints "PASS FAIL".
 count_junit() {
@@ -58,6 +59,36 @@ PY
     echo "$(grep -c '<testcase .*status="run"' "$file" || true)" \
          "$(grep -c '<testcase .*status="fail"' "$file" || true)"
   fi
+}
+
+# Prints, for each failed test in a ctest JUnit file, its name and the lines of its output
+# that say why (a gtest failure and the lines after it, an error, a sanitizer report, a
+# timeout), so that the end of a long CI log, which is often all that is kept, shows the cause.
+failure_digest() {
+  python3 - "$1" "$2" <<'PY' 2>/dev/null || true
+import re
+import sys
+import xml.etree.ElementTree as ET
+tree, path = sys.argv[1], sys.argv[2]
+cause = re.compile(r"Failure|FAILED|[Ee]rror|ERROR|Timeout|timed out|what\(\)|Assertion|Aborted|Segmentation")
+failed = [c for c in ET.parse(path).getroot().iter("testcase") if c.get("status") == "fail"]
+for case in failed[:8]:
+    out = "".join(ch.text or "" for ch in case if ch.tag == "system-out").splitlines()
+    picked, after = [], 0
+    for line in out:
+        if cause.search(line):
+            after = 3
+        if after:
+            picked.append(line[:400])
+            after -= 1
+        if len(picked) >= 24:
+            break
+    print(f"[{tree}] {case.get('name')} ({float(case.get('time') or 0):.1f} s, {len(out)} lines of output):")
+    for line in picked or out[-12:]:
+        print("    " + line[:400])
+if len(failed) > 8:
+    print(f"[{tree}] ... and {len(failed) - 8} more failed tests")
+PY
 }
 
 # run_tree NAME DIR [configure args...]
@@ -122,6 +153,11 @@ run_tree() {
     echo "==> [$name] fuzz tests skipped: $(cat "$dir/fuzz-skipped.txt")"
     summary+=("$name: fuzz tests skipped: $(cat "$dir/fuzz-skipped.txt")")
   fi
+  if [[ $fail -gt 0 && -s $junit ]]; then
+    local digest
+    digest=$(failure_digest "$name" "$junit")
+    [[ -n $digest ]] && digests+=("$digest")
+  fi
   summary+=("$name: $pass passed, $fail failed")
   total_pass=$((total_pass + pass))
   total_fail=$((total_fail + fail))
@@ -137,6 +173,10 @@ for tree in "${trees[@]}"; do
   esac
 done
 
+if [[ ${#digests[@]} -gt 0 ]]; then
+  echo "==> why the failed tests failed (their output is in full above)"
+  printf '%s\n' "${digests[@]}"
+fi
 echo "==> summary ($((SECONDS - start)) s)"
 for line in "${summary[@]}"; do
   echo "    $line"
