@@ -27,6 +27,9 @@
 //                                   rank there (--ft --nnodes: a host lost).
 //   --fail-in-recovery RANK         RANK dies as soon as it enters the first recovery
 //   --fail-replacement RANK         the first replacement of RANK dies before restoring
+//   --stall-replacement RANK        the first replacement of RANK started afresh never reaches
+//                                   strata::init() (it sleeps before it, as a program stuck in
+//                                   its imports would); a hot spare is not affected
 //   --no-replica                    every rank is its own replica group: nothing to restore from
 //   --pace MS                       every step sleeps MS ms more (tests: time for a spare to start)
 // Baseline (restart everything, reload a checkpoint; run with `strata run --ft --restart-all`):
@@ -70,6 +73,7 @@ struct Options {
   std::vector<Fault> faults;
   int fail_in_recovery = -1;
   int fail_replacement = -1;
+  int stall_replacement = -1;
   bool no_replica = false;
   int pace_ms = 0;
   std::string checkpoint;
@@ -87,7 +91,7 @@ constexpr const char* kHelp =
     "usage: strata run [--ft] -n N -- train_dp [options]\n"
     "  --steps K  --hidden H  --in I  --batch B   the job (defaults 30, 128, 32, 16)\n"
     "  --fail RANK:STEP[:kill|stop|exit|exit0|hang|abort|killmid|killdonor|host]   inject a failure (repeatable)\n"
-    "  --fail-in-recovery RANK  --fail-replacement RANK  --no-replica  --pace MS\n"
+    "  --fail-in-recovery RANK  --fail-replacement RANK  --stall-replacement RANK  --no-replica  --pace MS\n"
     "  --checkpoint PATH --checkpoint-every K   the restart-everything baseline (strata run --ft --restart-all)\n"
     "  --quiet  --times\n"
     "See the comment at the top of examples/train_dp.cpp for what each one does.\n";
@@ -135,6 +139,7 @@ Options parse(int argc, char** argv) {
       o.faults.push_back(f);
     } else if (a == "--fail-in-recovery") o.fail_in_recovery = number(a, next(), 0);
     else if (a == "--fail-replacement") o.fail_replacement = number(a, next(), 0);
+    else if (a == "--stall-replacement") o.stall_replacement = number(a, next(), 0);
     else if (a == "--no-replica") o.no_replica = true;
     else if (a == "--pace") o.pace_ms = number(a, next(), 0, 3600 * 1000);
     else if (a == "--checkpoint") o.checkpoint = next();
@@ -349,6 +354,15 @@ int train(int argc, char** argv) {
   Options o = parse(argc, argv);
   g_times = o.times;
   const int64_t started = now_ns();
+  if (o.stall_replacement >= 0) {
+    // Before init() the rank is only in the launcher's variables (a hot spare has none yet).
+    const char* r = std::getenv("STRATA_RANK");
+    const char* e = std::getenv("STRATA_EPOCH");
+    if (r && e && std::string(e) == "1" && std::string(r) == std::to_string(o.stall_replacement)) {
+      std::fprintf(stderr, "train_dp: rank %s's replacement stalls before strata::init() (--stall-replacement)\n", r);
+      for (;;) ::pause();
+    }
+  }
   strata::Communicator comm = strata::init();
   const int rank = comm.rank();
   // A fault that names a rank or step the job does not have would silently never fire, and the
@@ -366,7 +380,9 @@ int train(int argc, char** argv) {
             " is not below --steps " + std::to_string(o.steps));
   }
   for (auto [opt, r] :
-       {std::pair{"--fail-in-recovery", o.fail_in_recovery}, {"--fail-replacement", o.fail_replacement}})
+       {std::pair{"--fail-in-recovery", o.fail_in_recovery},
+        {"--fail-replacement", o.fail_replacement},
+        {"--stall-replacement", o.stall_replacement}})
     if (r >= comm.size())
       usage(std::string(opt) + " " + std::to_string(r) + ": rank " + std::to_string(r) +
             " does not exist in a job of " + std::to_string(comm.size()) + " ranks");

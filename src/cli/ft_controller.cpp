@@ -61,11 +61,11 @@ void FtController::watch_loop() {
       Beat& b = beats_[i];
       if (job != job_ || !v.is_ok()) continue;
       if (!v.value()) {
-        // Not up. A fresh process may take long to start (imports); a hot spare handed the
-        // rank has started already, and one that does not begin as the rank is stuck.
+        // Not up: a replacement that does not begin as the rank within its start grace is
+        // stuck (a spare's is short: it has started already).
         if (b.start_by && !b.reported && now > *b.start_by) {
           b.reported = true;
-          hung_.push_back({static_cast<int>(i), b.gen, true});
+          hung_.push_back({static_cast<int>(i), b.gen, true, b.start_spare});
           found = true;
         }
         continue;
@@ -73,7 +73,7 @@ void FtController::watch_loop() {
       if (*v.value() == keys::kExiting) continue;  // leaving
       b.start_by.reset();                          // it beat: up
       if (went_silent(b, *v.value(), now)) {
-        hung_.push_back({static_cast<int>(i), b.gen, false});
+        hung_.push_back({static_cast<int>(i), b.gen, false, false});
         found = true;
       }
     }
@@ -130,11 +130,13 @@ std::vector<int> FtController::take_hung_spares() {
   return std::exchange(hung_spares_, {});
 }
 
-void FtController::expect_start(int rank) {
+void FtController::expect_start(int rank, bool spare) {
   auto it = std::find(ranks_.begin(), ranks_.end(), rank);
   if (it == ranks_.end()) return;
   std::lock_guard<std::mutex> g(mu_);
-  beats_[static_cast<size_t>(it - ranks_.begin())].start_by = Clock::now() + spare_start_grace();
+  Beat& b = beats_[static_cast<size_t>(it - ranks_.begin())];
+  b.start_by = Clock::now() + start_grace(spare);
+  b.start_spare = spare;
 }
 
 bool FtController::check_reports(const std::string& job) {
@@ -260,7 +262,7 @@ std::vector<FtController::Hung> FtController::take_hung() {
   std::vector<Hung> out;
   for (const Found& f : hung_)
     if (beats_[static_cast<size_t>(f.index)].gen == f.gen)
-      out.push_back({ranks_[static_cast<size_t>(f.index)], f.never_started});
+      out.push_back({ranks_[static_cast<size_t>(f.index)], f.never_started, f.spare});
   hung_.clear();
   return out;
 }

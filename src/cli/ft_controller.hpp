@@ -32,6 +32,8 @@ struct FtOptions {
   bool restart_all = false;  // baseline: restart every rank (torchrun-like)
   std::chrono::milliseconds heartbeat_interval{100};
   std::chrono::milliseconds heartbeat_timeout{1000};
+  // A replacement started afresh must beat within this (Env::start_timeout_or_default()).
+  std::chrono::milliseconds start_timeout{150000};
   int world_size = 0;  // every rank of the job, on every host
 };
 
@@ -53,11 +55,12 @@ class FtController {
   Status start(const bootstrap::StoreAddress& addr, const std::string& token,
                std::optional<std::chrono::milliseconds> reconnect = std::nullopt);
   int event_fd() const { return event_fd_; }
-  /// A rank found silent: its heartbeat stopped for longer than the timeout, or, handed to a
-  /// hot spare, its first beat did not come within the start grace.
+  /// A rank found silent: its heartbeat stopped for longer than the timeout, or, replaced, its
+  /// first beat did not come within start_grace().
   struct Hung {
     int rank;
-    bool never_started;  // the spare it was handed to never began as the rank
+    bool never_started;  // the process that was to be the rank never began as it
+    bool spare;          // ... and it was a hot spare handed the rank (else started afresh)
   };
   /// Ranks found silent, each reported once per process (a report about a rank replaced
   /// meanwhile is dropped).
@@ -70,11 +73,13 @@ class FtController {
   void forget_spare(int spare);
   /// False for a watched spare whose beat has stopped for longer than the heartbeat timeout.
   bool spare_alive(int spare);
-  /// `rank` (of this host) was handed to a hot spare: it is hung unless its first heartbeat
-  /// comes within spare_start_grace() (a spare has paid its start-up; it only joins).
-  void expect_start(int rank);
-  std::chrono::milliseconds spare_start_grace() const {
-    return std::max(2 * opts_.heartbeat_timeout, std::chrono::milliseconds(2000));
+  /// `rank` (of this host) was handed to a hot spare (`spare`) or started afresh: it is hung
+  /// unless its first heartbeat comes within start_grace(spare).
+  void expect_start(int rank, bool spare);
+  /// A spare has paid its start-up and only joins: 2 x the heartbeat timeout, at least 2 s. A
+  /// fresh process also starts the program (imports, its own set-up): the start timeout.
+  std::chrono::milliseconds start_grace(bool spare) const {
+    return spare ? std::max(2 * opts_.heartbeat_timeout, std::chrono::milliseconds(2000)) : opts_.start_timeout;
   }
   /// Ranks of this host that a peer named as the one it waited for when it saw a failure no
   /// controller announced, and that did not begin recovering themselves within a grace: stuck
@@ -130,8 +135,9 @@ class FtController {
     bool reported = false;  // reported hung; not again until it is replaced
     uint64_t gen = 0;       // bumped per replacement
     std::chrono::steady_clock::time_point changed{};
-    // Handed to a hot spare: its first beat must come by then (expect_start).
+    // Replaced: its first beat must come by then (expect_start), from a spare or not.
     std::optional<std::chrono::steady_clock::time_point> start_by;
+    bool start_spare = false;
     // Named by a peer as the one it waited for (keys::suspect), in phase suspect_phase.
     uint64_t suspect_phase = UINT64_MAX;
     int suspected_by = -1;
@@ -192,7 +198,7 @@ class FtController {
   struct Found {
     int index;
     uint64_t gen;
-    bool never_started;
+    bool never_started, spare;
   };
   std::vector<Found> hung_;  // found by the watcher
   struct SpareBeat {

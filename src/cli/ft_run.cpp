@@ -80,7 +80,7 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
         hand_error = "handing rank " + std::to_string(i) + " to spare " + std::to_string(id) + ": " + s.message();
         return;
       }
-      ft_->expect_start(i);
+      ft_->expect_start(i, true);
       handed.push_back({i, id, static_cast<int>(sp->pid)});
     }
   };
@@ -147,6 +147,9 @@ void Launcher::replace(const std::vector<Rank*>& failed, const std::string& why,
       stop(SIGTERM, true);
       return;
     }
+    // One stuck before init() (in its imports, stopped) would hold the survivors in recover()
+    // until their STRATA_TIMEOUT, which they would then fail with.
+    ft_->expect_start(i, false);
   }
   if (handed.empty()) ft_->on_spawned();
   say("epoch " + std::to_string(ft_->epoch()) + ": the controller's cost of this failure: " + ft_->failure_cost());
@@ -285,8 +288,11 @@ void Launcher::check_heartbeats() {
       if (r.global != h.rank || !r.current || !r.running) continue;
       const std::string who = rank_name(r) + " (pid " + std::to_string(r.pid) + ")";
       replace({&r},
-              h.never_started ? who + ", handed to a hot spare, did not begin as the rank within " +
-                                    std::to_string(ft_->spare_start_grace().count()) + " ms (hung or stopped)"
+              h.never_started ? who + (h.spare ? ", handed to a hot spare," : ", started as its replacement,") +
+                                    " did not begin as the rank within " +
+                                    std::to_string(ft_->start_grace(h.spare).count()) +
+                                    (h.spare ? " ms (hung or stopped)"
+                                             : " ms (STRATA_START_TIMEOUT; stuck or stopped before strata::init())")
                               : who + " sent no heartbeat for " +
                                     std::to_string(ft_->options().heartbeat_timeout.count()) + " ms (hung or stopped)",
               128 + SIGKILL);

@@ -275,6 +275,7 @@ int Launcher::run() {
     const Env& env = Env::get();
     opts_.ft_opts.heartbeat_interval = env.heartbeat_interval;
     opts_.ft_opts.heartbeat_timeout = env.heartbeat_timeout;
+    opts_.ft_opts.start_timeout = env.start_timeout_or_default();
     opts_.ft_opts.world_size = world;
     // Each host's agent watches and replaces its own ranks; they meet in the job's store.
     std::vector<int> mine;

@@ -232,6 +232,7 @@ Env parse(Lookup lookup, void* ctx) {
   e.spare = to_int(get("STRATA_SPARE"), 0);
   if (auto d = to_duration(get("STRATA_HEARTBEAT_INTERVAL"), true)) e.heartbeat_interval = *d;
   if (auto d = to_duration(get("STRATA_HEARTBEAT_TIMEOUT"), true)) e.heartbeat_timeout = *d;
+  if (auto d = to_duration(get("STRATA_START_TIMEOUT"), true)) e.start_timeout = *d;
   if (auto s = get("STRATA_UCX_TLS")) e.ucx_tls = *s;
   if (auto s = get("STRATA_UCX_NET_DEVICES")) e.ucx_net_devices = *s;
   if (auto s = get("STRATA_UCX_RNDV_THRESH")) e.ucx_rndv_thresh = *s;

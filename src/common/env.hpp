@@ -104,6 +104,12 @@ struct Env {
   std::optional<int> spare;
   std::chrono::milliseconds heartbeat_interval{100};  // STRATA_HEARTBEAT_INTERVAL: how often a rank beats
   std::chrono::milliseconds heartbeat_timeout{1000};  // STRATA_HEARTBEAT_TIMEOUT: silence that counts as a hang
+  // STRATA_START_TIMEOUT: how long a replacement started afresh may take from its spawn to its
+  // first heartbeat (its strata::init()) before it is taken for stuck and replaced; unset:
+  // half of STRATA_TIMEOUT, so that the survivors, who wait for it that long, never time out
+  // first (see start_timeout_or_default()).
+  std::optional<std::chrono::milliseconds> start_timeout;
+  std::chrono::milliseconds start_timeout_or_default() const { return start_timeout ? *start_timeout : timeout / 2; }
 
   // Between hosts (UCX). Empty strings leave UCX's own UCX_* settings in force.
   std::string ucx_tls;                // STRATA_UCX_TLS: transports, e.g. "tcp,self" (sets UCX TLS)

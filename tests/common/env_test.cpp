@@ -333,6 +333,17 @@ TEST(EnvParse, ZeroTimeoutsAreRefused) {
   EXPECT_NE(all.find("must be longer than 0 ms"), std::string::npos) << all;
 }
 
+// A replacement's start timeout follows STRATA_TIMEOUT (half of it: the survivors wait for
+// the replacement that long) unless set; 0 is refused like the other timeouts.
+TEST(EnvParse, StartTimeoutDefaultsToHalfTheTimeout) {
+  EXPECT_EQ(env_of({}).start_timeout_or_default(), 150000ms);
+  EXPECT_EQ(env_of({{"STRATA_TIMEOUT", "10s"}}).start_timeout_or_default(), 5000ms);
+  EXPECT_EQ(env_of({{"STRATA_TIMEOUT", "10s"}, {"STRATA_START_TIMEOUT", "3s"}}).start_timeout_or_default(), 3000ms);
+  const Env zero = env_of({{"STRATA_START_TIMEOUT", "0"}});
+  ASSERT_EQ(zero.invalid.size(), 1u);
+  EXPECT_NE(zero.invalid[0].find("STRATA_START_TIMEOUT=0"), std::string::npos) << zero.invalid[0];
+}
+
 // The size and duration syntax itself is tested in parse_test.cpp (common/parse.hpp).
 TEST(EnvParse, SizesAreBinaryAndDurationsDefaultToMilliseconds) {
   const Env e = env_of({{"STRATA_ONESHOT_MAX_BYTES", "64KB"},

@@ -532,6 +532,22 @@ TEST(Recovery, AStoppedSpareGivenARankIsReplacedAfterTheStartGrace) {
   EXPECT_LT(cli_test::Clock::now() - t0, std::chrono::seconds(25)) << "the survivors' timeout ended the wait";
 }
 
+// A replacement started afresh that never reaches strata::init() (stuck in its imports) is
+// replaced once STRATA_START_TIMEOUT is over, rather than the survivors waiting for it until
+// their STRATA_TIMEOUT (30 s here) and failing recover() with it.
+TEST(Recovery, AReplacementStuckBeforeInitIsReplacedAfterTheStartTimeout) {
+  STRATA_REQUIRE_BIN();
+  const auto t0 = cli_test::Clock::now();
+  Job j = run_job({"run", "--ft"}, {"--fail", "2:5:kill", "--stall-replacement", "2"},
+                  {"STRATA_START_TIMEOUT=3s", "STRATA_TIMEOUT=30s"});
+  expect_recovered(j, {2}, 1);  // the stuck one prints no START line
+  EXPECT_TRUE(contains(j.o.err, "rank 2's replacement stalls before strata::init()")) << j.o.err;
+  EXPECT_TRUE(contains(j.o.err,
+                       ", started as its replacement, did not begin as the rank within 3000 ms (STRATA_START_TIMEOUT"))
+      << j.o.err;
+  EXPECT_LT(cli_test::Clock::now() - t0, std::chrono::seconds(25)) << "the survivors' timeout ended the wait";
+}
+
 // A launcher SIGKILLed mid-job takes its waiting spare with it (PR_SET_PDEATHSIG and the
 // rank-group guard), as it does its ranks.
 TEST(Recovery, SparesDieWithTheLauncher) {
