@@ -30,9 +30,17 @@ class PyState {
   }
 
   uint64_t step() const { return state_->step(); }
-  void set_step(uint64_t s) {
+  // Taken as a Python int, so that a negative or oversized value is named here rather than
+  // refused by the argument conversion with a bare TypeError.
+  void set_step(const py::int_& s) {
     not_busy("setting step");
-    state_->step() = s;
+    const unsigned long long v = PyLong_AsUnsignedLongLong(s.ptr());
+    if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+      PyErr_Clear();  // negative or past 64 bits: say which rather than raise OverflowError
+      invalid("State.step must be a whole number from 0 to 2**64 - 1 (completed steps), got " +
+              std::string(py::repr(s)));
+    }
+    state_->step() = v;
   }
 
   void restore() {

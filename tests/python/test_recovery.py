@@ -69,8 +69,15 @@ def test_state_add_errors(comm):
     with pytest.raises(strata.InvalidArgument, match="numpy.ndarray or a torch.Tensor"):
         state.add("list", [1.0, 2.0])
     assert state.names == ["step", "w"], "a rejected add must not register anything"
-    with pytest.raises(TypeError):
+    with pytest.raises(strata.InvalidArgument, match=r"State.step must be a whole number from 0 .* got -1"):
         state.step = -1
+    with pytest.raises(strata.InvalidArgument, match=r"got 18446744073709551616"):
+        state.step = 2**64
+    with pytest.raises(TypeError):
+        state.step = 1.5  # not an int at all
+    state.step = 2**64 - 1
+    assert state.step == 2**64 - 1
+    state.step = 0
     with pytest.raises(strata.InvalidArgument, match="got None for the group"):
         strata.State(None)
 
