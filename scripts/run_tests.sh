@@ -61,34 +61,11 @@ PY
   fi
 }
 
-# Prints, for each failed test in a ctest JUnit file, its name and the lines of its output
-# that say why (a gtest failure and the lines after it, an error, a sanitizer report, a
-# timeout), so that the end of a long CI log, which is often all that is kept, shows the cause.
+# Why each failed test in a ctest JUnit file failed, a few lines each (scripts/junit_failures.py),
+# so that the end of a long CI log, which is often all that is kept, shows the cause.
 failure_digest() {
-  python3 - "$1" "$2" <<'PY' 2>/dev/null || true
-import re
-import sys
-import xml.etree.ElementTree as ET
-tree, path = sys.argv[1], sys.argv[2]
-cause = re.compile(r"Failure|FAILED|[Ee]rror|ERROR|Timeout|timed out|what\(\)|Assertion|Aborted|Segmentation")
-failed = [c for c in ET.parse(path).getroot().iter("testcase") if c.get("status") == "fail"]
-for case in failed[:8]:
-    out = "".join(ch.text or "" for ch in case if ch.tag == "system-out").splitlines()
-    picked, after = [], 0
-    for line in out:
-        if cause.search(line):
-            after = 3
-        if after:
-            picked.append(line[:400])
-            after -= 1
-        if len(picked) >= 24:
-            break
-    print(f"[{tree}] {case.get('name')} ({float(case.get('time') or 0):.1f} s, {len(out)} lines of output):")
-    for line in picked or out[-12:]:
-        print("    " + line[:400])
-if len(failed) > 8:
-    print(f"[{tree}] ... and {len(failed) - 8} more failed tests")
-PY
+  command -v python3 >/dev/null 2>&1 || return 0
+  python3 "$root/scripts/junit_failures.py" "$1" "$2" || true
 }
 
 # run_tree NAME DIR [configure args...]
