@@ -25,6 +25,7 @@
 #   QUICK=1     quick mode; the variables below override either mode:
 #   AR_MAX COLL_MIN COLL_MAX EXTRA_MAX EXTRA_RANKS REPEATS TARGET_MS GLOO_MAX_ITERS ROUNDS
 #   SKIP_GLOO=1 SKIP_MPI=1 SKIP_BUILD=1
+#   MEASURE_TIMEOUT  seconds one measurement may take before it is stopped and counted failed (300)
 #   JOBS        compile parallelism for the build step (default: ninja's)
 set -uo pipefail
 
@@ -95,20 +96,6 @@ rm -rf "$BENCH_OUT"
 mkdir -p "$BENCH_OUT"
 failures=0
 COMMON=(--warmup "$WARMUP" --repeats "$REPEATS" --target-ms "$TARGET_MS" -q)
-
-# run NAME CMD...: one measurement; its table goes to NAME.log, a failure is counted, not fatal.
-run() {
-  local name=$1
-  shift
-  local t0=$SECONDS
-  printf '%s\t%s\t%s\n' "$name" "$(cut -d' ' -f1 /proc/loadavg)" "$(others_busy)" >>"$BENCH_OUT/load.tsv"
-  if "$@" >"$BENCH_OUT/$name.log" 2>&1; then
-    say "$name ok ($((SECONDS - t0)) s)"
-  else
-    say "$name FAILED (exit $?; see $BENCH_OUT/$name.log)"
-    failures=$((failures + 1))
-  fi
-}
 
 # sweep COLL N MIN MAX FACTOR SYSTEMS...: every system at the same sizes, one after the other.
 sweep() {

@@ -113,20 +113,6 @@ use_layout() {
 # shellcheck source=scripts/bench_lib.sh
 source "$ROOT/scripts/bench_lib.sh"
 
-# run NAME CMD...: one measurement, log in NAME.log; a failure is counted, not fatal.
-run() {
-  local name=$1
-  shift
-  local t0=$SECONDS
-  printf '%s\t%s\t%s\n' "$name" "$(cut -d' ' -f1 /proc/loadavg)" "$(others_busy)" >>"$BENCH_OUT/load.tsv"
-  if "$@" >"$BENCH_OUT/$name.log" 2>&1; then
-    say "$name ok ($((SECONDS - t0)) s)"
-  else
-    say "$name FAILED (exit $?; see $BENCH_OUT/$name.log)"
-    failures=$((failures + 1))
-  fi
-}
-
 # The strata job: one agent per namespace, as on real hosts; rank 0 writes the JSON.
 strata_job() {
   local coll=$1 json=$2 log=$BENCH_OUT/agents_$3
