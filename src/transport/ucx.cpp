@@ -3,15 +3,22 @@
 //
 // Threads: a rank's communicators (and their copy engines) share the worker, so every UCP
 // call is made under one mutex (worker in SERIALIZED mode). Completion callbacks run inside
-// ucp_worker_progress, i.e. under that mutex too.
+// ucp_worker_progress, i.e. under that mutex too. The callers drive the worker while they
+// wait; between calls a thread of its own does (idle_loop), since a peer may need this
+// rank's answer meanwhile: a connection it opens waits for this side's reply, and a rank
+// that returned early (a broadcast's root) may not call again for a long time.
 
 #include <dirent.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
+#include <unistd.h>
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <iterator>
@@ -176,9 +183,15 @@ class Ucx final : public Net {
   Result<RemoteSeg> remote_seg(int peer, uint32_t seg);  // under mu_
   void map_segment(uint32_t id, void* base, size_t size);
   void progress_locked() {
+    // Under mu_: a plain increment, read by idle_loop to tell whether a caller drives the worker.
+    progress_calls_.store(progress_calls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     while (ucp_worker_progress(worker_) != 0) {
     }
   }
+  /// Drives the worker whenever no caller has for a while: woken by the worker's event fd, or
+  /// every kIdleLookMs at the latest (a caller may have left the fd unarmed).
+  void idle_loop();
+  void stop_idle();
   Result<TransferPtr> post_recv(int peer, uint64_t tag, void* buf, size_t bytes, bool exact);
   void post_recv_locked(const TransferPtr& x, uint64_t tag, void* buf, size_t bytes);  // x: filled in
   bool stripes(size_t bytes) const { return lanes_ > 1 && stripe_min_ && bytes >= stripe_min_; }
@@ -213,6 +226,9 @@ class Ucx final : public Net {
   ucp_context_h ctx_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
+  std::thread idle_;
+  int idle_stop_ = -1;  // eventfd: ends idle_loop
+  std::atomic<uint64_t> progress_calls_{0};
   bool put_ = false;
   int lanes_ = 1;          // connections per peer for bulk transfers
   size_t stripe_min_ = 0;  // bulk transfers from this size are striped
@@ -295,7 +311,49 @@ Status Ucx::start(const Env& env) {
   ucp_worker_release_address(worker_, addr);
   STRATA_RETURN_IF_ERROR(store_->set(key("addr", rank_, gen_), a + " " + settings_));
   heap_.set_segment_listener([this](uint32_t id, void* base, size_t size) { map_segment(id, base, size); });
+  idle_stop_ = ::eventfd(0, EFD_CLOEXEC);
+  if (idle_stop_ < 0) return unavailable(std::string("ucx: eventfd: ") + std::strerror(errno));
+  idle_ = std::thread([this] { idle_loop(); });
   return Status::ok();
+}
+
+void Ucx::idle_loop() {
+  constexpr int kIdleLookMs = 10;
+  // While a caller drives the worker the event fd stays readable: look again this much later.
+  constexpr auto kCallerActive = std::chrono::milliseconds(2);
+  uint64_t seen = progress_calls_.load(std::memory_order_relaxed);
+  for (;;) {
+    pollfd fds[2] = {{idle_stop_, POLLIN, 0}, {efd_, POLLIN, 0}};
+    (void)::poll(fds, 2, kIdleLookMs);
+    if (fds[0].revents) return;
+    const uint64_t now = progress_calls_.load(std::memory_order_relaxed);
+    if (now != seen) {
+      seen = now;
+      std::this_thread::sleep_for(kCallerActive);
+      continue;
+    }
+    {
+      std::unique_lock<std::mutex> g(mu_, std::try_to_lock);
+      if (!g.owns_lock()) {
+        std::this_thread::sleep_for(kCallerActive);
+        continue;
+      }
+      progress_locked();
+      // Armed, the fd wakes this loop at the next event; BUSY: events came meanwhile.
+      while (ucp_worker_arm(worker_) == UCS_ERR_BUSY) progress_locked();
+    }
+    seen = progress_calls_.load(std::memory_order_relaxed);
+  }
+}
+
+void Ucx::stop_idle() {
+  if (idle_.joinable()) {
+    const uint64_t one = 1;
+    (void)!::write(idle_stop_, &one, sizeof one);
+    idle_.join();
+  }
+  if (idle_stop_ >= 0) ::close(idle_stop_);
+  idle_stop_ = -1;
 }
 
 void Ucx::map_segment(uint32_t id, void* base, size_t size) {
@@ -328,6 +386,7 @@ void Ucx::map_segment(uint32_t id, void* base, size_t size) {
 }
 
 Ucx::~Ucx() {
+  stop_idle();
   heap_.set_segment_listener(nullptr);
   if (!worker_) {
     if (ctx_) ucp_cleanup(ctx_);

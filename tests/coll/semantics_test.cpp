@@ -1551,6 +1551,42 @@ TEST(PointToPoint, RecvAnyCountMismatchNamesBoth) {
   EXPECT_EQ(ok.load(), 2);
 }
 
+// A small send to a rank on another host completes while that rank is busy outside the
+// library, as an eager send does in MPI, even when it is the pair's first message: the
+// connection it opens needs the receiver's side to answer, which a thread of the receiver's
+// transport does between its calls. Then the same for a rank that returned early from a
+// broadcast (the root's host needs nothing back) and stays away: the other host's ranks must
+// not wait for its next call. Before, both waited for the idle rank's next call (a deadlock
+// when that rank waited for them outside the library).
+TEST(PointToPoint, ASmallSendDoesNotWaitForAReceiverBusyElsewhere) {
+  for (int per_host : {1, 2}) {
+    std::string why;
+    std::unique_ptr<Team> team = two_host_team("idle" + std::to_string(per_host), 20000ms, why, per_host);
+    if (!team) GTEST_SKIP() << "no transport between hosts in this build: " << why;
+    const int last = 2 * per_host - 1;  // on host b
+    expect_no_failures(team->run([&](Communicator& c) {
+      auto timed = [](const std::function<void()>& f) {
+        const auto t0 = std::chrono::steady_clock::now();
+        f();
+        return std::chrono::steady_clock::now() - t0;
+      };
+      std::vector<int32_t> v(16, c.rank());
+      if (c.rank() == 0) {
+        const auto took = timed([&] { c.send(v, last, 3); });
+        if (took > 1000ms)
+          throw std::runtime_error("the first small send to a busy rank on another host took " +
+                                   std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) +
+                                   " ms");
+      } else if (c.rank() == last) {
+        std::this_thread::sleep_for(2000ms);  // busy elsewhere
+        c.recv(v, 0, 3);
+        if (v != std::vector<int32_t>(16, 0)) throw std::runtime_error("the message arrived wrong");
+      }
+      c.barrier();
+    }));
+  }
+}
+
 TEST(PointToPoint, RecvAnyAcrossHosts) {
   // Two faked hosts (ranks 0,1 and 2,3): a communicator that spans hosts sends everything,
   // same-host pairs included, over UCX, where the receiver learns a message's tag only by
