@@ -320,7 +320,7 @@ Status Ucx::start(const Env& env) {
 void Ucx::idle_loop() {
   constexpr int kIdleLookMs = 10;
   // While a caller drives the worker the event fd stays readable: look again this much later.
-  constexpr auto kCallerActive = std::chrono::milliseconds(2);
+  constexpr auto kCallerActive = std::chrono::milliseconds(5);
   uint64_t seen = progress_calls_.load(std::memory_order_relaxed);
   for (;;) {
     pollfd fds[2] = {{idle_stop_, POLLIN, 0}, {efd_, POLLIN, 0}};
