@@ -379,10 +379,9 @@ int train(int argc, char** argv) {
       usage("--fail " + std::to_string(f.rank) + ":" + std::to_string(f.step) + ": step " + std::to_string(f.step) +
             " is not below --steps " + std::to_string(o.steps));
   }
-  for (auto [opt, r] :
-       {std::pair{"--fail-in-recovery", o.fail_in_recovery},
-        {"--fail-replacement", o.fail_replacement},
-        {"--stall-replacement", o.stall_replacement}})
+  for (auto [opt, r] : {std::pair{"--fail-in-recovery", o.fail_in_recovery},
+                        {"--fail-replacement", o.fail_replacement},
+                        {"--stall-replacement", o.stall_replacement}})
     if (r >= comm.size())
       usage(std::string(opt) + " " + std::to_string(r) + ": rank " + std::to_string(r) +
             " does not exist in a job of " + std::to_string(comm.size()) + " ranks");

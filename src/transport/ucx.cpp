@@ -13,8 +13,8 @@
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
-#include <unistd.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>

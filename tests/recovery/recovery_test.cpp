@@ -542,8 +542,8 @@ TEST(Recovery, AReplacementStuckBeforeInitIsReplacedAfterTheStartTimeout) {
                   {"STRATA_START_TIMEOUT=3s", "STRATA_TIMEOUT=30s"});
   expect_recovered(j, {2}, 1);  // the stuck one prints no START line
   EXPECT_TRUE(contains(j.o.err, "rank 2's replacement stalls before strata::init()")) << j.o.err;
-  EXPECT_TRUE(contains(j.o.err,
-                       ", started as its replacement, did not begin as the rank within 3000 ms (STRATA_START_TIMEOUT"))
+  EXPECT_TRUE(
+      contains(j.o.err, ", started as its replacement, did not begin as the rank within 3000 ms (STRATA_START_TIMEOUT"))
       << j.o.err;
   EXPECT_LT(cli_test::Clock::now() - t0, std::chrono::seconds(25)) << "the survivors' timeout ended the wait";
 }
