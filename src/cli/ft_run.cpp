@@ -287,15 +287,17 @@ void Launcher::check_heartbeats() {
     for (auto& r : ranks_) {
       if (r.global != h.rank || !r.current || !r.running) continue;
       const std::string who = rank_name(r) + " (pid " + std::to_string(r.pid) + ")";
-      replace({&r},
-              h.never_started
-                  ? who + (h.spare ? ", handed to a hot spare," : ", started as its replacement,") +
-                        " did not begin as the rank within " + std::to_string(ft_->start_grace(h.spare).count()) +
-                        (h.spare ? " ms (hung or stopped)"
-                                 : " ms (STRATA_START_TIMEOUT; stuck or stopped before strata::init())")
-                  : who + " sent no heartbeat for " + std::to_string(ft_->options().heartbeat_timeout.count()) +
-                        " ms (hung or stopped)",
-              128 + SIGKILL);
+      const std::string within =
+          " did not begin as the rank within " + std::to_string(ft_->start_grace(h.spare).count()) + " ms";
+      std::string why;
+      if (!h.never_started)
+        why = who + " sent no heartbeat for " + std::to_string(ft_->options().heartbeat_timeout.count()) +
+              " ms (hung or stopped)";
+      else if (h.spare) why = who + ", handed to a hot spare," + within + " (hung or stopped)";
+      else
+        why = who + ", started as its replacement," + within +
+              " (STRATA_START_TIMEOUT; stuck or stopped before strata::init())";
+      replace({&r}, why, 128 + SIGKILL);
       break;
     }
     if (stopping_) return;
